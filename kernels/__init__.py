@@ -1,0 +1,27 @@
+"""The compute: quantize/pack primitives and the modules that replace nn.Linear.
+
+Each module is a `QuantizedLinear`: canonical (portable) tensors in its state_dict, runtime tensors
+packed for its device, a plain-torch `reference()` for tests, and `emulated` where the device has
+no fast kernel for it. Nothing here knows about search or reports.
+"""
+
+from __future__ import annotations
+
+from autoao.kernels._base import QuantizedLinear
+from autoao.kernels.dense import Bf16Linear
+from autoao.kernels.fp8 import Fp8DynLinear
+from autoao.kernels.int4 import Int4WeightOnlyLinear
+from autoao.kernels.int8 import Int8DynLinear, Int8WeightOnlyLinear
+from autoao.kernels.sparse24 import Sparse24Fp8DynLinear, Sparse24Int8DynLinear, Sparse24Linear
+
+__all__ = [
+    "QuantizedLinear",
+    "Bf16Linear",
+    "Int8DynLinear",
+    "Int8WeightOnlyLinear",
+    "Int4WeightOnlyLinear",
+    "Fp8DynLinear",
+    "Sparse24Linear",
+    "Sparse24Int8DynLinear",
+    "Sparse24Fp8DynLinear",
+]

@@ -1,0 +1,186 @@
+"""The contract every quantized replacement of nn.Linear follows.
+
+A `QuantizedLinear` holds its weights twice-named but once-stored where it can:
+
+- *canonical* tensors (host memory, device-independent, e.g. int4 values nibble-packed [N, K/2]):
+  they are what `state_dict()` holds, so save/load is bit-exact and a model saved on a GPU loads
+  on a CPU;
+- *runtime* tensors (non-persistent buffers on the module's device, in the kernel's layout, e.g.
+  tinygemm's tiled int4 or cuSPARSELt's compressed 2:4): what `forward` reads. Where the layout is
+  the canonical one and the device is the CPU, the runtime buffers alias the canonical tensors.
+
+Moving the module (`.to(device)`, `.cuda()`) re-packs the runtime tensors from the canonical ones
+for the new device, so a layout never ends up on a device whose kernel cannot read it. Dtype casts
+(`.half()`) do not change quantized numbers: forward returns the dtype of its input.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+from torch import nn
+
+CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class QuantizedLinear(nn.Module):
+    """Base class of the modules that replace nn.Linear.
+
+    Subclasses set their parameters after `super().__init__` and then call `_init_canonical()`.
+    They implement:
+      - `canonical_spec()`: name -> (shape, dtype) of every canonical tensor;
+      - `_pack(device)`: build runtime buffers on `device` from `self._canon`;
+      - `forward(x)`: x [..., K] -> [..., N] in x.dtype, bias added;
+      - `reference(x)`: the same function with plain float32 torch ops (for tests);
+      - `params()`: the constructor keyword arguments beyond the common ones.
+    Class attribute `emulated_on` lists device types with no fast kernel (forward then runs a
+    reference path that computes the same numbers, and is never reported as a speed-up).
+    """
+
+    emulated_on: frozenset[str] = frozenset()
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.dtype = dtype  # the dtype of the nn.Linear this replaced (its input/output dtype)
+        device = torch.device(device or "cpu")
+        # Tracks the device the runtime tensors live on, also for bias-free layers.
+        self.register_buffer("_device_anchor", torch.empty(0, device=device), persistent=False)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+        self._canon: dict[str, torch.Tensor] = {}
+
+    def _init_canonical(self) -> None:
+        """Subclasses call this at the end of __init__, once their parameters are set: zero
+        canonical tensors of the right shapes (overwritten by quantize or load_state_dict)."""
+        self._canon = {name: torch.zeros(shape, dtype=dt) for name, (shape, dt) in self.canonical_spec().items()}
+        self._pack(self.device)
+
+    # ---- contract ------------------------------------------------------------------------------
+    @abstractmethod
+    def canonical_spec(self) -> CanonicalSpec: ...
+
+    @abstractmethod
+    def _pack(self, device: torch.device) -> None: ...
+
+    @abstractmethod
+    def reference(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def quantize(self, weight: torch.Tensor, act_norm: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """weight [N, K] (the float weight) -> canonical tensors. act_norm [K]: per-input-channel
+        activation L2 norms, used by the 2:4 families (Wanda) and ignored by the others."""
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, act_norm: torch.Tensor | None = None, **params: Any):
+        """Quantize an nn.Linear into a new module of this class on the linear's device."""
+        w = linear.weight.detach()
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, w.dtype, w.device, **params)
+        m.set_canonical(m.quantize(w, act_norm))
+        if linear.bias is not None:
+            m.bias.data.copy_(linear.bias.detach())
+        return m
+
+    # ---- shared machinery ----------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._device_anchor.device
+
+    @property
+    def emulated(self) -> bool:
+        """True when this module runs a reference path on its device (no fast kernel there)."""
+        return self.device.type in self.emulated_on
+
+    def canonical(self) -> dict[str, torch.Tensor]:
+        """The canonical tensors (CPU). Do not modify them in place."""
+        return dict(self._canon)
+
+    def set_canonical(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Replace the canonical tensors (checked against canonical_spec) and re-pack."""
+        problems = []
+        for name, (shape, dt) in self.canonical_spec().items():
+            t = tensors.get(name)
+            if t is None:
+                problems.append(f"missing tensor {name!r}")
+            elif tuple(t.shape) != shape or t.dtype != dt:
+                problems.append(f"{name!r}: expected {shape} {dt}, got {tuple(t.shape)} {t.dtype}")
+        if problems:
+            raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+        self._canon = {name: tensors[name].detach().to("cpu") for name in self.canonical_spec()}
+        self._pack(self.device)
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        super()._apply(fn, recurse)
+        if not self._canon:  # still inside __init__
+            return self
+        # Runtime layouts are device-specific (tinygemm, cuSPARSELt): rebuild them where we landed.
+        self._pack(self._device_anchor.device)
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[override]
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, t in self._canon.items():
+            destination[prefix + name] = t
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):  # type: ignore[override]
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        ours = {prefix + name for name in self.canonical_spec()}
+        unexpected_keys[:] = [k for k in unexpected_keys if k not in ours]
+        found = {}
+        for name, (shape, dt) in self.canonical_spec().items():
+            t = state_dict.get(prefix + name)
+            if t is None:
+                missing_keys.append(prefix + name)
+            elif tuple(t.shape) != shape or t.dtype != dt:
+                error_msgs.append(f"{prefix + name}: expected {shape} {dt}, got {tuple(t.shape)} {t.dtype}")
+            else:
+                found[name] = t
+        if len(found) == len(ours):
+            self.set_canonical(found)
+
+    def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.params().items())
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, dtype={self.dtype}{extra}, emulated={self.emulated}")
+
+
+def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] -> [M, K] (a view when possible)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def unflatten_tokens(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """y [M, N] -> [..., N] with x's leading dims."""
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def pad_rows(x: torch.Tensor, multiple: int, minimum: int = 0) -> torch.Tensor:
+    """Zero-pad x [M, K] to at least `minimum` rows and a multiple of `multiple` rows.
+
+    Some kernels (torch._int_mm on CUDA: M > 16; cuSPARSELt: M % 16 == 0) refuse small or odd M;
+    decode has M = 1. The padded rows are sliced off the output by the caller.
+    """
+    m = x.shape[0]
+    target = max(m, minimum)
+    target = -(-target // multiple) * multiple
+    return x if target == m else torch.nn.functional.pad(x, (0, 0, 0, target - m))

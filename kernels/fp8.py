@@ -1,0 +1,70 @@
+"""fp8 (e4m3) dynamic linear: fp8 weights x fp8 activations quantized per call.
+
+granularity "row": one scale per output channel (weights) and per token (activations), the
+per-token quantization fused in one Triton kernel on CUDA; "tensor": one scale each.
+torch._scaled_mm runs the product (cuBLASLt fp8 on sm89+). The CPU has no fp8 matrix unit:
+torch._scaled_mm there upconverts, so the CPU path is flagged emulated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
+
+GRANULARITIES = ("row", "tensor")
+
+
+class Fp8DynLinear(QuantizedLinear):
+    """Canonical: qweight [N, K] float8_e4m3fn, scale [N] (row) or [] (tensor) float32."""
+
+    emulated_on = frozenset({"cpu"})
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None, granularity: str = "row"):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+        self.granularity = granularity
+        self._init_canonical()
+
+    def params(self):
+        return {"granularity": self.granularity}
+
+    def canonical_spec(self) -> CanonicalSpec:
+        n, k = self.out_features, self.in_features
+        scale_shape = (n,) if self.granularity == "row" else ()
+        return {"qweight": ((n, k), FP8_DTYPE), "scale": (scale_shape, torch.float32)}
+
+    def quantize(self, weight, act_norm=None):
+        q, s = quantize_fp8(weight, self.granularity)
+        return {"qweight": q, "scale": s.reshape(self.canonical_spec()["scale"][0])}
+
+    def _pack(self, device):
+        if device.type == "cuda":
+            load_triton_ops()
+        self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
+        # _scaled_mm wants scale_b as [1, N] (row) or a scalar (tensor)
+        s = self._canon["scale"]
+        s = s[None, :] if self.granularity == "row" else s
+        self.register_buffer("w_scale", s.to(device).contiguous(), persistent=False)
+
+    def _quantize_act(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.granularity == "row":
+            return quantize_per_token(x2, FP8_DTYPE)  # [M, K] fp8, [M, 1] fp32
+        return quantize_fp8(x2, "tensor")  # [M, K] fp8, [] fp32
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        xq, xs = self._quantize_act(x2)
+        # Rowwise scaling needs a bf16 output; tensorwise uses the same for one code path.
+        y = torch._scaled_mm(xq, self.w_q.t(), scale_a=xs, scale_b=self.w_scale,
+                             out_dtype=torch.bfloat16, use_fast_accum=x2.is_cuda)
+        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+
+    def reference(self, x):
+        xq, xs = quantize_fp8(flatten_tokens(x).float(), self.granularity)
+        s = self._canon["scale"]
+        w = self._canon["qweight"].float() * (s[:, None] if self.granularity == "row" else s)
+        y = (xq.float() * xs) @ w.to(x.device).t()
+        return unflatten_tokens(self._add_bias(y), x)

@@ -1,0 +1,83 @@
+"""int4 weight-only linear, group-wise asymmetric (tinygemm's format).
+
+CUDA runs tinygemm (torch._weight_int4pack_mm, bf16 activations only: other dtypes are cast to
+bf16 and back); the CPU runs torch._weight_int4pack_mm_for_cpu. Both read a device-specific tiled
+layout, made at pack time from the canonical nibble-packed weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise, unpack_int4
+
+GROUP_SIZES = (32, 64, 128)
+
+
+def inner_k_tiles(in_features: int) -> int | None:
+    """tinygemm's innerKTiles for K: K must be a multiple of 16 * innerKTiles (8, 4 or 2)."""
+    for tiles in (8, 4, 2):
+        if in_features % (16 * tiles) == 0:
+            return tiles
+    return None
+
+
+class Int4WeightOnlyLinear(QuantizedLinear):
+    """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
+    with w ~ (q - 8) * scale + zero."""
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        if group_size not in GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+        if in_features % group_size:
+            raise ValueError(f"in_features={in_features} is not a multiple of group_size={group_size}")
+        self.group_size = group_size
+        self._init_canonical()
+
+    def params(self):
+        return {"group_size": self.group_size}
+
+    def canonical_spec(self) -> CanonicalSpec:
+        n, k, g = self.out_features, self.in_features, self.group_size
+        return {
+            "qweight": ((n, k // 2), torch.uint8),
+            "scales": ((n, k // g), torch.bfloat16),
+            "zeros": ((n, k // g), torch.bfloat16),
+        }
+
+    def quantize(self, weight, act_norm=None):
+        q, scales, zeros = quantize_int4_groupwise(weight, self.group_size)
+        return {"qweight": pack_int4(q), "scales": scales, "zeros": zeros}
+
+    def _pack(self, device):
+        c = self._canon
+        # tinygemm wants scales and zeros interleaved: [K/g, N, 2]
+        sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).contiguous()
+        if device.type == "cuda":
+            tiles = inner_k_tiles(self.in_features)
+            packed = torch._convert_weight_to_int4pack(c["qweight"].to(device), tiles)
+            sz = sz.to(device)  # tinygemm on CUDA: bf16 only
+        else:
+            q32 = unpack_int4(c["qweight"]).to(torch.int32)  # [N, K]
+            packed = torch._convert_weight_to_int4pack_for_cpu(q32, 2)
+            sz = sz.to(self.dtype)  # the CPU kernel takes scales in the activation dtype
+        self.register_buffer("w_packed", packed, persistent=False)
+        self.register_buffer("scales_and_zeros", sz, persistent=False)
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        if x2.is_cuda:
+            y = torch._weight_int4pack_mm(x2.to(torch.bfloat16).contiguous(), self.w_packed,
+                                          self.group_size, self.scales_and_zeros)
+        else:
+            y = torch._weight_int4pack_mm_for_cpu(x2.contiguous(), self.w_packed, self.group_size,
+                                                  self.scales_and_zeros.to(x2.dtype))
+        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+
+    def reference(self, x):
+        c = self._canon
+        w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
+        y = flatten_tokens(x).float() @ w.to(x.device).t()
+        return unflatten_tokens(self._add_bias(y), x)

@@ -1,0 +1,106 @@
+"""int8 linears: dynamic (int8 weights x int8 per-token activations) and weight-only.
+
+Int8DynLinear: y = (q_x @ q_w^T) * s_x * s_w, the integer product by torch._int_mm (cuBLASLt int8
+on CUDA; oneDNN on CPU), the per-token activation quantization fused in one Triton kernel on CUDA.
+Int8WeightOnlyLinear: y = x @ (q_w * s_w)^T; CPU runs torch._weight_int8pack_mm, CUDA dequantizes
+inside F.linear (gpt-fast's one-liner; torch.compile fuses the cast into the matmul's prologue).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels.quant import (
+    load_triton_ops,
+    quantize_int8_per_channel,
+    quantize_int8_per_token,
+    quantize_per_token,
+)
+
+# torch._int_mm on CUDA needs M > 16 (cuBLASLt int8 heuristics); decode rows are padded up to this.
+_INT_MM_MIN_ROWS_CUDA = 17
+
+
+class Int8DynLinear(QuantizedLinear):
+    """int8 per-channel symmetric weights, int8 per-token dynamic activations.
+
+    Canonical: qweight [N, K] int8, scale [N] float32 (w ~ qweight * scale[:, None]).
+    """
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self._init_canonical()
+
+    def canonical_spec(self) -> CanonicalSpec:
+        n, k = self.out_features, self.in_features
+        return {"qweight": ((n, k), torch.int8), "scale": ((n,), torch.float32)}
+
+    def quantize(self, weight, act_norm=None):
+        q, s = quantize_int8_per_channel(weight)
+        return {"qweight": q, "scale": s}
+
+    def _pack(self, device):
+        if device.type == "cuda":
+            load_triton_ops()
+        self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
+        self.register_buffer("w_scale", self._canon["scale"].to(device), persistent=False)  # [N]
+
+    def _int_matmul(self, xq: torch.Tensor) -> torch.Tensor:
+        """xq [M, K] int8 -> [M, N] int32 (exact)."""
+        m = xq.shape[0]
+        if xq.is_cuda:
+            xq = pad_rows(xq, 1, minimum=_INT_MM_MIN_ROWS_CUDA)
+        return torch._int_mm(xq, self.w_q.t())[:m]
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        xq, xs = quantize_per_token(x2, torch.int8)  # [M, K] int8, [M, 1] fp32
+        y = self._int_matmul(xq).float() * xs * self.w_scale  # [M, N] fp32
+        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+
+    def reference(self, x):
+        xq, xs = quantize_int8_per_token(flatten_tokens(x).float())
+        w = self._canon["qweight"].double()
+        y = (xq.double() @ w.t()) * xs.double() * self._canon["scale"].double()
+        y = y.float().to(x.device)
+        return unflatten_tokens(self._add_bias(y), x)
+
+
+class Int8WeightOnlyLinear(QuantizedLinear):
+    """int8 per-channel symmetric weights; activations stay in the model's dtype.
+
+    Canonical: qweight [N, K] int8, scale [N] float32.
+    """
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self._init_canonical()
+
+    def canonical_spec(self) -> CanonicalSpec:
+        n, k = self.out_features, self.in_features
+        return {"qweight": ((n, k), torch.int8), "scale": ((n,), torch.float32)}
+
+    def quantize(self, weight, act_norm=None):
+        q, s = quantize_int8_per_channel(weight)
+        return {"qweight": q, "scale": s}
+
+    def _pack(self, device):
+        self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
+        # Both kernels take the scales in the activation dtype.
+        self.register_buffer("w_scale", self._canon["scale"].to(device, self.dtype), persistent=False)
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        scale = self.w_scale.to(x.dtype)
+        if x2.is_cuda:
+            y = F.linear(x2, self.w_q.to(x.dtype)) * scale
+        else:
+            y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, scale)
+        return unflatten_tokens(self._add_bias(y), x)
+
+    def reference(self, x):
+        w = self._canon["qweight"].float() * self._canon["scale"].to(self.dtype).float()[:, None]
+        y = flatten_tokens(x).float() @ w.to(x.device).t()
+        return unflatten_tokens(self._add_bias(y), x)

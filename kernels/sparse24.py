@@ -1,0 +1,144 @@
+"""2:4 semi-structured sparse linears: plain, with int8 dynamic quantization, with fp8 dynamic.
+
+Weights are pruned along K (2 of every 4 input channels kept; Wanda scores when activation norms
+are given, magnitudes otherwise) and compressed for cuSPARSELt (torch._cslt_compress), whose
+torch._cslt_sparse_mm computes W_sparse [N, K] @ B [K, M]; we pass B = x^T and transpose back,
+as torch's SparseSemiStructuredTensor does. The per-channel weight scale rides in cuSPARSELt's
+alpha vector. (torch's CUTLASS 2:4 backend refuses compute capability 9.0 in torch 2.11: measured.)
+
+The CPU has no 2:4 kernel: there forward multiplies the pruned dense weight (the same numbers),
+and the modules say `emulated`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels.fp8 import Fp8DynLinear
+from autoao.kernels.int8 import Int8DynLinear
+from autoao.kernels.quant import FP8_DTYPE, prune_24_mask, quantize_per_token
+
+# cuSPARSELt's dense operand needs its row count (our M) aligned: 16 covers bf16/fp16, int8, fp8.
+_CSLT_ROW_MULTIPLE = 16
+
+
+def _prune(weight: torch.Tensor, act_norm: torch.Tensor | None) -> tuple[torch.Tensor, str]:
+    mask = prune_24_mask(weight, act_norm)
+    return weight * mask, ("wanda" if act_norm is not None else "magnitude")
+
+
+def _cslt_linear(w_compressed: torch.Tensor, x2: torch.Tensor, alpha: torch.Tensor | None,
+                 out_dtype: torch.dtype | None) -> torch.Tensor:
+    """x2 [M, K] -> [M, N] = x2 @ W^T through cuSPARSELt (W compressed, 2:4 along K)."""
+    m = x2.shape[0]
+    xp = pad_rows(x2, _CSLT_ROW_MULTIPLE)
+    y = torch._cslt_sparse_mm(w_compressed, xp.t(), alpha=alpha, out_dtype=out_dtype)  # [N, Mp]
+    return y.t()[:m]
+
+
+class Sparse24Linear(QuantizedLinear):
+    """2:4-pruned weights in the model's dtype (bf16 compute on CUDA for fp32 models).
+
+    Canonical: weight [N, K] in the layer dtype, zeros where pruned.
+    """
+
+    emulated_on = frozenset({"cpu"})
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self.prune_rule = "unknown"  # "wanda" or "magnitude" once quantized; informational
+        self._init_canonical()
+
+    def canonical_spec(self) -> CanonicalSpec:
+        return {"weight": ((self.out_features, self.in_features), self.dtype)}
+
+    def quantize(self, weight, act_norm=None):
+        w, self.prune_rule = _prune(weight, act_norm)
+        return {"weight": w.to(self.dtype)}
+
+    @property
+    def _cuda_dtype(self) -> torch.dtype:
+        return self.dtype if self.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+    def _pack(self, device):
+        w = self._canon["weight"]
+        if device.type == "cuda":
+            self.register_buffer("w_c", torch._cslt_compress(w.to(device, self._cuda_dtype)), persistent=False)
+        else:
+            self.register_buffer("w_c", w, persistent=False)  # dense, pruned: the emulated path
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        if x2.is_cuda:
+            y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None)
+        else:
+            y = F.linear(x2, self.w_c.to(x2.dtype))
+        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+
+    def reference(self, x):
+        y = flatten_tokens(x).float() @ self._canon["weight"].float().to(x.device).t()
+        return unflatten_tokens(self._add_bias(y), x)
+
+
+class Sparse24Int8DynLinear(Int8DynLinear):
+    """2:4-pruned int8 per-channel weights x int8 per-token dynamic activations.
+
+    Canonical as Int8DynLinear (qweight is 2:4 sparse). CUDA: cuSPARSELt int8 with the weight
+    scale as alpha; CPU: torch._int_mm on the dense pruned weight (emulated).
+    """
+
+    emulated_on = frozenset({"cpu"})
+    prune_rule = "unknown"  # "wanda" or "magnitude" once quantized; informational
+
+    def quantize(self, weight, act_norm=None):
+        w, self.prune_rule = _prune(weight, act_norm)
+        return super().quantize(w)
+
+    def _pack(self, device):
+        super()._pack(device)
+        if device.type == "cuda":
+            self.register_buffer("w_q", torch._cslt_compress(self.w_q), persistent=False)
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        if not x2.is_cuda:
+            return super().forward(x)
+        xq, xs = quantize_per_token(x2, torch.int8)
+        y = _cslt_linear(self.w_q, xq, self.w_scale, torch.bfloat16)  # [M, N] = (xq @ qw^T) * s_w
+        return unflatten_tokens(self._add_bias((y.float() * xs).to(x.dtype)), x)
+
+
+class Sparse24Fp8DynLinear(Fp8DynLinear):
+    """2:4-pruned fp8 rowwise weights x fp8 per-token dynamic activations (cuSPARSELt fp8, sm90).
+
+    Canonical as Fp8DynLinear(granularity="row"). CPU: torch._scaled_mm on the dense pruned
+    weight (emulated).
+    """
+
+    prune_rule = "unknown"
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None):
+        super().__init__(in_features, out_features, bias, dtype, device, granularity="row")
+
+    def params(self):
+        return {}
+
+    def quantize(self, weight, act_norm=None):
+        w, self.prune_rule = _prune(weight, act_norm)
+        return super().quantize(w)
+
+    def _pack(self, device):
+        super()._pack(device)
+        if device.type == "cuda":
+            self.register_buffer("w_q", torch._cslt_compress(self.w_q), persistent=False)
+            self.register_buffer("w_scale", self.w_scale.reshape(-1).contiguous(), persistent=False)
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        if not x2.is_cuda:
+            return super().forward(x)
+        xq, xs = quantize_per_token(x2, FP8_DTYPE)
+        y = _cslt_linear(self.w_q, xq, self.w_scale, torch.bfloat16)
+        return unflatten_tokens(self._add_bias((y.float() * xs).to(x.dtype)), x)

@@ -1,0 +1,130 @@
+"""The Candidate contract: what one per-layer choice is, where it applies, and how it is built.
+
+A candidate is a frozen dataclass (its fields are its parameters, e.g. `group_size`), registered
+by family name. It answers three questions:
+
+- `supports(layer, device) -> None | reason`: can this layer run it on this device? Never raises;
+  the reason string ("K=4100 not a multiple of group size 128") goes to the report as-is.
+- `emulated(device) -> None | reason`: does it run only as a reference path here (same numbers, no
+  fast kernel)? Emulated candidates are never reported as a speed-up.
+- `build(linear, act_norm) -> nn.Module`: the replacement module (quantized weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from autoao.kernels import QuantizedLinear
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What a candidate needs to know about a linear layer (no weights)."""
+
+    fqn: str  # fully qualified module name, e.g. "model.layers.0.mlp.up_proj"
+    in_features: int  # K
+    out_features: int  # N
+    bias: bool
+    dtype: torch.dtype  # the layer's weight dtype (= its activation dtype)
+
+    @classmethod
+    def from_linear(cls, fqn: str, linear: nn.Linear) -> LayerSpec:
+        return cls(fqn, linear.in_features, linear.out_features, linear.bias is not None, linear.weight.dtype)
+
+    @property
+    def shape(self) -> str:
+        return f"{self.out_features}x{self.in_features}"
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+@dataclass(frozen=True)
+class Candidate(ABC):
+    """Base of every candidate family. Subclasses are frozen dataclasses whose fields are the
+    family's parameters; they set `family`, `module_cls` and implement `_supports`."""
+
+    family: ClassVar[str]
+    module_cls: ClassVar[type[QuantizedLinear] | None]
+    summary: ClassVar[str]  # one line for tables: weights / activations / kernel
+
+    # ---- identity --------------------------------------------------------------------------
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def name(self) -> str:
+        """`family` or `family(key=value, ...)`; `search_space.parse(name)` gives this back."""
+        p = self.params()
+        return self.family if not p else f"{self.family}(" + ", ".join(f"{k}={v}" for k, v in p.items()) + ")"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "params": self.params()}
+
+    def __str__(self) -> str:
+        return self.name
+
+    # ---- applicability ---------------------------------------------------------------------
+    def supports(self, layer: LayerSpec, device: torch.device | str) -> str | None:
+        """None if this candidate can run `layer` on `device`, else the reason it cannot.
+
+        Never raises: a failing check becomes a reason."""
+        try:
+            device = torch.device(device)
+            if device.type not in DEVICE_TYPES:
+                return f"autoao has no kernels for device type {device.type!r} (has: {', '.join(DEVICE_TYPES)})"
+            if layer.dtype not in FLOAT_DTYPES:
+                return f"layer dtype {layer.dtype} is not one of float32, bfloat16, float16"
+            return self._supports(layer, device)
+        except Exception as e:  # noqa: BLE001 - a broken check must not break the search
+            return f"support check failed: {type(e).__name__}: {e}"
+
+    @abstractmethod
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None: ...
+
+    def emulated(self, device: torch.device | str) -> str | None:
+        """None if a fast kernel runs this on `device`, else why it is only emulated there."""
+        device = torch.device(device)
+        if self.module_cls is not None and device.type in self.module_cls.emulated_on:
+            return self._emulation_reason(device)
+        return None
+
+    def _emulation_reason(self, device: torch.device) -> str:
+        return f"no {self.family} kernel on {device.type}: emulated"
+
+    # ---- construction ----------------------------------------------------------------------
+    def build(self, linear: nn.Linear, act_norm: torch.Tensor | None = None, fqn: str = "") -> nn.Module:
+        """The module replacing `linear` (on linear's device). act_norm [K]: activation norms (Wanda).
+
+        Raises ValueError naming the layer if the candidate does not support it."""
+        layer = LayerSpec.from_linear(fqn, linear)
+        reason = self.supports(layer, linear.weight.device)
+        if reason:
+            raise ValueError(f"candidate {self.name} cannot be applied to layer {fqn or '<unnamed>'} "
+                             f"({layer.shape}, {layer.dtype}): {reason}")
+        assert self.module_cls is not None
+        return self.module_cls.from_linear(linear, act_norm, **self._module_params())
+
+    def empty(self, layer: LayerSpec, device: torch.device | str) -> nn.Module:
+        """A module of the right shapes with zero weights, to be filled by load_state_dict."""
+        assert self.module_cls is not None
+        return self.module_cls(layer.in_features, layer.out_features, layer.bias, layer.dtype,
+                               torch.device(device), **self._module_params())
+
+    def _module_params(self) -> dict[str, Any]:
+        return self.params()
+
+
+def multiple_reason(what: str, value: int, multiple: int, why: str) -> str | None:
+    """'K=4100 not a multiple of 128 (why)' or None."""
+    return None if value % multiple == 0 else f"{what}={value} not a multiple of {multiple} ({why})"

@@ -1,0 +1,49 @@
+"""`fp8_dyn(granularity)`: fp8 e4m3 weights x fp8 dynamic activations (torch._scaled_mm)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from autoao.kernels import Fp8DynLinear
+from autoao.kernels.fp8 import GRANULARITIES
+from autoao.search_space._base import Candidate, LayerSpec, cuda_capability, multiple_reason
+from autoao.search_space._registry import register
+
+
+def fp8_reason(layer: LayerSpec, device: torch.device, min_capability: tuple[int, int]) -> str | None:
+    if device.type != "cuda":
+        return None
+    cap = cuda_capability(device)
+    if cap < min_capability:
+        return (f"fp8 needs compute capability >= {min_capability[0]}.{min_capability[1]}, "
+                f"this GPU has {cap[0]}.{cap[1]}")
+    return (multiple_reason("K", layer.in_features, 16, "fp8 matmul needs it")
+            or multiple_reason("N", layer.out_features, 16, "fp8 matmul needs it"))
+
+
+FP8_CPU_EMULATION = "no fp8 matrix unit on CPU: torch._scaled_mm upconverts (emulated)"
+
+
+@register
+@dataclass(frozen=True)
+class Fp8Dyn(Candidate):
+    family: ClassVar[str] = "fp8_dyn"
+    module_cls: ClassVar = Fp8DynLinear
+    summary: ClassVar[str] = "fp8 e4m3 weights x fp8 dynamic activations; torch._scaled_mm"
+    variants: ClassVar[tuple[dict, ...]] = tuple({"granularity": g} for g in GRANULARITIES)
+
+    granularity: str = "row"  # "row": per-channel weights and per-token activations; "tensor": one scale each
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"fp8_dyn: granularity must be one of {list(GRANULARITIES)}, got {self.granularity!r}")
+
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        # Rowwise scaling in torch._scaled_mm is an sm90 kernel; tensorwise runs from sm89.
+        return fp8_reason(layer, device, (9, 0) if self.granularity == "row" else (8, 9))
+
+    def _emulation_reason(self, device: torch.device) -> str:
+        return FP8_CPU_EMULATION

@@ -1,0 +1,37 @@
+"""`int4_wo(group_size)`: int4 group-wise asymmetric weight-only (tinygemm on CUDA and CPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from autoao.kernels import Int4WeightOnlyLinear
+from autoao.kernels.int4 import GROUP_SIZES
+from autoao.search_space._base import Candidate, LayerSpec, cuda_capability, multiple_reason
+from autoao.search_space._registry import register
+
+
+@register
+@dataclass(frozen=True)
+class Int4WO(Candidate):
+    family: ClassVar[str] = "int4_wo"
+    module_cls: ClassVar = Int4WeightOnlyLinear
+    summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations; tinygemm"
+    variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g} for g in GROUP_SIZES)
+
+    group_size: int = 128  # input channels sharing one scale and zero: 32, 64 or 128
+
+    def __post_init__(self) -> None:
+        if self.group_size not in GROUP_SIZES:
+            raise ValueError(f"int4_wo: group_size must be one of {list(GROUP_SIZES)}, got {self.group_size!r}")
+
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        if layer.in_features % self.group_size:
+            return f"K={layer.in_features} not a multiple of group size {self.group_size}"
+        if device.type == "cpu":
+            return multiple_reason("N", layer.out_features, 16, "the CPU int4 packing needs it")
+        if cuda_capability(device) < (8, 0):
+            return f"tinygemm needs compute capability >= 8.0, this GPU has {cuda_capability(device)}"
+        return multiple_reason("N", layer.out_features, 8, "tinygemm needs it")

@@ -1,0 +1,42 @@
+"""`int8_dyn` (int8 weights x int8 per-token activations) and `int8_wo` (int8 weight-only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from autoao.kernels import Int8DynLinear, Int8WeightOnlyLinear
+from autoao.search_space._base import Candidate, LayerSpec, multiple_reason
+from autoao.search_space._registry import register
+
+
+def int_mm_reason(layer: LayerSpec, device: torch.device) -> str | None:
+    """torch._int_mm on CUDA (cuBLASLt int8) needs K and N multiples of 8."""
+    if device.type != "cuda":
+        return None
+    return (multiple_reason("K", layer.in_features, 8, "cuBLASLt int8 needs it")
+            or multiple_reason("N", layer.out_features, 8, "cuBLASLt int8 needs it"))
+
+
+@register
+@dataclass(frozen=True)
+class Int8Dyn(Candidate):
+    family: ClassVar[str] = "int8_dyn"
+    module_cls: ClassVar = Int8DynLinear
+    summary: ClassVar[str] = "int8 per-channel weights x int8 per-token dynamic activations; torch._int_mm"
+
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        return int_mm_reason(layer, device)
+
+
+@register
+@dataclass(frozen=True)
+class Int8WO(Candidate):
+    family: ClassVar[str] = "int8_wo"
+    module_cls: ClassVar = Int8WeightOnlyLinear
+    summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype; dequant matmul"
+
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        return None
