@@ -1,1 +1,19 @@
-"""autoao."""
+"""autoao: accuracy-aware automatic per-layer quantization and 2:4 sparsity for PyTorch.
+
+    import autoao
+    plan = autoao.Plan.uniform(model, "int8_dyn")   # or a searched plan
+    autoao.apply(model, plan)                       # swaps nn.Linear modules in place
+    autoao.save(model, "out/")                      # plan.json + model.safetensors
+    autoao.load(fresh_model, "out/")                # bit-exact
+
+`import autoao` stays light: lm-eval, triton, matplotlib and jinja2 are imported only when used.
+"""
+
+from __future__ import annotations
+
+from autoao import search_space
+from autoao.plan import Plan, PlanError, apply, fingerprint, load, plan_of, save, validate
+
+__version__ = "0.1.0"
+
+__all__ = ["Plan", "PlanError", "apply", "fingerprint", "load", "plan_of", "save", "search_space", "validate"]

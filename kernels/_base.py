@@ -121,7 +121,10 @@ class QuantizedLinear(nn.Module):
                 problems.append(f"{name!r}: expected {shape} {dt}, got {tuple(t.shape)} {t.dtype}")
         if problems:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
-        self._canon = {name: tensors[name].detach().to("cpu") for name in self.canonical_spec()}
+        # Own, freshly allocated copies: tensors loaded from safetensors may be unaligned views of
+        # a memory-mapped file, which some CPU kernels (torch._weight_int8pack_mm) crash on.
+        self._canon = {name: tensors[name].detach().to("cpu", copy=True).contiguous()
+                       for name in self.canonical_spec()}
         self._pack(self.device)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from typing import Any
@@ -49,7 +50,7 @@ def get(name: str, **params: Any) -> Candidate:
     try:
         return cls(**{**parsed, **params})
     except TypeError as e:
-        fields = [f for f in cls.__dataclass_fields__]
+        fields = [f.name for f in dataclasses.fields(cls)]
         raise ValueError(f"candidate {family!r}: bad parameters {params or parsed} ({e}); "
                          f"its parameters are: {', '.join(fields) or 'none'}") from None
 
@@ -94,5 +95,6 @@ def candidate_of(module: nn.Module) -> Candidate | None:
     for cls in _FAMILIES.values():
         if cls.module_cls is not None and type(module) is cls.module_cls:
             params = module.params()  # type: ignore[operator]
-            return cls(**{k: v for k, v in params.items() if k in cls.__dataclass_fields__})
+            names = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in params.items() if k in names})
     return None

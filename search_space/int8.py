@@ -39,4 +39,7 @@ class Int8WO(Candidate):
     summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype; dequant matmul"
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        if device.type == "cpu" and layer.dtype == torch.bfloat16:
+            # torch._weight_int8pack_mm segfaults for bf16 inputs with K % 16 != 0 (torch 2.13, measured)
+            return multiple_reason("K", layer.in_features, 16, "the CPU int8 weight-only kernel needs it for bf16")
         return None

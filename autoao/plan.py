@@ -1,0 +1,336 @@
+"""Plans: which candidate each linear layer gets, as plain JSON; applying, saving and loading them.
+
+A `Plan` maps layer FQNs to candidates (layers it does not name stay as they are), plus the
+fingerprint of the model it was made for. It is data, never pickle:
+
+    {"autoao_plan_version": 1,
+     "model": {"fingerprint": "sha256:...", "class": "LlamaForCausalLM", "num_linears": 211},
+     "layers": {"model.layers.0.mlp.up_proj": {"family": "int4_wo", "params": {"group_size": 64}}, ...},
+     "metadata": {...}}
+
+`apply(model, plan)` validates the whole plan first and swaps modules only if every layer is fine,
+so a bad plan never leaves a model half-quantized. `save(model, dir)` / `load(model, dir)` write
+and read `plan.json` + `model.safetensors` (the canonical quantized tensors), each atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from autoao import search_space
+from autoao.kernels import QuantizedLinear
+from autoao.search_space import Candidate, LayerSpec
+
+PLAN_VERSION = 1
+PLAN_FILE = "plan.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class PlanError(ValueError):
+    """A plan that cannot be read or does not fit a model; the message lists every problem."""
+
+
+##### model fingerprint #########################################################################
+
+def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
+    """FQN -> module for every nn.Linear (and subclass) in the model, in module order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _layer_spec(fqn: str, module: nn.Module) -> LayerSpec | None:
+    if isinstance(module, nn.Linear):
+        return LayerSpec.from_linear(fqn, module)
+    if isinstance(module, QuantizedLinear):
+        return LayerSpec(fqn, module.in_features, module.out_features, module.bias is not None, module.dtype)
+    return None
+
+
+def layer_specs(model: nn.Module) -> dict[str, LayerSpec]:
+    """FQN -> LayerSpec for every linear layer, plain or already replaced by autoao."""
+    out = {}
+    for name, m in model.named_modules():
+        spec = _layer_spec(name, m)
+        if spec is not None:
+            out[name] = spec
+    return out
+
+
+def fingerprint(model: nn.Module) -> str:
+    """sha256 over the model class and every linear layer's (FQN, K, N, bias, dtype).
+
+    Architecture, not weights: a plan fits any copy of the same architecture."""
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    for fqn, s in layer_specs(model).items():
+        h.update(f"|{fqn}:{s.in_features}:{s.out_features}:{int(s.bias)}:{s.dtype}".encode())
+    return "sha256:" + h.hexdigest()
+
+
+##### the plan ##################################################################################
+
+@dataclass
+class Plan:
+    """Layer FQN -> candidate. Layers not named are left unchanged."""
+
+    layers: dict[str, Candidate] = field(default_factory=dict)
+    model_fingerprint: str | None = None  # fingerprint() of the model it was made for
+    model_class: str | None = None
+    num_linears: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)  # free-form, JSON-serializable
+
+    @classmethod
+    def for_model(cls, model: nn.Module, layers: dict[str, Candidate], **metadata: Any) -> Plan:
+        return cls(dict(layers), fingerprint(model), type(model).__qualname__, len(layer_specs(model)), metadata)
+
+    @classmethod
+    def uniform(cls, model: nn.Module, candidate: Candidate | str, device: torch.device | str | None = None) -> Plan:
+        """`candidate` on every linear layer that supports it (the others stay unchanged;
+        they are listed in metadata["skipped"] with the reason)."""
+        cand = search_space.get(candidate) if isinstance(candidate, str) else candidate
+        layers, skipped = {}, {}
+        for fqn, spec in layer_specs(model).items():
+            dev = device or _module_device(model.get_submodule(fqn))
+            reason = cand.supports(spec, dev)
+            if reason:
+                skipped[fqn] = reason
+            else:
+                layers[fqn] = cand
+        return cls.for_model(model, layers, uniform=cand.name, skipped=skipped)
+
+    # ---- JSON ------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "autoao_plan_version": PLAN_VERSION,
+            "model": {"fingerprint": self.model_fingerprint, "class": self.model_class,
+                      "num_linears": self.num_linears},
+            "layers": {fqn: c.to_dict() for fqn, c in self.layers.items()},
+            "metadata": self.metadata,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "plan") -> Plan:
+        if not isinstance(d, dict) or "autoao_plan_version" not in d:
+            raise PlanError(f"{source}: not an autoao plan (no 'autoao_plan_version' key)")
+        version = d["autoao_plan_version"]
+        if version != PLAN_VERSION:
+            raise PlanError(f"{source}: plan version {version!r} is not supported; this autoao reads "
+                            f"version {PLAN_VERSION}. Re-create the plan with this autoao version.")
+        if not isinstance(d.get("layers"), dict):
+            raise PlanError(f"{source}: 'layers' must be an object of FQN -> candidate spec")
+        layers, problems = {}, []
+        for fqn, spec in d["layers"].items():
+            try:
+                layers[fqn] = search_space.from_dict(spec)
+            except ValueError as e:
+                problems.append(f"  {fqn}: {e}")
+        if problems:
+            raise PlanError(f"{source}: {len(problems)} layer(s) have bad candidate specs:\n" + "\n".join(problems))
+        model = d.get("model") or {}
+        return cls(layers, model.get("fingerprint"), model.get("class"), model.get("num_linears"),
+                   d.get("metadata") or {})
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan") -> Plan:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{source}: not valid JSON ({e})") from None
+        return cls.from_dict(d, source)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the plan as JSON, atomically."""
+        path = Path(path)
+        atomic_write(path, lambda f: f.write(self.to_json().encode()))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Plan:
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError(f"plan file {path} does not exist")
+        return cls.from_json(path.read_text(), source=str(path))
+
+    def summary(self) -> dict[str, int]:
+        """Candidate name -> number of layers."""
+        out: dict[str, int] = {}
+        for c in self.layers.values():
+            out[c.name] = out.get(c.name, 0) + 1
+        return out
+
+
+##### validate and apply ########################################################################
+
+def _module_device(module: nn.Module) -> torch.device:
+    for t in list(module.parameters()) + list(module.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = None) -> None:
+    """Raise PlanError listing *every* planned layer that is missing, not linear, or unsupported.
+
+    device: where the layers will run (default: where each layer's weights are now).
+    A fingerprint mismatch alone is not an error (the plan may target a sub-model), but is
+    reported along with any other problem.
+    """
+    specs = layer_specs(model)
+    modules = dict(model.named_modules())
+    problems = []
+    for fqn, cand in plan.layers.items():
+        if fqn not in modules:
+            close = [n for n in specs if n.endswith(fqn.split(".")[-1])][:3]
+            hint = f" (linear layers with that suffix: {', '.join(close)})" if close else ""
+            problems.append(f"  {fqn}: no such module in {type(model).__name__}{hint}")
+            continue
+        if fqn not in specs:
+            problems.append(f"  {fqn}: is a {type(modules[fqn]).__name__}, not a linear layer")
+            continue
+        dev = device or _module_device(modules[fqn])
+        reason = cand.supports(specs[fqn], dev)
+        if reason:
+            problems.append(f"  {fqn} ({specs[fqn].shape}, {specs[fqn].dtype}): {cand.name} unsupported on "
+                            f"{torch.device(dev).type}: {reason}")
+    if problems:
+        fp = fingerprint(model)
+        note = ""
+        if plan.model_fingerprint and plan.model_fingerprint != fp:
+            note = (f"\nNote: the plan was made for a different model ({plan.model_class}, "
+                    f"{plan.num_linears} linear layers); this one is {type(model).__name__} with {len(specs)}.")
+        raise PlanError(f"plan does not fit the model: {len(problems)} problem(s):\n" + "\n".join(problems) + note)
+
+
+def _set_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
+    parent_name, _, child = fqn.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def apply(
+    model: nn.Module,
+    plan: Plan,
+    act_norms: dict[str, torch.Tensor] | None = None,
+) -> nn.Module:
+    """Replace every layer the plan names by its candidate's module, in place; return the model.
+
+    act_norms: FQN -> [K] per-input-channel activation L2 norms, for Wanda 2:4 pruning (layers
+    without one are pruned by magnitude). Validates first (PlanError lists every problem), so the
+    model is unchanged if any layer cannot take its candidate. Re-applying to an already
+    quantized layer is an error: apply plans to the original model.
+    """
+    validate(model, plan)
+    modules = dict(model.named_modules())
+    already = [fqn for fqn in plan.layers if isinstance(modules[fqn], QuantizedLinear)]
+    if already:
+        raise PlanError("these layers are already quantized by autoao; apply the plan to the original "
+                        "model instead:\n" + "\n".join(f"  {f}" for f in already))
+    # Two planned layers sharing one weight (tied) would be quantized twice into two copies.
+    by_weight: dict[int, str] = {}
+    for fqn in plan.layers:
+        key = id(modules[fqn].weight)
+        if key in by_weight:
+            raise PlanError(f"layers {by_weight[key]} and {fqn} share one weight tensor; plan only one of them")
+        by_weight[key] = fqn
+    with torch.no_grad():
+        for fqn, cand in plan.layers.items():
+            norm = (act_norms or {}).get(fqn)
+            _set_module(model, fqn, cand.build(modules[fqn], act_norm=norm, fqn=fqn))
+    return model
+
+
+def plan_of(model: nn.Module) -> Plan:
+    """The plan a model carries: every autoao module's candidate, read back from the modules."""
+    layers = {}
+    for fqn, m in model.named_modules():
+        cand = search_space.candidate_of(m)
+        if cand is not None:
+            layers[fqn] = cand
+    return Plan.for_model(model, layers)
+
+
+##### save and load #############################################################################
+
+def atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
+    """Write `path` through a temporary file in the same directory, fsync, then rename over it:
+    readers see the old file or the new one, never a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """Write `plan.json` (read back from the model's modules) and `model.safetensors` (the whole
+    state dict; quantized layers as canonical, device-independent tensors) into `directory`."""
+    from safetensors.torch import save
+
+    directory = Path(directory)
+    plan = plan_of(model)
+    # Tied weights (one tensor under two names): safetensors refuses shared storage, so keep the
+    # first name and record the others as aliases in the file's metadata.
+    tensors: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for name, t in model.state_dict().items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if t.numel() and key in seen:
+            metadata[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = t.detach().contiguous().cpu()
+    atomic_write(directory / WEIGHTS_FILE, lambda f: f.write(save(tensors, metadata=metadata)))
+    plan.save(directory / PLAN_FILE)
+    return directory
+
+
+def load(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
+    """Load what `save` wrote into `model`, an unquantized model of the same architecture (on the
+    device it should run on). Returns the model, quantized, with the saved weights bit-exact."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    plan = Plan.load(directory / PLAN_FILE)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise PlanError(f"{weights} does not exist (did autoao.save finish writing {directory}?)")
+    validate(model, plan)
+    specs = layer_specs(model)
+    modules = dict(model.named_modules())
+    for fqn, cand in plan.layers.items():
+        _set_module(model, fqn, cand.empty(specs[fqn], _module_device(modules[fqn])))
+    try:
+        state = load_file(weights)
+        with safe_open(weights, framework="pt") as f:
+            aliases = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise PlanError(f"{weights}: cannot read ({type(e).__name__}: {e})") from None
+    for name, kept in aliases.items():
+        if kept in state:
+            state[name] = state[kept]
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape / dtype mismatches
+        raise PlanError(f"{weights} does not match the model: {e}") from None
+    missing = [k for k in result.missing_keys if k not in aliases]
+    if missing or result.unexpected_keys:
+        raise PlanError(f"{weights} does not match the model: missing {missing[:10]}, "
+                        f"unexpected {result.unexpected_keys[:10]}")
+    return model

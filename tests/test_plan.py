@@ -1,0 +1,164 @@
+"""Plans: JSON round trip, validation that lists every problem, apply that never half-applies."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import autoao
+from autoao import search_space
+from autoao.kernels import QuantizedLinear
+from autoao.plan import PLAN_FILE, WEIGHTS_FILE, Plan, PlanError
+
+
+class TinyBlock(nn.Module):
+    """Two attention-ish projections and an MLP: enough names and shapes to plan over."""
+
+    def __init__(self, dim: int = 64, hidden: int = 128) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+        self.odd = nn.Linear(dim, 20)  # N=20: int4 unsupported on CPU (N % 16)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):  # x: [B, T, dim]
+        h = self.norm(x)
+        h = self.q_proj(h) + self.k_proj(h)
+        return x + self.down(torch.relu(self.up(h))) + self.odd(h).sum(-1, keepdim=True)
+
+
+def test_plan_json_round_trip():
+    model = TinyBlock()
+    plan = Plan.for_model(model, {"q_proj": search_space.get("int4_wo", group_size=32),
+                                  "up": search_space.get("fp8_dyn", granularity="tensor")}, note="hi")
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert json.loads(plan.to_json())["autoao_plan_version"] == 1
+
+
+def test_uniform_plan_skips_unsupported_layers_with_reason():
+    plan = Plan.uniform(TinyBlock(), "int4_wo(group_size=64)")
+    assert "odd" not in plan.layers
+    assert "N=20 not a multiple of 16" in plan.metadata["skipped"]["odd"]
+    assert set(plan.layers) == {"q_proj", "k_proj", "up", "down"}
+
+
+def test_validate_lists_every_problem_and_apply_changes_nothing():
+    model = TinyBlock()
+    before = copy.deepcopy(model.state_dict())
+    plan = Plan(layers={
+        "q_proj": search_space.get("int8_dyn"),                  # fine
+        "v_proj": search_space.get("int8_dyn"),                  # no such layer
+        "norm": search_space.get("int8_wo"),                     # not linear
+        "odd": search_space.get("int4_wo", group_size=32),       # unsupported shape
+    })
+    with pytest.raises(PlanError) as e:
+        autoao.apply(model, plan)
+    msg = str(e.value)
+    assert "3 problem(s)" in msg
+    assert "v_proj: no such module" in msg
+    assert "norm: is a LayerNorm, not a linear layer" in msg
+    assert "odd (20x64" in msg and "N=20" in msg
+    # nothing half-applied: q_proj (valid) was not swapped either
+    assert type(model.q_proj) is nn.Linear
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_apply_quantizes_exactly_the_planned_layers():
+    model = TinyBlock()
+    x = torch.randn(2, 5, 64)
+    ref = model(x)
+    plan = Plan.for_model(model, {"up": search_space.get("int8_dyn"), "down": search_space.get("int8_wo")})
+    autoao.apply(model, plan)
+    assert isinstance(model.up, QuantizedLinear) and isinstance(model.down, QuantizedLinear)
+    assert type(model.q_proj) is nn.Linear
+    y = model(x)
+    assert ((y - ref).norm() / ref.norm()) < 0.05
+    assert autoao.plan_of(model).layers == plan.layers
+    with pytest.raises(PlanError, match="already quantized"):
+        autoao.apply(model, plan)
+
+
+def test_tied_layers_cannot_both_be_planned():
+    model = TinyBlock()
+    model.k_proj.weight = model.q_proj.weight
+    plan = Plan(layers={"q_proj": search_space.get("int8_wo"), "k_proj": search_space.get("int8_wo")})
+    with pytest.raises(PlanError, match="share one weight"):
+        autoao.apply(model, plan)
+
+
+def test_save_load_keeps_tied_weights(tmp_path):
+    model = TinyBlock()
+    model.k_proj.weight = model.q_proj.weight
+    autoao.apply(model, Plan.for_model(model, {"up": search_space.get("int8_dyn")}))
+    autoao.save(model, tmp_path)
+    fresh = TinyBlock()
+    fresh.k_proj.weight = fresh.q_proj.weight
+    autoao.load(fresh, tmp_path)
+    assert fresh.k_proj.weight is fresh.q_proj.weight
+    assert torch.equal(fresh.q_proj.weight, model.q_proj.weight)
+    x = torch.randn(3, 64)
+    assert torch.equal(fresh(x), model(x))
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "not valid JSON"),
+    ('{"layers": {}}', "not an autoao plan"),
+    ('{"autoao_plan_version": 99, "layers": {}}', "version 99 is not supported"),
+    ('{"autoao_plan_version": 1, "layers": {"up": {"family": "int3", "params": {}}}}', "Did you mean"),
+    ('{"autoao_plan_version": 1, "layers": {"up": {"family": "int4_wo", "params": {"group_size": 7}}}}',
+     "group_size must be one of"),
+])
+def test_bad_plan_files_give_clear_errors(tmp_path, content, match):
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    with pytest.raises(PlanError, match=match) as e:
+        Plan.load(path)
+    assert str(path) in str(e.value)
+
+
+def test_missing_plan_file(tmp_path):
+    with pytest.raises(PlanError, match="does not exist"):
+        Plan.load(tmp_path / "nope.json")
+
+
+def test_load_into_wrong_model_lists_layers(tmp_path):
+    model = TinyBlock()
+    autoao.apply(model, Plan.for_model(model, {"up": search_space.get("int8_dyn")}))
+    autoao.save(model, tmp_path)
+    with pytest.raises(PlanError, match="up: no such module"):
+        autoao.load(nn.Sequential(nn.Linear(64, 64)), tmp_path)
+
+
+def test_corrupt_weights_file(tmp_path):
+    model = TinyBlock()
+    autoao.apply(model, Plan.for_model(model, {"up": search_space.get("int8_dyn")}))
+    autoao.save(model, tmp_path)
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"garbage" * 10)
+    with pytest.raises(PlanError, match="cannot read"):
+        autoao.load(TinyBlock(), tmp_path)
+
+
+def test_saves_are_atomic_no_temp_files_left(tmp_path):
+    model = TinyBlock()
+    autoao.apply(model, Plan.uniform(model, "int8_wo"))
+    autoao.save(model, tmp_path)
+    autoao.save(model, tmp_path)  # overwrite in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([PLAN_FILE, WEIGHTS_FILE])
+
+
+def test_get_with_params_and_errors():
+    assert search_space.get("int4_wo", group_size=64) == search_space.get("int4_wo(group_size=64)")
+    with pytest.raises(ValueError, match="Did you mean: int4_wo"):
+        search_space.get("int4")
+    with pytest.raises(ValueError, match="its parameters are: group_size"):
+        search_space.get("int4_wo", groupsize=64)
+    with pytest.raises(ValueError, match="granularity must be one of"):
+        search_space.get("fp8_dyn", granularity="block")
