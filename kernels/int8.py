@@ -62,9 +62,9 @@ class Int8DynLinear(QuantizedLinear):
 
     def reference(self, x):
         xq, xs = quantize_int8_per_token(flatten_tokens(x).float())
-        w = self._canon["qweight"].double()
-        y = (xq.double() @ w.t()) * xs.double() * self._canon["scale"].double()
-        y = y.float().to(x.device)
+        w = self._canon["qweight"].to(x.device, torch.float64)
+        y = (xq.double() @ w.t()) * xs.double() * self._canon["scale"].to(x.device, torch.float64)
+        y = y.float()
         return unflatten_tokens(self._add_bias(y), x)
 
 

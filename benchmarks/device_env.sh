@@ -1,0 +1,7 @@
+# Source this on the device machine (benchmarks/*.py via the device tool): makes `import autoao`
+# work without installing (the GPU image has torch/triton/safetensors but no network), by laying
+# out the package as pyproject.toml maps it: autoao/ plus its sub-packages from the top-level folders.
+pkg=/tmp/autoao_pkg
+rm -rf "$pkg" && mkdir -p "$pkg" && cp -r autoao "$pkg/"
+for d in search_space kernels evaluators reports; do ln -s "$PWD/$d" "$pkg/autoao/$d"; done
+export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
