@@ -96,8 +96,16 @@ class Plan:
         they are listed in metadata["skipped"] with the reason)."""
         cand = search_space.get(candidate) if isinstance(candidate, str) else candidate
         layers, skipped = {}, {}
+        owner: dict[int, str] = {}  # id(weight) -> first layer that has it (tied weights)
         for fqn, spec in layer_specs(model).items():
-            dev = device or _module_device(model.get_submodule(fqn))
+            module = model.get_submodule(fqn)
+            dev = device or _module_device(module)
+            weight = getattr(module, "weight", None)
+            if weight is not None and id(weight) in owner:
+                skipped[fqn] = f"shares its weight with {owner[id(weight)]}, which the plan already covers"
+                continue
+            if weight is not None:
+                owner[id(weight)] = fqn
             reason = cand.supports(spec, dev)
             if reason:
                 skipped[fqn] = reason

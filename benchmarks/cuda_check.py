@@ -37,7 +37,7 @@ from autoao.kernels.quant import prune_24_mask
 from autoao.search_space import LayerSpec
 
 LLAMA3_8B_SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]  # (N, K)
-SQNR_BOUND = {"bf16": 40, "int8_dyn": 35, "int8_wo": 38, "int4_wo": 20, "fp8_dyn": 25,
+SQNR_BOUND = {"bf16": 40, "int8_dyn": 35, "int8_wo": 38, "int4_wo": 18, "fp8_dyn": 25,
               "sparse24": 40, "sparse24_int8_dyn": 35, "sparse24_fp8": 25}
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}
 

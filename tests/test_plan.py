@@ -94,6 +94,15 @@ def test_tied_layers_cannot_both_be_planned():
         autoao.apply(model, plan)
 
 
+def test_uniform_plan_covers_tied_layers_once():
+    model = TinyBlock()
+    model.k_proj.weight = model.q_proj.weight
+    plan = Plan.uniform(model, "int8_wo")
+    assert "q_proj" in plan.layers and "k_proj" not in plan.layers
+    assert "shares its weight with q_proj" in plan.metadata["skipped"]["k_proj"]
+    autoao.apply(model, plan)  # does not trip the shared-weight check
+
+
 def test_save_load_keeps_tied_weights(tmp_path):
     model = TinyBlock()
     model.k_proj.weight = model.q_proj.weight

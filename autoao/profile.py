@@ -1,0 +1,213 @@
+"""Profiler: one forward pass per example input, with hooks on every linear layer.
+
+`profile(model, example_inputs)` returns a `ModelProfile`. Its `.layers` is the list of
+`LayerProfile` (one per nn.Linear weight, in module order): name, (K, N), dtype, device, every
+input shape seen with its call count, token counts, per-input-channel activation norms (Wanda 2:4)
+and a bounded sample of real input rows (layer error measurement). Its `.skipped` names the
+linear-like layers autoao cannot quantize, with the reason, so none is silently dropped: today
+that is transformers' GPT-2 `Conv1D` (recognised by name, transformers is not imported).
+
+example_inputs: a Tensor runs `model(t)`; a tuple runs `model(*args)`; a dict (any Mapping, e.g. a
+tokenizer's BatchEncoding) runs `model(**kwargs)`; a list runs one forward per element, each element
+following those rules (anything else is passed as the one positional argument). The forwards run
+under torch.no_grad() in eval mode; every module's training flag is restored and every hook
+removed afterwards, also when an input fails.
+
+Tied weights: Linears sharing one weight Parameter are reported once (the first in module order),
+the others listed in its `tied`, so a plan never quantizes one weight twice. A Linear sharing its
+weight with an nn.Embedding (tied lm_head) is still reported, with the embedding's name in `tied`:
+quantizing it unties them (the embedding keeps the float weight). Statistics are those of the
+reported module's own inputs, since that is the module a plan entry replaces.
+
+Memory: per layer at most `max_sample_rows` rows of K values are kept, on CPU in the layer dtype,
+so the samples take sum over layers of max_sample_rows * K * itemsize bytes (256 rows of K=4096 in
+bf16: 2 MiB a layer), plus two [K] float32 vectors (sum of squares, abs max) a layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoao.search_space import LayerSpec
+
+
+@dataclass
+class LayerProfile:
+    """What the example inputs showed about one nn.Linear."""
+
+    fqn: str
+    in_features: int  # K
+    out_features: int  # N
+    bias: bool
+    dtype: torch.dtype  # weight dtype
+    device: torch.device  # weight device
+    shapes: dict[tuple[int, ...], int]  # each distinct input shape [..., K] -> number of calls with it
+    tokens: int  # rows seen (product of the leading dims), summed over calls; 0 if never called
+    act_norm: torch.Tensor  # [K] float32 CPU: per-input-channel L2 norm over every row seen (Wanda)
+    act_absmax: torch.Tensor  # [K] float32 CPU: per-input-channel max |x|
+    sample: torch.Tensor  # [S, K] layer dtype CPU, S = min(tokens, max_sample_rows): real input rows
+    tied: list[str]  # other Linear / Embedding FQNs holding the same weight Parameter
+
+    @property
+    def spec(self) -> LayerSpec:
+        return LayerSpec(self.fqn, self.in_features, self.out_features, self.bias, self.dtype)
+
+
+@dataclass
+class ModelProfile:
+    """Every linear layer of a model, as seen on the example inputs."""
+
+    layers: list[LayerProfile]  # one per nn.Linear weight, module order
+    skipped: dict[str, str]  # FQN -> why this linear-like layer is not in `layers`
+    num_forward: int  # forwards run (one per example input)
+    seconds: float  # wall time of those forwards, hooks included
+
+    def by_fqn(self) -> dict[str, LayerProfile]:
+        return {p.fqn: p for p in self.layers}
+
+    def act_norms(self) -> dict[str, torch.Tensor]:
+        """FQN -> [K] activation norms: the `act_norms` argument of `autoao.apply` (Wanda 2:4)."""
+        return {p.fqn: p.act_norm for p in self.layers}
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    """transformers.pytorch_utils.Conv1D (GPT-2 family), without importing transformers."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, torch.Tensor) \
+        and weight.dim() == 2
+
+
+class _Recorder:
+    """Forward hook accumulating one layer's input statistics (kept on the layer's device until
+    `result`, so a GPU forward does not copy every activation to the host). A post-forward hook, so
+    an input the layer rejects fails with the layer's own error, not one of ours."""
+
+    def __init__(self, linear: nn.Linear, max_rows: int) -> None:
+        k, device = linear.in_features, linear.weight.device
+        self.shapes: dict[tuple[int, ...], int] = {}
+        self.tokens = 0
+        self.sumsq = torch.zeros(k, dtype=torch.float32, device=device)  # [K]
+        self.absmax = torch.zeros(k, dtype=torch.float32, device=device)  # [K]
+        self.sample = torch.empty(max_rows, k, dtype=linear.weight.dtype)  # [cap, K] CPU, reservoir
+        self.generator = torch.Generator().manual_seed(0)  # per layer: deterministic sample
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
+        x = args[0] if args else kwargs["input"]  # [..., K]
+        self.shapes[tuple(x.shape)] = self.shapes.get(tuple(x.shape), 0) + 1
+        rows = x.detach().reshape(-1, x.shape[-1])  # [M, K]
+        if rows.shape[0] == 0:
+            return
+        # Sum of squares, not a running norm: exact over calls; float32 so fp16 squares do not overflow
+        # and bf16 sums keep their precision.
+        f = rows.float()
+        self.sumsq += f.square().sum(0)
+        torch.maximum(self.absmax, f.abs().amax(0), out=self.absmax)
+        self._keep(rows)
+        self.tokens += rows.shape[0]
+
+    def _keep(self, rows: torch.Tensor) -> None:
+        """Reservoir sampling (Algorithm R), vectorized over the rows of one call: the i-th row seen
+        takes slot i while i < cap, else slot r ~ U{0..i} if r < cap. Every row seen so far is then
+        kept with the same probability, whatever the number and lengths of the calls."""
+        cap, m = self.sample.shape[0], rows.shape[0]
+        if cap == 0:
+            return
+        i = torch.arange(self.tokens, self.tokens + m)  # [M] global row index
+        r = (torch.rand(m, generator=self.generator, dtype=torch.float64) * (i + 1)).long()
+        slot = torch.where(i < cap, i, r)
+        keep = slot < cap
+        # Rows of one call drawing the same slot: the last one wins, as in the sequential algorithm.
+        winner = torch.full((cap,), -1, dtype=torch.long)
+        winner.scatter_reduce_(0, slot[keep], torch.arange(m)[keep], "amax")
+        filled = winner >= 0
+        self.sample[filled] = rows[winner[filled].to(rows.device)].to("cpu", self.sample.dtype)
+
+    def result(self, fqn: str, linear: nn.Linear, tied: list[str]) -> LayerProfile:
+        s = min(self.tokens, self.sample.shape[0])
+        return LayerProfile(fqn, linear.in_features, linear.out_features, linear.bias is not None,
+                            linear.weight.dtype, linear.weight.device, self.shapes, self.tokens,
+                            self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone(), tied)
+
+
+def _run(model: nn.Module, example: Any) -> None:
+    if isinstance(example, tuple):
+        model(*example)
+    elif isinstance(example, Mapping):
+        model(**example)
+    else:
+        model(example)
+
+
+def _describe(example: Any) -> str:
+    """'a tuple of 2 values: tensor [1, 5] int64, int' and the like, for error messages."""
+    def one(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"tensor {list(v.shape)} {str(v.dtype).removeprefix('torch.')} on {v.device.type}"
+        return type(v).__name__
+
+    if isinstance(example, tuple):
+        return f"a tuple of {len(example)} values: " + ", ".join(one(v) for v in example)
+    if isinstance(example, Mapping):
+        return "a dict: " + ", ".join(f"{k}={one(v)}" for k, v in example.items())
+    return "a " + one(example)
+
+
+def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256) -> ModelProfile:
+    """Run the example inputs through `model` with hooks; return every linear layer's profile.
+
+    See the module docstring for the example_inputs convention, tied weights and the memory bound.
+    Raises ValueError if the model has no nn.Linear (nor Conv1D), if example_inputs is an empty
+    list, or if an example input fails to run (naming its index; the original error is chained).
+    """
+    if max_sample_rows < 0:
+        raise ValueError(f"max_sample_rows must be >= 0 (0 keeps no sample), got {max_sample_rows}")
+    examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
+    if not examples:
+        raise ValueError("example_inputs is an empty list; give at least one input the model runs on "
+                         "(a tensor, a tuple of positional arguments, or a dict of keyword arguments)")
+
+    sharers: dict[int, list[str]] = {}  # id(weight) -> every Linear / Embedding FQN holding it, module order
+    linears: dict[int, tuple[str, nn.Linear]] = {}  # id(weight) -> the first Linear holding it (reported)
+    skipped: dict[str, str] = {}
+    for fqn, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            sharers.setdefault(id(m.weight), []).append(fqn)
+            if isinstance(m, nn.Linear):
+                linears.setdefault(id(m.weight), (fqn, m))
+        elif _is_conv1d(m):
+            k, n = m.weight.shape
+            skipped[fqn] = (f"GPT-2 Conv1D (weight stored [in, out] = [{k}, {n}]); autoao quantizes "
+                            "nn.Linear only — convert it first")
+    if not linears and not skipped:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear layers; autoao only quantizes linear "
+                         "layers, so there is nothing to profile")
+
+    recorders = {key: _Recorder(m, max_sample_rows) for key, (_, m) in linears.items()}
+    training = {m: m.training for m in model.modules()}
+    handles = [m.register_forward_hook(recorders[key], with_kwargs=True) for key, (_, m) in linears.items()]
+    start = time.perf_counter()
+    try:
+        model.eval()
+        with torch.no_grad():
+            for i, example in enumerate(examples):
+                try:
+                    _run(model, example)
+                except Exception as e:
+                    raise ValueError(f"example input #{i} ({_describe(example)}) failed to run: "
+                                     f"{type(e).__name__}: {e}") from e
+    finally:
+        for h in handles:
+            h.remove()
+        for m, flag in training.items():
+            m.training = flag
+    seconds = time.perf_counter() - start
+
+    layers = [recorders[key].result(fqn, m, [f for f in sharers[key] if f != fqn])
+              for key, (fqn, m) in linears.items()]
+    return ModelProfile(layers, skipped, len(examples), seconds)

@@ -1,0 +1,244 @@
+"""Profiler: every linear layer found with exact shapes, token counts and activation statistics;
+tied weights reported once; Conv1D reported as skipped; bad models and inputs give clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoao.profile import profile
+from autoao.search_space import LayerSpec
+
+DIM, HIDDEN, VOCAB = 16, 32, 50
+# Three forwards of different lengths: 1*5 + 1*9 + 2*3 = 20 tokens through every projection.
+INPUTS_SHAPES = [(1, 5), (1, 9), (2, 3)]
+TOKENS = 20
+
+
+class Block(nn.Module):
+    """Attention (q/k/v/o) and a gated MLP (gate/up/down), like a Llama block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.q_proj, self.k_proj = nn.Linear(DIM, DIM, bias=False), nn.Linear(DIM, DIM, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(DIM, DIM, bias=False), nn.Linear(DIM, DIM)
+        self.gate_proj, self.up_proj = nn.Linear(DIM, HIDDEN, bias=False), nn.Linear(DIM, HIDDEN, bias=False)
+        self.down_proj = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, DIM]
+        h = self.norm1(x)
+        att = F.scaled_dot_product_attention(self.q_proj(h), self.k_proj(h), self.v_proj(h), is_causal=True)
+        x = x + self.o_proj(att)
+        h = self.norm2(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class TinyLM(nn.Module):
+    """Embedding, two blocks, lm_head tied to the embedding; block 1's k_proj shares q_proj's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
+        self.lm_head.weight = self.embed.weight
+        self.blocks[1].k_proj.weight = self.blocks[1].q_proj.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: [B, T] -> logits [B, T, VOCAB]
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(x)
+
+
+def token_inputs() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, shape, generator=g) for shape in INPUTS_SHAPES]
+
+
+def capture_inputs(model: nn.Module, fqn: str, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """Every input row [M, K] that reaches `fqn`, by a hook of the test's own."""
+    seen = []
+    handle = model.get_submodule(fqn).register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    with torch.no_grad():
+        for x in inputs:
+            model(x)
+    handle.remove()
+    return torch.cat([x.reshape(-1, x.shape[-1]) for x in seen])
+
+
+def test_finds_every_linear_with_exact_shapes_and_token_counts():
+    """One profile per Linear weight, in module order, with (K, N), bias, dtype, device, the exact
+    shape -> call count map and tokens summed over inputs of different lengths."""
+    model = TinyLM()
+    prof = profile(model, token_inputs())
+    layers = prof.by_fqn()
+    expected = {f"blocks.{b}.{name}" for b in (0, 1) for name in
+                ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+    expected = (expected - {"blocks.1.k_proj"}) | {"lm_head"}  # k_proj shares block 1's q_proj weight
+    assert set(layers) == expected
+    assert [p.fqn for p in prof.layers] == [n for n, m in model.named_modules() if n in expected]
+    assert prof.num_forward == 3 and prof.skipped == {} and prof.seconds > 0
+
+    for fqn, p in layers.items():
+        linear = model.get_submodule(fqn)
+        assert (p.in_features, p.out_features) == (linear.in_features, linear.out_features)
+        assert p.bias == (linear.bias is not None)
+        assert p.dtype == torch.float32 and p.device == torch.device("cpu")
+        assert p.shapes == {(b, t, p.in_features): 1 for b, t in INPUTS_SHAPES}
+        assert p.tokens == TOKENS
+        assert p.act_norm.shape == p.act_absmax.shape == (p.in_features,)
+        assert p.spec == LayerSpec(fqn, p.in_features, p.out_features, p.bias, torch.float32)
+    assert layers["blocks.0.down_proj"].shapes[(1, 9, HIDDEN)] == 1
+    assert layers["lm_head"].out_features == VOCAB
+
+
+def test_tuple_dict_and_single_tensor_inputs_follow_the_convention():
+    """A tensor -> model(t), a tuple -> model(*args), a dict -> model(**kwargs): same statistics."""
+    model, ids = TinyLM(), token_inputs()[1]
+    results = [profile(model, ex).by_fqn()["blocks.0.up_proj"] for ex in (ids, (ids,), {"ids": ids})]
+    for p in results:
+        assert p.tokens == 9 and p.shapes == {(1, 9, DIM): 1}
+        torch.testing.assert_close(p.act_norm, results[0].act_norm, rtol=0, atol=0)
+
+
+def test_act_norm_and_absmax_match_hand_computed():
+    """act_norm is the per-input-channel L2 norm over every row seen; act_absmax the max |x|."""
+    model, inputs = TinyLM(), token_inputs()
+    rows = capture_inputs(model, "blocks.1.down_proj", inputs)  # [20, HIDDEN]
+    prof = profile(model, inputs)
+    p = prof.by_fqn()["blocks.1.down_proj"]
+    assert p.act_norm.dtype == torch.float32 and p.act_norm.device == torch.device("cpu")
+    torch.testing.assert_close(p.act_norm, rows.square().sum(0).sqrt())
+    torch.testing.assert_close(p.act_absmax, rows.abs().amax(0), rtol=0, atol=0)
+    assert prof.act_norms()["blocks.1.down_proj"] is p.act_norm  # what autoao.apply takes for Wanda
+    assert set(prof.act_norms()) == set(prof.by_fqn())
+
+
+def test_sample_is_bounded_real_rows_and_deterministic():
+    """At most max_sample_rows rows, each a real input row, spread over calls; same on every run."""
+    model, inputs = TinyLM(), token_inputs()
+    rows = capture_inputs(model, "blocks.1.up_proj", inputs)  # [20, DIM], call 0 = rows 0..4, etc.
+    p = profile(model, inputs, max_sample_rows=8).by_fqn()["blocks.1.up_proj"]
+    assert p.sample.shape == (8, DIM) and p.sample.dtype == torch.float32
+    where = [int(((rows == r).all(1)).nonzero()[0]) for r in p.sample]  # raises if a row is not real
+    assert len(set(where)) == 8
+    calls = {0 if i < 5 else 1 if i < 14 else 2 for i in where}
+    assert len(calls) > 1
+    again = profile(model, inputs, max_sample_rows=8).by_fqn()["blocks.1.up_proj"]
+    assert torch.equal(p.sample, again.sample)
+
+    everything = profile(model, inputs, max_sample_rows=64).by_fqn()["blocks.1.up_proj"]
+    assert everything.sample.shape == (TOKENS, DIM)  # fewer rows than the cap: all of them, in order
+    assert torch.equal(everything.sample, rows)
+    assert profile(model, inputs, max_sample_rows=0).layers[0].sample.shape == (0, DIM)
+
+
+def test_tied_weights_reported_once_with_their_other_names():
+    """Two Linears sharing a weight: the first reported, the other in its `tied`. A Linear tied to an
+    Embedding (lm_head) is reported, with the embedding named in `tied`."""
+    layers = profile(TinyLM(), token_inputs()).by_fqn()
+    assert "blocks.1.k_proj" not in layers
+    assert layers["blocks.1.q_proj"].tied == ["blocks.1.k_proj"]
+    assert layers["lm_head"].tied == ["embed"]
+    assert layers["blocks.0.q_proj"].tied == []
+
+
+def test_layer_never_called_has_zero_tokens():
+    """A Linear the forward does not reach is still reported, with no tokens and an empty sample."""
+    model = TinyLM()
+    model.unused = nn.Linear(DIM, 8)
+    p = profile(model, token_inputs()).by_fqn()["unused"]
+    assert p.tokens == 0 and p.shapes == {}
+    assert p.sample.shape == (0, DIM) and not p.act_norm.any()
+
+
+class Conv1D(nn.Module):
+    """Stand-in for transformers' GPT-2 Conv1D: weight stored [in, out], out size in `nf`."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], self.nf)
+
+
+def test_conv1d_reported_as_skipped_with_reason():
+    """GPT-2 Conv1D is never silently dropped: it appears in `skipped` with why and what to do."""
+    model = nn.Sequential(Conv1D(3 * DIM, DIM), nn.Linear(3 * DIM, DIM))
+    prof = profile(model, torch.randn(2, 4, DIM))
+    assert [p.fqn for p in prof.layers] == ["1"]
+    assert set(prof.skipped) == {"0"}
+    assert "Conv1D" in prof.skipped["0"] and f"[{DIM}, {3 * DIM}]" in prof.skipped["0"]
+    assert "nn.Linear only" in prof.skipped["0"]
+
+    only_conv = profile(nn.Sequential(Conv1D(DIM, DIM)), torch.randn(3, DIM))
+    assert only_conv.layers == [] and set(only_conv.skipped) == {"0"}
+
+
+class NoLinears(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids).relu()
+
+
+def test_model_without_linear_layers_is_an_error_naming_the_class():
+    """Nothing to quantize is an error, not an empty profile."""
+    with pytest.raises(ValueError, match="NoLinears has no nn.Linear layers.*only quantizes linear"):
+        profile(NoLinears(), token_inputs())
+
+
+def test_empty_example_inputs_is_an_error():
+    """An empty list runs nothing: an error, not an empty profile."""
+    with pytest.raises(ValueError, match="example_inputs is an empty list"):
+        profile(TinyLM(), [])
+    with pytest.raises(ValueError, match="max_sample_rows must be >= 0"):
+        profile(TinyLM(), token_inputs(), max_sample_rows=-1)
+
+
+def test_failing_example_input_names_its_index_and_restores_the_model():
+    """The error names the input's index, what it was and the original error (chained); hooks are
+    removed and training flags restored even so."""
+    mlp = nn.Sequential(nn.Linear(DIM, 8), nn.ReLU())
+    with pytest.raises(ValueError, match=r"example input #1 \(a tensor \[2, 17\] float32 on cpu\) "
+                                         r"failed to run: RuntimeError: mat1 and mat2 shapes"):
+        profile(mlp, [torch.randn(2, DIM), torch.randn(2, DIM + 1)])  # wrong hidden size
+
+    model = TinyLM().train()
+    bad = (torch.randn(1, 4), torch.zeros(2))  # two arguments for a forward(ids)
+    with pytest.raises(ValueError, match=r"example input #2 \(a tuple of 2 values: tensor \[1, 4\] float32 "
+                                         r"on cpu, tensor \[2\] float32 on cpu\) failed to run: TypeError") as info:
+        profile(model, [*token_inputs()[:2], bad])
+    assert isinstance(info.value.__cause__, TypeError)
+    assert all(m.training for m in model.modules())
+    assert_no_hooks(model)
+
+
+def assert_no_hooks(model: nn.Module) -> None:
+    for name, m in model.named_modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks, name
+        assert not m._forward_hooks_with_kwargs and not m._forward_pre_hooks_with_kwargs, name
+
+
+def test_training_flags_restored_and_hooks_removed():
+    """Profiling runs in eval mode but leaves every module's training flag and hooks as they were."""
+    model = TinyLM().train()
+    model.blocks[0].eval()  # mixed flags must come back mixed, not all True
+    flags = {n: m.training for n, m in model.named_modules()}
+    seen_training = []
+    handle = model.blocks[1].register_forward_pre_hook(lambda m, args: seen_training.append(m.training))
+    profile(model, token_inputs())
+    handle.remove()
+    assert seen_training == [False, False, False]
+    assert {n: m.training for n, m in model.named_modules()} == flags
+    assert_no_hooks(model)
