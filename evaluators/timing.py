@@ -17,12 +17,15 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
 from autoao.search_space import Candidate, LayerSpec
+
+if TYPE_CHECKING:
+    from autoao.evaluators.cache import TimingCache
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -113,8 +116,10 @@ def build_layer(cand: Candidate, k: int, n: int, dtype: torch.dtype, device: tor
 
 
 def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: torch.device, *,
-                compile: bool = False, reps: int | None = None, threads: int | None = None) -> Timing:
-    """Time module(x) for x [m, k]; inf with the reason on failure or non-finite output."""
+                compile: bool = False, graph: bool = True, reps: int | None = None,
+                threads: int | None = None) -> Timing:
+    """Time module(x) for x [m, k]; inf with the reason on failure or non-finite output.
+    graph: on CUDA, replay a captured CUDA graph (False: time eager launches)."""
     device = torch.device(device)
     try:
         x = torch.randn(m, k, device=device, dtype=dtype)
@@ -124,7 +129,7 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
             if not torch.isfinite(y).all():
                 return Timing.failed("output has NaN/Inf")
             if device.type == "cuda":
-                med, p20, p80 = time_cuda(lambda: fn(x), reps=reps or 50)
+                med, p20, p80 = time_cuda(lambda: fn(x), reps=reps or 50, graph=graph)
             else:
                 med, p20, p80 = time_cpu(lambda: fn(x), reps=reps or 20, threads=threads)
         return Timing(med, p20, p80, reps or (50 if device.type == "cuda" else 20))
@@ -151,3 +156,142 @@ def time_candidate(cand: Candidate, m: int, k: int, n: int, dtype: torch.dtype =
     t = time_module(module, m, k, dtype, device, compile=compile, reps=reps, threads=threads)
     emulated = cand.emulated(device)
     return t if not emulated else Timing(t.median_us, t.p20_us, t.p80_us, t.reps, emulated, t.error)
+
+
+##### many (shape, candidate, M) at once, through the on-disk cache ##############################
+
+@dataclass(frozen=True)
+class LatencyRow:
+    candidate: str  # Candidate.name
+    m: int
+    k: int
+    n: int
+    timing: Timing
+    cached: bool  # True when read from the cache instead of measured now
+
+
+@dataclass
+class LatencyTable:
+    """The result of measure_latencies. `measured` counts kernel timings actually run (cache misses)."""
+
+    device: str
+    dtype: str
+    mode: str
+    rows: list[LatencyRow]
+    measured: int
+    seconds: float
+
+    def get(self, candidate: str, m: int, k: int, n: int) -> Timing:
+        for r in self.rows:
+            if (r.candidate, r.m, r.k, r.n) == (candidate, m, k, n):
+                return r.timing
+        raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}")
+
+
+def device_name(device: torch.device) -> str:
+    """What a timing depends on: the GPU model, or the CPU model and the thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu} ({torch.get_num_threads()} threads)"
+
+
+def default_mode(device: torch.device) -> str:
+    """CUDA: "graph" (eager modules captured in a CUDA graph; our dynamic-quant candidates fuse
+    their pre/epilogues in Triton, so this matches compiled timings for them). CPU: "eager"."""
+    return "graph" if device.type == "cuda" else "eager"
+
+
+def measure_latencies(
+    shapes: list[tuple[int, int]],
+    tokens: list[int],
+    candidates: list[Candidate] | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    mode: str | None = None,
+    cache: TimingCache | None = None,
+    progress: bool = True,
+) -> LatencyTable:
+    """Time every candidate on every (N, K) shape at every M in `tokens`, reusing cached timings.
+
+    shapes: (out_features N, in_features K) pairs (weight shapes), e.g. [(14336, 4096)].
+    mode: "eager", "graph" (CUDA only) or "compile" (torch.compile(fullgraph=True); resets
+    torch._dynamo between layers, since it compiles one module per shape and candidate).
+    cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
+    Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
+    """
+    import autoao
+    from autoao import search_space
+    from autoao.evaluators.cache import TimingCache, TimingKey
+
+    device = torch.device(device)
+    mode = mode or default_mode(device)
+    if mode not in ("eager", "graph", "compile"):
+        raise ValueError(f"mode must be 'eager', 'graph' or 'compile', got {mode!r}")
+    if mode == "graph" and device.type != "cuda":
+        raise ValueError("mode 'graph' (CUDA graphs) needs a CUDA device; use 'eager' or 'compile' on CPU")
+    candidates = candidates if candidates is not None else search_space.all_candidates()
+    cache = cache if cache is not None else TimingCache()
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    dev_name, dt = device_name(device), str(dtype).removeprefix("torch.")
+    base = dict(device=dev_name, torch=torch.__version__, triton=triton_version, autoao=autoao.__version__,
+                dtype=dt, mode=mode)
+
+    work = [(n, k, c) for n, k in shapes for c in candidates]
+    rows: list[LatencyRow] = []
+    measured = 0
+    t0 = time.perf_counter()
+    bar = _progress(len(work) * len(tokens), progress, f"timing on {dev_name}")
+    for n, k, cand in work:
+        keys = {m: TimingKey(candidate=cand.name, m=m, k=k, n=n, **base) for m in tokens}
+        found = {m: cache.get(key) for m, key in keys.items()}
+        missing = [m for m, t in found.items() if t is None]
+        if missing:
+            reason = cand.supports(LayerSpec("", k, n, False, dtype), device)
+            module = fn = None
+            if reason:
+                fresh = {m: Timing.failed(f"unsupported: {reason}") for m in missing}
+            else:
+                try:
+                    module = build_layer(cand, k, n, dtype, device)
+                    if mode == "compile":
+                        torch._dynamo.reset()
+                        fn = torch.compile(module, fullgraph=True)
+                    else:
+                        fn = module
+                    fresh = {m: time_module(fn, m, k, dtype, device, graph=mode == "graph") for m in missing}
+                except Exception as e:  # noqa: BLE001
+                    fresh = {m: Timing.failed(f"build failed: {type(e).__name__}: {e}") for m in missing}
+                emulated = cand.emulated(device)
+                if emulated:
+                    fresh = {m: Timing(t.median_us, t.p20_us, t.p80_us, t.reps, emulated, t.error)
+                             for m, t in fresh.items()}
+                measured += len(missing)
+            del module, fn
+            for m, t in fresh.items():
+                cache.put(keys[m], t)
+                found[m] = t
+        for m in tokens:
+            rows.append(LatencyRow(cand.name, m, k, n, found[m], cached=m not in missing))
+            bar.update(1)
+    bar.close()
+    return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0)
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, unit="kernel", leave=False)

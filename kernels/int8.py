@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
 from autoao.kernels.quant import (
+    dequantize_output,
     load_triton_ops,
     quantize_int8_per_channel,
     quantize_int8_per_token,
@@ -57,8 +58,8 @@ class Int8DynLinear(QuantizedLinear):
     def forward(self, x):
         x2 = flatten_tokens(x)
         xq, xs = quantize_per_token(x2, torch.int8)  # [M, K] int8, [M, 1] fp32
-        y = self._int_matmul(xq).float() * xs * self.w_scale  # [M, N] fp32
-        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+        y = dequantize_output(self._int_matmul(xq), xs, self.w_scale, self.bias, x.dtype)  # [M, N]
+        return unflatten_tokens(y, x)
 
     def reference(self, x):
         xq, xs = quantize_int8_per_token(flatten_tokens(x).float())

@@ -156,6 +156,21 @@ def load_triton_ops() -> bool:
     return _TRITON_OPS
 
 
+def dequantize_output(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor | None,
+                      bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """acc [M, N] (int32 or float) -> acc * x_scale [M, 1] (* w_scale [N]) (+ bias [N]) in out_dtype.
+
+    On CUDA with Triton: one fused pass (autoao::scaled_epilogue, bias added in fp32 before the
+    cast). Elsewhere: plain torch (fp32 math, cast, then bias in out_dtype)."""
+    if acc.is_cuda and _TRITON_OPS:
+        return torch.ops.autoao.scaled_epilogue(acc, x_scale, w_scale, bias, out_dtype)
+    y = acc.float() * x_scale
+    if w_scale is not None:
+        y = y * w_scale
+    y = y.to(out_dtype)
+    return y if bias is None else y + bias.to(out_dtype)
+
+
 def quantize_per_token(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] -> (q [M, K] qdtype, scale [M, 1] float32); qdtype int8 or float8_e4m3fn.
 

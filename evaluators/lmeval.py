@@ -1,0 +1,392 @@
+"""lm-eval on a model already in memory, offline, with autoao's own bundled tasks.
+
+    from autoao.evaluators import lmeval
+    result = lmeval.evaluate(model, tokenizer, ["autoao_facts", "autoao_text"], limit=100)
+    result.metrics["autoao_facts"]["acc"], result.metrics["autoao_text"]["word_perplexity"]
+    result.seconds
+
+Two ways in, one set of numbers:
+- a transformers `PreTrainedModel` goes through lm-eval's own `HFLM`, handed the model object (not a
+  name), so nothing is reloaded or copied and an autoao-quantized model is scored as it stands;
+- any other causal LM -- an `nn.Module` mapping input_ids [B, T] to logits [B, T, V], or to an
+  object with `.logits` -- goes through `CausalLM` below. It is a `TemplateLM` that tokenizes and
+  windows exactly as HFLM does, so the two give the same log-likelihoods on the same model (tested).
+Both take the log-softmax in float32: HFLM would otherwise take it in the model's dtype, and a bf16
+log-softmax blurs the small differences between quantization plans that we are trying to measure.
+
+Tasks: `task_names()` are bundled with autoao (tasks/*.yaml + JSONL written for it, no network):
+`autoao_facts` (372 four-choice questions, acc; chance is 25%) and `autoao_text` (21 documents,
+about 6,000 words of original prose; word/byte perplexity, bits per byte). They are registered
+through `TaskManager(include_path=...)` from a temporary folder, where each YAML's `data_files` is
+made absolute and its HF datasets cache points into that folder. Any other lm-eval task name passes
+through for users whose HF datasets cache already holds its data.
+
+The environment is offline for the run (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE).
+huggingface_hub and datasets read those variables when first imported, so they bind only if this is
+the first import in the process; the bundled tasks need no network either way (local JSON files).
+The datasets cache is moved per task (`cache_dir`) rather than through HF_DATASETS_CACHE for the
+same reason, and so that other lm-eval tasks still find the data in the user's own cache.
+
+Importing this module imports `lm_eval.api.model` (and with it jinja2), which `CausalLM` subclasses;
+lm_eval's evaluator, datasets and transformers are imported only by `evaluate`. Modules on the
+`import autoao` path must import this one inside functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import LM, TemplateLM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from torch import nn
+
+if TYPE_CHECKING:
+    from lm_eval.api.instance import Instance
+
+TASKS_DIR = Path(__file__).with_name("tasks")
+DEFAULT_MAX_LENGTH = 2048  # context for models with no config to read it from (lm-eval's default too)
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def task_names() -> list[str]:
+    """The tasks bundled with autoao; they run offline."""
+    return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+
+
+@dataclass
+class EvalResult:
+    """What one `evaluate` run measured."""
+
+    metrics: dict[str, dict[str, float]]  # task -> metric -> value, e.g. {"autoao_facts": {"acc": 0.7, ...}}
+    samples: dict[str, int]  # task -> documents actually scored (fewer than the task has under `limit`)
+    seconds: float  # wall clock of the whole run, task loading included
+    limit: int | float | None = None
+    config: dict[str, Any] = field(default_factory=dict)  # model wrapper, batch size, lm-eval version
+
+
+def evaluate(
+    model: nn.Module,
+    tokenizer: Any,
+    tasks: list[str] | str,
+    *,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    device: torch.device | str | None = None,
+    max_length: int | None = None,
+) -> EvalResult:
+    """Score `model` on lm-eval `tasks` (zero-shot) and return the metrics and how long it took.
+
+    Args:
+        model: a transformers `PreTrainedModel` (scored through lm-eval's HFLM), or any causal LM
+            `nn.Module` whose forward maps input_ids [B, T] to logits [B, T, V] (or to an object
+            with `.logits`). It is put in eval mode for the run and restored; never moved or copied.
+        tokenizer: the model's Hugging Face tokenizer (`encode`, `decode`, `eos_token_id`).
+        tasks: task names, as a list or comma-separated; `task_names()` lists the bundled ones.
+        limit: score only the first `limit` documents of each task (a fraction if < 1), for a fast
+            run. The bundled facts are stored in a shuffled order, so a prefix mixes every category.
+        batch_size: sequences per forward pass.
+        device: where inputs go; default the device of the model's parameters. The model must
+            already be there.
+        max_length: context window in tokens; default the HF config's, or 2048 for other models.
+    """
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
+    if not names:
+        raise ValueError(f"tasks is empty; give at least one task name, e.g. {task_names()}")
+    if tokenizer is None:
+        raise ValueError("tokenizer is None: lm-eval tasks are text, so they need the model's tokenizer "
+                         "(e.g. transformers.AutoTokenizer.from_pretrained(...) for the same checkpoint).")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch nn.Module (a causal LM), got {type(model).__qualname__}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+    start = time.perf_counter()
+    with _offline_env(), tempfile.TemporaryDirectory(prefix="autoao-lmeval-") as tmp:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+
+        include = _write_bundled_tasks(Path(tmp))
+        # Indexing lm-eval's own ~15k task YAMLs takes seconds; skip it when only bundled tasks run.
+        needs_defaults = any(n not in task_names() for n in names)
+        manager = TaskManager(include_path=str(include), include_defaults=needs_defaults)
+        _check_task_names(names, manager.all_tasks)
+
+        lm = _wrap(model, tokenizer, batch_size=batch_size, device=device, max_length=max_length)
+        was_training = model.training
+        model.eval()
+        try:
+            out = lm_eval.simple_evaluate(
+                model=lm, tasks=names, task_manager=manager, limit=limit, log_samples=False,
+                bootstrap_iters=1000,  # stderr for bootstrapped metrics; acc's is closed-form anyway
+                # leave the caller's RNG state alone (nothing here samples)
+                random_seed=None, numpy_random_seed=None, torch_random_seed=None,
+            )
+        finally:
+            model.train(was_training)
+    seconds = time.perf_counter() - start
+    return EvalResult(
+        metrics={name: _metrics(out["results"][name]) for name in names},
+        samples={name: int(out["n-samples"][name]["effective"]) for name in names if name in out["n-samples"]},
+        seconds=seconds,
+        limit=limit,
+        config={"lm": type(lm).__name__, "batch_size": batch_size, "max_length": lm.max_length,
+                "lm_eval": lm_eval.__version__},
+    )
+
+
+##### tasks #####################################################################################
+
+@contextlib.contextmanager
+def _offline_env() -> Iterator[None]:
+    """Set OFFLINE_ENV for the duration, then restore whatever was there."""
+    saved = {k: os.environ.get(k) for k in OFFLINE_ENV}
+    os.environ.update(OFFLINE_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _write_bundled_tasks(tmp: Path) -> Path:
+    """Copy the bundled task YAMLs into tmp/tasks with absolute data paths; return that folder.
+
+    lm-eval hands `dataset_kwargs` to `datasets.load_dataset`, which resolves relative data files
+    against the working directory, not the YAML; hence the rewrite. The arrow cache that datasets
+    builds from the JSON goes to tmp/datasets, which is deleted after the run."""
+    import yaml
+
+    include, cache = tmp / "tasks", tmp / "datasets"
+    include.mkdir()
+    for src in sorted(TASKS_DIR.glob("*.yaml")):
+        cfg = yaml.safe_load(src.read_text(encoding="utf-8"))
+        kwargs = cfg["dataset_kwargs"]
+        kwargs["data_files"] = {split: str(TASKS_DIR / f) for split, f in kwargs["data_files"].items()}
+        kwargs["cache_dir"] = str(cache)
+        (include / src.name).write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return include
+
+
+def _check_task_names(names: list[str], known: list[str]) -> None:
+    unknown = [n for n in names if n not in known]
+    if not unknown:
+        return
+    bundled = task_names()
+    lines = []
+    for n in unknown:
+        close = difflib.get_close_matches(n, bundled + known, n=3)
+        lines.append(f"Unknown lm-eval task '{n}'." + (f" Did you mean: {', '.join(close)}?" if close else ""))
+    lines.append(f"Bundled with autoao (run offline): {', '.join(bundled)}. Other lm-eval task names "
+                 "(e.g. hellaswag) work only when their datasets are already in the local HF datasets "
+                 "cache, since evaluation runs offline.")
+    raise ValueError("\n".join(lines))
+
+
+def _metrics(task_results: dict[str, Any]) -> dict[str, float]:
+    """lm-eval's {"acc,none": 0.7, "acc_stderr,none": 0.02, "alias": ...} -> {"acc": 0.7, "acc_stderr": 0.02}.
+
+    The ",none" filter suffix is dropped; a metric under another filter keeps "metric,filter"."""
+    out = {}
+    for key, value in task_results.items():
+        if "," not in key or not isinstance(value, (int, float)):
+            continue  # "alias", and stderrs lm-eval could not compute ("N/A")
+        metric, filt = key.split(",", 1)
+        out[metric if filt == "none" else key] = float(value)
+    return out
+
+
+##### models ####################################################################################
+
+def _model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _wrap(model: nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str | None,
+          max_length: int | None) -> LM:
+    # A model can only be a PreTrainedModel if transformers is already imported; checking
+    # sys.modules keeps the generic path from importing transformers for nothing.
+    transformers = sys.modules.get("transformers")
+    if transformers is not None and isinstance(model, transformers.PreTrainedModel):
+        if device is not None and torch.device(device) != model.device:
+            raise ValueError(f"device={device!r} but the model is on {model.device}; move the model "
+                             "first (evaluate never moves or copies it), or leave device=None.")
+        from lm_eval.models.huggingface import HFLM
+
+        return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
+                    softmax_dtype=torch.float32)
+    return CausalLM(model, tokenizer, batch_size=batch_size, device=device,
+                    max_length=max_length or DEFAULT_MAX_LENGTH)
+
+
+class CausalLM(TemplateLM):
+    """lm-eval `LM` over any causal LM module: input_ids [B, T] -> logits [B, T, V] (or `.logits`).
+
+    Tokenization, the empty-context prefix token and the rolling windows are HFLM's (inherited from
+    `TemplateLM`, or mirrored below), so scores match HFLM's on a transformers model. Batches are
+    right-padded: in a causal model no real position attends to the padding after it, so no
+    attention mask is needed and any token id can pad. Generation is greedy, without a KV cache
+    (each new token runs the whole prefix again): slow on long outputs, but it needs nothing from the
+    model beyond its forward.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, *, batch_size: int = 8,
+                 device: torch.device | str | None = None, max_length: int = DEFAULT_MAX_LENGTH,
+                 max_gen_toks: int = 256) -> None:
+        super().__init__()
+        if tokenizer is None or getattr(tokenizer, "eos_token_id", None) is None:
+            raise ValueError("CausalLM needs a Hugging Face-style tokenizer with an eos_token_id (lm-eval "
+                             f"ends generations and pads with it); got {type(tokenizer).__qualname__}.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.max_gen_toks = max_gen_toks
+        self._device = torch.device(device) if device is not None else _model_device(model)
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        # What an empty context is scored after; HFLM's choice (BOS, else EOS), so the scores agree.
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.tokenizer.eos_token_id
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        if add_special_tokens is None:
+            # HFLM: a string that already starts with the BOS text gets no second BOS
+            bos_text = self.tokenizer.decode([self.prefix_token_id])
+            if bos_text and string.startswith(bos_text):
+                add_special_tokens = False
+        special = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+        return self.tokenizer.encode(string, **special)
+
+    def _logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids: [B, T] -> [B, T, V] float32
+        with torch.no_grad():
+            out = self.model(input_ids.to(self._device))
+        logits = getattr(out, "logits", out)
+        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != input_ids.shape:
+            raise ValueError(f"the model must map input_ids {tuple(input_ids.shape)} to logits [B, T, V] "
+                             f"(or an object with .logits); it returned {type(out).__qualname__} "
+                             f"{tuple(getattr(logits, 'shape', ()))}")
+        return logits.float()
+
+    # ---- scoring ---------------------------------------------------------------------------
+    def _loglikelihood_tokens(self, requests: list[tuple[Any, list[int], list[int]]],
+                              disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        """(key, context tokens, continuation tokens) -> (sum of continuation log-probs, is greedy)."""
+        # Longest first, as HFLM does: rows in a batch have similar lengths, so less padding.
+        order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
+        results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            inputs = []
+            for i in batch:
+                _, context, continuation = requests[i]
+                if not context or not continuation or len(continuation) > self.max_length:
+                    raise ValueError(f"request {i}: needs a non-empty context and a continuation of 1.."
+                                     f"{self.max_length} tokens, got {len(context)} and {len(continuation)}")
+                # Position t predicts token t+1, so the last token is never an input; keep at most
+                # max_length inputs, dropping context from the left.
+                inputs.append((context + continuation)[-(self.max_length + 1):-1])
+            width = max(len(x) for x in inputs)
+            input_ids = torch.zeros(len(inputs), width, dtype=torch.long)  # [B, T], right-padded with 0
+            for row, x in enumerate(inputs):
+                input_ids[row, :len(x)] = torch.tensor(x)
+            logprobs = F.log_softmax(self._logits(input_ids), dim=-1)  # [B, T, V]
+            for row, i in enumerate(batch):
+                continuation = torch.tensor(requests[i][2], device=logprobs.device)
+                end = len(inputs[row])
+                lp = logprobs[row, end - len(continuation):end]  # [len(cont), V]
+                score = lp.gather(-1, continuation[:, None]).sum().item()
+                results[i] = (score, bool((lp.argmax(-1) == continuation).all()))
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of each whole string, in disjoint windows of max_length (HFLM's windows)."""
+        windows, owner = [], []
+        for n, req in enumerate(requests):
+            (text,) = req.args
+            pairs = get_rolling_token_windows(token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                                              max_seq_len=self.max_length, context_len=1)
+            for context, continuation in map(make_disjoint_window, pairs):
+                windows.append((None, context, continuation))
+                owner.append(n)
+        totals = [0.0] * len(requests)
+        for n, (score, _) in zip(owner, self._loglikelihood_tokens(windows)):
+            totals[n] += score
+        return totals
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        """Greedy continuation of each context, cut at the first `until` string (or EOS) and
+        after `max_gen_toks` tokens."""
+        results: list[str] = [""] * len(requests)
+        groups: dict[str, list[int]] = {}  # same generation settings -> one batch stream
+        for i, req in enumerate(requests):
+            groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
+        for members in groups.values():
+            kwargs = dict(requests[members[0]].args[1])
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            until.append(self.tokenizer.decode([self.eot_token_id]))
+            max_gen = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+            if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0.0) > 0.0:
+                raise ValueError(f"CausalLM generates greedily only; the task asked for sampling ({kwargs}). "
+                                 "Use a transformers model (scored through lm-eval's HFLM) for sampling tasks.")
+            if max_gen >= self.max_length:
+                raise ValueError(f"max_gen_toks={max_gen} leaves no room for context in max_length={self.max_length}")
+            for start in range(0, len(members), self.batch_size):
+                batch = members[start:start + self.batch_size]
+                contexts = [self.tok_encode(requests[i].args[0])[-(self.max_length - max_gen):] for i in batch]
+                for i, text in zip(batch, self._greedy(contexts, max_gen, until)):
+                    results[i] = text
+        return results
+
+    def _greedy(self, contexts: list[list[int]], max_gen: int, until: list[str]) -> list[str]:
+        lengths = torch.tensor([len(c) for c in contexts])  # [B] tokens so far per row
+        buf = torch.zeros(len(contexts), int(lengths.max()) + max_gen, dtype=torch.long)  # right-padded
+        for row, c in enumerate(contexts):
+            buf[row, :len(c)] = torch.tensor(c)
+        texts = [""] * len(contexts)
+        active = list(range(len(contexts)))
+        for _ in range(max_gen):
+            rows = torch.tensor(active)
+            logits = self._logits(buf[rows, :int(lengths[rows].max())])  # [b, T, V]
+            # Each row's next token comes from its own last real position; padding is to its right.
+            nxt = logits[torch.arange(len(active)), lengths[rows] - 1].argmax(-1).cpu()  # [b]
+            buf[rows, lengths[rows]] = nxt
+            lengths[rows] += 1
+            still = []
+            for row in active:
+                texts[row] = self.tokenizer.decode(buf[row, len(contexts[row]):int(lengths[row])].tolist())
+                if not any(stop in texts[row] for stop in until):
+                    still.append(row)
+            active = still
+            if not active:
+                break
+        return [_cut(t, until) for t in texts]
+
+
+def _cut(text: str, until: list[str]) -> str:
+    """text up to the first occurrence of any stop string."""
+    for stop in until:
+        if stop:
+            text = text.split(stop, 1)[0]
+    return text
