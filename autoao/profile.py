@@ -135,13 +135,13 @@ class _Recorder:
                             self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone(), tied)
 
 
-def _run(model: nn.Module, example: Any) -> None:
+def call_model(model: nn.Module, example: Any) -> Any:
+    """Run one example input through `model` by the convention in the module docstring."""
     if isinstance(example, tuple):
-        model(*example)
-    elif isinstance(example, Mapping):
-        model(**example)
-    else:
-        model(example)
+        return model(*example)
+    if isinstance(example, Mapping):
+        return model(**example)
+    return model(example)
 
 
 def _describe(example: Any) -> str:
@@ -197,7 +197,7 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
         with torch.no_grad():
             for i, example in enumerate(examples):
                 try:
-                    _run(model, example)
+                    call_model(model, example)
                 except Exception as e:
                     raise ValueError(f"example input #{i} ({_describe(example)}) failed to run: "
                                      f"{type(e).__name__}: {e}") from e

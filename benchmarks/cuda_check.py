@@ -65,12 +65,12 @@ def measure_ceilings() -> tuple[float, float]:
     """(copy bandwidth bytes/s counting read + write, bf16 matmul FLOP/s) on random data."""
     a = torch.randn(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda")  # 2 GiB
     b = torch.empty_like(a)
-    med, _, _ = time_cuda(lambda: b.copy_(a), reps=20, graph=False, flush_l2=False)
+    med, *_ = time_cuda(lambda: b.copy_(a), reps=20, graph=False, flush_l2=False)
     bw = 2 * a.numel() * 2 / (med * 1e-6)
     del a, b
     x = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    med, _, _ = time_cuda(lambda: x @ w, reps=20, graph=False, flush_l2=False)
+    med, *_ = time_cuda(lambda: x @ w, reps=20, graph=False, flush_l2=False)
     return bw, 2 * 8192**3 / (med * 1e-6)
 
 

@@ -57,11 +57,19 @@ def _quantiles(samples_us: list[float]) -> tuple[float, float, float]:
 
 
 def time_cuda(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3, graph: bool = True,
-              flush_l2: bool = True) -> tuple[float, float, float]:
-    """Median, p20, p80 in us of fn() on the current CUDA device (see the module docstring)."""
+              flush_l2: bool = True, max_seconds: float = 0.3) -> tuple[float, float, float, int]:
+    """(median, p20, p80 in us, repeats) of fn() on the current CUDA device (module docstring).
+
+    Repeats are capped so the timed loop takes about `max_seconds` (at least 5 repeats): a kernel
+    that takes 75 ms (int4 tinygemm at M=2048 on a 128256-wide layer) need not be run 50 times to
+    know it loses."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    reps = max(5, min(reps, int(max_seconds / max(time.perf_counter() - t0, 1e-6))))
     call = fn
     if graph:
         g = torch.cuda.CUDAGraph()
@@ -83,12 +91,12 @@ def time_cuda(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3, grap
         call()
         ends[i].record()
     torch.cuda.synchronize()
-    return _quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+    return (*_quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]), reps)
 
 
 def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2,
-             threads: int | None = None) -> tuple[float, float, float]:
-    """Median, p20, p80 in us of fn() on the CPU with a fixed thread count."""
+             threads: int | None = None) -> tuple[float, float, float, int]:
+    """(median, p20, p80 in us, repeats) of fn() on the CPU with a fixed thread count."""
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -102,7 +110,7 @@ def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2,
             samples.append((time.perf_counter() - t0) * 1e6)
     finally:
         torch.set_num_threads(old)
-    return _quantiles(samples)
+    return (*_quantiles(samples), reps)
 
 
 def build_layer(cand: Candidate, k: int, n: int, dtype: torch.dtype, device: torch.device,
@@ -129,10 +137,10 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
             if not torch.isfinite(y).all():
                 return Timing.failed("output has NaN/Inf")
             if device.type == "cuda":
-                med, p20, p80 = time_cuda(lambda: fn(x), reps=reps or 50, graph=graph)
+                med, p20, p80, n = time_cuda(lambda: fn(x), reps=reps or 50, graph=graph)
             else:
-                med, p20, p80 = time_cpu(lambda: fn(x), reps=reps or 20, threads=threads)
-        return Timing(med, p20, p80, reps or (50 if device.type == "cuda" else 20))
+                med, p20, p80, n = time_cpu(lambda: fn(x), reps=reps or 20, threads=threads)
+        return Timing(med, p20, p80, n)
     except torch.cuda.OutOfMemoryError as e:
         return Timing.failed(f"out of memory: {str(e).splitlines()[0]}")
     except Exception as e:  # noqa: BLE001 - a failing kernel is data, not a crash
@@ -295,3 +303,33 @@ def _progress(total: int, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, unit="kernel", leave=False)
+
+
+##### whole model ###############################################################################
+
+def measure_model(model: nn.Module, example_input, *, compile: bool = False, graph: bool | None = None,
+                  reps: int | None = None) -> Timing:
+    """End-to-end latency of one forward of `model` on `example_input` (one input, by
+    `autoao.profile`'s convention: tensor, tuple of args, or dict of kwargs): the ground truth that
+    predicted plan latencies are compared with.
+
+    compile: torch.compile(model) first (as the model will run). graph: on CUDA, capture the
+    forward in a CUDA graph and time replays (default True; set False for models that cannot be
+    captured). L2 is flushed before each repeat, as for layer timings. Failures score inf.
+    """
+    from autoao.profile import call_model
+
+    params = list(model.parameters()) + list(model.buffers())
+    device = params[0].device if params else torch.device("cpu")
+    fn = torch.compile(model) if compile else model
+    try:
+        with torch.no_grad():
+            call_model(fn, example_input)
+            if device.type == "cuda":
+                med, p20, p80, n = time_cuda(lambda: call_model(fn, example_input), reps=reps or 30,
+                                             graph=True if graph is None else graph, max_seconds=1.0)
+            else:
+                med, p20, p80, n = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10)
+    except Exception as e:  # noqa: BLE001
+        return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return Timing(med, p20, p80, n)

@@ -1,0 +1,140 @@
+"""Timing and its on-disk cache: measured once, reused, safe under concurrency and corruption."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from autoao import search_space
+from autoao.cli import main
+from autoao.evaluators import timing
+from autoao.evaluators.cache import TimingCache, TimingKey
+from autoao.evaluators.timing import Timing, measure_latencies
+
+SMALL = [search_space.get("bf16"), search_space.get("int8_dyn"), search_space.get("int4_wo(group_size=64)"),
+         search_space.get("sparse24")]
+
+
+def key(i: int) -> TimingKey:
+    return TimingKey("cpu", "2.13", "3.9", "0.1", "int8_dyn", i, 64, 32, "bfloat16", "eager")
+
+
+def test_second_measurement_runs_no_kernel(tmp_path, monkeypatch):
+    """The second identical measurement is served from the cache: zero kernel timings."""
+    cache = TimingCache(tmp_path / "t.sqlite")
+    first = measure_latencies([(32, 64)], [1, 4], SMALL, cache=cache, progress=False)
+    assert first.measured == 2 * len(SMALL)  # every candidate supports N=32, K=64 on CPU
+    calls = []
+    monkeypatch.setattr(timing, "time_module", lambda *a, **k: calls.append(a) or Timing.failed("should not run"))
+    again = measure_latencies([(32, 64)], [1, 4], SMALL, cache=TimingCache(tmp_path / "t.sqlite"), progress=False)
+    assert again.measured == 0 and calls == []
+    assert all(r.cached for r in again.rows)
+    for a, b in zip(first.rows, again.rows):
+        assert a.timing.median_us == b.timing.median_us or not a.timing.ok
+
+
+def test_unsupported_emulated_and_failing_candidates_are_data(tmp_path, monkeypatch):
+    cache = TimingCache(tmp_path / "t.sqlite")
+    table = measure_latencies([(20, 64)], [2], SMALL, cache=cache, progress=False)
+    int4 = table.get("int4_wo(group_size=64)", 2, 64, 20)
+    assert not int4.ok and "unsupported" in int4.error and "N=20" in int4.error
+    sparse = table.get("sparse24", 2, 64, 20)
+    assert sparse.ok and sparse.emulated and "emulated" in sparse.emulated
+
+    def boom(*a, **k):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(search_space.get("int8_dyn").module_cls, "forward", boom)
+    failed = measure_latencies([(48, 64)], [3], [search_space.get("int8_dyn")], cache=cache, progress=False)
+    t = failed.get("int8_dyn", 3, 64, 48)
+    assert math.isinf(t.median_us) and "kernel exploded" in t.error
+    # the failure is cached too (a failing kernel is not retried on every run)
+    assert TimingCache(tmp_path / "t.sqlite").get(
+        next(k for k in [_key_for(failed, "int8_dyn", 3, 64, 48)])).error == t.error
+
+
+def _key_for(table, cand, m, k, n) -> TimingKey:
+    import autoao
+    import triton
+
+    return TimingKey(table.device, torch.__version__, triton.__version__, autoao.__version__, cand, m, k, n,
+                     table.dtype, table.mode)
+
+
+def test_nan_output_scores_inf(tmp_path):
+    lin = torch.nn.Linear(16, 8)
+    with torch.no_grad():
+        lin.weight.fill_(float("nan"))
+    t = timing.time_module(lin, 2, 16, torch.float32, torch.device("cpu"))
+    assert not t.ok and "NaN" in t.error
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path):
+    path = tmp_path / "t.sqlite"
+    TimingCache(path).close()  # create the file and schema first
+    code = textwrap.dedent(f"""
+        import sys
+        from autoao.evaluators.cache import TimingCache, TimingKey
+        from autoao.evaluators.timing import Timing
+        c = TimingCache({str(path)!r})
+        off = int(sys.argv[1])
+        for i in range(off, off + 300):
+            c.put(TimingKey("cpu", "t", "t", "a", "int8_dyn", i, 64, 32, "bf16", "eager"), Timing(i, i, i, 1))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(off)]) for off in (0, 300)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    cache = TimingCache(path)
+    assert len(cache) == 600
+    assert cache.get(TimingKey("cpu", "t", "t", "a", "int8_dyn", 457, 64, 32, "bf16", "eager")).median_us == 457
+
+
+def test_corrupt_cache_file_is_set_aside(tmp_path):
+    path = tmp_path / "t.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.warns(UserWarning, match="unreadable"):
+        cache = TimingCache(path)
+    cache.put(key(1), Timing(5.0, 4.0, 6.0, 10))
+    assert cache.get(key(1)).median_us == 5.0
+    assert any(p.name.startswith("t.sqlite.corrupt-") for p in tmp_path.iterdir())
+
+
+def test_failed_timing_round_trips_as_inf(tmp_path):
+    cache = TimingCache(tmp_path / "t.sqlite")
+    cache.put(key(2), Timing.failed("unsupported: nope"))
+    t = cache.get(key(2))
+    assert math.isinf(t.median_us) and t.error == "unsupported: nope" and not t.ok
+
+
+def test_cli_kernels_table(tmp_path, capsys):
+    rc = main(["kernels", "--shapes", "32x64", "--tokens", "1,4", "--device", "cpu", "--quiet",
+               "--candidates", "int8_dyn,int4_wo(group_size=32),sparse24", "--cache-dir", str(tmp_path),
+               "--csv", str(tmp_path / "k.csv")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "32x64 (N x K)" in out and "bf16" in out  # the baseline is always added
+    assert "emulated: 2:4 has no CPU kernel" in out
+    assert "8 kernel timings measured" in out
+    assert (tmp_path / "k.csv").read_text().count("\n") == 1 + 8
+    rc = main(["kernels", "--shapes", "32x64", "--tokens", "1,4", "--device", "cpu", "--quiet",
+               "--candidates", "int8_dyn,int4_wo(group_size=32),sparse24", "--cache-dir", str(tmp_path)])
+    assert "0 kernel timings measured, 8 from the cache" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["kernels", "--shapes", "4096by4096"], "bad --shapes entry"),
+    (["kernels", "--tokens", "1,x"], "bad --tokens"),
+    (["kernels", "--candidates", "int4"], "Did you mean: int4_wo"),
+    (["kernels", "--device", "tpu"], "bad --device"),
+    (["kernels", "--dtype", "int7"], "bad --dtype"),
+    (["kernels", "--mode", "graph", "--device", "cpu", "--shapes", "32x64"], "needs a CUDA device"),
+])
+def test_cli_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
+    rc = main([*argv, "--cache-dir", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and err.startswith("autoao: error:") and err.count("\n") == 1
