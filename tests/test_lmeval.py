@@ -86,7 +86,7 @@ ROLLING_TEXTS = ["A short document.", "A longer document that spans several wind
 def test_causal_lm_matches_hflm(tok, llama):
     """Same model, same tokenizer: our LM and lm-eval's HFLM give the same log-likelihoods and
     greedy flags, for plain, empty-context, truncated and rolling (multi-window) requests, at
-    different batch sizes (so different padding)."""
+    different batch sizes (so different padding), and the same greedy generations."""
     ours = lmeval.CausalLM(llama, tok, batch_size=2, max_length=MAX_LENGTH)
     theirs = HFLM(pretrained=llama, tokenizer=tok, batch_size=4, max_length=MAX_LENGTH,
                   softmax_dtype=torch.float32)
@@ -102,6 +102,12 @@ def test_causal_lm_matches_hflm(tok, llama):
     want = theirs.loglikelihood_rolling(_requests("loglikelihood_rolling", rolling), disable_tqdm=True)
     assert got == pytest.approx(want, abs=1e-3)
     assert len(tok.encode(ROLLING_TEXTS[1])) > 3 * MAX_LENGTH  # really several windows
+
+    # HFLM left-pads and masks, we right-pad: the greedy text must still agree row by row
+    gen = [("Hello world", {"until": ["\n"], "max_gen_toks": 8}), ("Hi", {"until": ["\n"], "max_gen_toks": 8}),
+           ("A much longer prompt, cut from the left", {"until": ["\n"], "max_gen_toks": 8})]
+    assert ours.generate_until(_requests("generate_until", gen)) == \
+        theirs.generate_until(_requests("generate_until", gen), disable_tqdm=True)
 
 
 def test_generate_until_greedy_batched(tok):
