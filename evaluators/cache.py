@@ -116,3 +116,37 @@ class TimingCache:
 
     def close(self) -> None:
         self._conn.close()
+
+
+class ResultCache:
+    """JSON results by string key (accuracy measurements of every tier), in the same SQLite file
+    as the timings (table `results`), with the same concurrency and corruption handling."""
+
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        self._timings = TimingCache(path)  # opens (or repairs) the file
+        self.path = self._timings.path
+        self._conn = self._timings._conn
+        self._conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
+                           "created REAL NOT NULL)")
+
+    def get(self, key: str) -> dict | None:
+        row = self._conn.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put(self, key: str, value: dict) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?)", (key, json.dumps(value), time.time()))
+
+
+def digest(*parts: object) -> str:
+    """sha256 over the parts: tensors by their bytes (and shape/dtype), everything else by repr."""
+    import torch
+
+    h = hashlib.sha256()
+    for p in parts:
+        if isinstance(p, torch.Tensor):
+            t = p.detach().contiguous().cpu()
+            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(p).encode())
+    return h.hexdigest()

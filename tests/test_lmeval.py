@@ -12,7 +12,6 @@ import importlib.metadata
 import importlib.util
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch

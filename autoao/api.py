@@ -1,0 +1,349 @@
+"""`autoao.optimize`: profile -> candidates -> measure -> search -> plan -> apply -> (report).
+
+    result = autoao.optimize(model, example_inputs, budget="10m", max_accuracy_drop=0.01)
+    result.model, result.plan, result.pareto, result.study, result.out_dir
+
+The model is quantized in place (like torchao's quantize_): afterwards it carries the chosen plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from autoao import search_space
+from autoao.cost import BASELINE, CostModel, token_counts
+from autoao.evaluators.cache import ResultCache, TimingCache, cache_dir, digest
+from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
+                                           layer_errors)
+from autoao.evaluators.timing import LatencyTable, measure_latencies, measure_model
+from autoao.plan import Plan, apply, atomic_write, save
+from autoao.profile import ModelProfile, profile
+from autoao.search import (Budget, Group, SearchConfig, SearchOutcome, TrialResult, make_groups,
+                           plan_from_params, run_search)
+from autoao.search_space import Candidate
+
+TIER2_CHECKS = 4  # Pareto plans re-checked with lm-eval / the user metric, fastest first
+
+
+@dataclass
+class OptimizeResult:
+    """What `optimize` returns; everything is also on disk in `out_dir`."""
+
+    model: nn.Module  # the same object that was passed in, now quantized by `plan`
+    plan: Plan
+    pareto: list[dict[str, Any]]  # the Pareto plans: trial, predicted ms, drop, tier, layer summary
+    study: Any  # the optuna.Study
+    out_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)  # latencies, accuracies, budget, notes
+    report_path: Path | None = None
+
+
+def optimize(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    budget: str | int | Budget = "5m",
+    accuracy: None | str | list[str] | Callable[[nn.Module], float] = None,
+    tokenizer: Any = None,
+    max_accuracy_drop: float = 0.01,
+    candidates: list[str | Candidate] | None = None,
+    eval_inputs: Any = None,
+    storage: str | None = None,
+    out_dir: str | Path = "autoao-report",
+    seed: int = 0,
+    fuse_groups: bool = True,
+    allow_emulated: bool = False,
+    lm_eval_limit: int | float | None = None,
+    progress: bool = True,
+) -> OptimizeResult:
+    """Find the fastest per-layer plan whose accuracy drop stays within `max_accuracy_drop`, apply
+    it to `model` in place, and write plan.json, pareto.json, the study and the saved model.
+
+    Args:
+        model: any nn.Module with nn.Linear layers, on the device it will run on.
+        example_inputs: what the model runs on (autoao.profile's convention: tensor, tuple of args,
+            dict of kwargs, or a list of those). Layer shapes, token counts and activation statistics
+            come from these, and latencies are measured at these token counts.
+        budget: wall time ("90s", "10m", "1h") or a number of trials (200). Covers the whole run.
+        accuracy: None: the tier-1 proxy decides (next-token accuracy / output error on
+            `eval_inputs`). lm-eval task names (str or list; needs `tokenizer`) or a
+            callable(model) -> float (higher is better): tier 2, checked on the Pareto plans, and
+            the returned plan holds on it.
+        tokenizer: the model's tokenizer, for lm-eval tasks.
+        max_accuracy_drop: allowed drop in [0, 1], absolute in the accuracy's units (0.01 = 1 point).
+        candidates: names or Candidates to consider (default: every registered one). bf16 is
+            always included (it is the baseline).
+        eval_inputs: held-out inputs for the tier-1 proxy (default: example_inputs).
+        storage: Optuna RDB URL (default: SQLite in out_dir). Same storage + same model continues
+            the earlier study.
+        out_dir: where everything is written.
+        seed: sampler seed; the same seed on the same measurements gives the same plan.
+        fuse_groups: q/k/v and gate/up projections share one choice.
+        allow_emulated: let the search pick candidates that are only emulated on this device (their
+            timings are real, but not those of a fast kernel); off by default.
+        lm_eval_limit: documents per lm-eval task (fast mode), None = all.
+        progress: progress bars and stage messages on stderr.
+    """
+    start = time.perf_counter()
+    budget = Budget.parse(budget)
+    config = SearchConfig(budget=budget, max_accuracy_drop=max_accuracy_drop, seed=seed)  # validates the drop
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = _Say(progress)
+    cands = _resolve_candidates(candidates)
+    device = _model_device(model)
+    rcache = ResultCache(cache_dir() / "timings.sqlite")
+
+    say("profiling")
+    prof = profile(model, example_inputs)
+    say(f"{len(prof.layers)} linear layers, token counts {token_counts(prof)}; timing candidates on {device}")
+    table = measure_latencies(_unique_shapes(prof), token_counts(prof), cands, device=device, dtype=_dtype(prof),
+                              cache=TimingCache(rcache.path), progress=progress)
+    examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
+    bf16_e2e = sum(measure_model(model, ex).median_us for ex in examples)
+    cost = CostModel.build(prof, table).with_rest_from(bf16_e2e)
+    choices, excluded = layer_choices(prof, cands, table, device, allow_emulated)
+    used = [c for c in cands if any(c.name in ch for ch in choices.values())]
+    say("measuring layer errors (tier 0)")
+    sqnr = layer_errors(model, prof, used, cache=rcache, progress=progress)
+    say("reference outputs for the proxy (tier 1)")
+    proxy = ProxyEvaluator(model, eval_inputs if eval_inputs is not None else example_inputs, cache=rcache)
+    weights_key = digest("model", *[t for t in model.state_dict().values()])
+    tier2 = _tier2(accuracy, tokenizer, lm_eval_limit, rcache)
+    if tier2 is not None:
+        say("baseline accuracy (tier 2)")
+        t0 = time.perf_counter()
+        tier2.set_baseline(model, key=f"{weights_key}:{{}}")
+        tier2_seconds = time.perf_counter() - t0
+    groups = make_groups({f: [c for c in ch] for f, ch in choices.items()}, fuse=fuse_groups)
+
+    # ---- search -----------------------------------------------------------------------------
+    swapper = _Swapper(model, prof)
+
+    def evaluate(plan: Plan) -> Accuracy:
+        try:
+            swapper.set(plan)
+        except Exception as e:  # noqa: BLE001 - a candidate failing on a layer fails this trial only
+            return Accuracy(1, -math.inf, math.inf, {}, f"plan failed to apply: {type(e).__name__}: {e}")
+        return proxy(model, key=f"{weights_key}:{_plan_key(plan)}")
+
+    spent = time.perf_counter() - start
+    config.storage = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    config.study_name = "autoao-" + digest(prof.layers and [g.name for g in groups], [g.choices for g in groups],
+                                           max_accuracy_drop, weights_key)[:12]
+    if budget.seconds is not None:
+        final = (TIER2_CHECKS * tier2_seconds if tier2 is not None else 0) + 2 * bf16_e2e / 1e6 + 5
+        config.budget = Budget(seconds=max(budget.seconds - spent, 1.0))
+        config.reserve_seconds = min(final, 0.5 * config.budget.seconds)
+    say(f"searching: {len(groups)} choices over {len(used)} candidates, budget {budget} "
+        f"({spent:.0f} s spent on measurements)")
+    best_path = out_dir / "best_plan.json"
+
+    def on_trial(r: TrialResult, outcome: SearchOutcome) -> None:
+        if outcome.best is r:
+            plan_from_params(groups, r.params, trial=r.number, predicted_ms=r.predicted_us / 1e3,
+                             drop=r.drop, tier=r.tier).save(best_path)
+
+    outcome = run_search(groups, cost, evaluate, config, layer_sqnr=sqnr, on_trial=on_trial, progress=progress)
+
+    # ---- final answer: fastest Pareto plan that holds on the tier the user asked for --------------
+    notes: list[str] = []
+    chosen, chosen_acc = _choose(outcome, groups, tier2, swapper, model, weights_key, max_accuracy_drop, notes, say)
+    swapper.set(Plan())  # originals back, then apply for real (fresh modules, validated)
+    plan = Plan.for_model(model, chosen_params_plan(groups, chosen).layers,
+                          trial=chosen.number if chosen else None)
+    apply(model, plan, act_norms=prof.act_norms())
+    measured = sum(measure_model(model, ex).median_us for ex in examples)
+    predicted = cost.predict(plan)
+    pareto = [_pareto_entry(r, groups) for r in outcome.pareto]
+    summary = {
+        "device": table.device, "budget": str(budget), "seconds": time.perf_counter() - start,
+        "trials": len([r for r in outcome.trials if r.state == "COMPLETE"]), "stopped": outcome.stopped_because,
+        "baseline_ms": {"predicted": cost.predict(Plan()) / 1e3, "measured": bf16_e2e / 1e3},
+        "plan_ms": {"predicted": predicted / 1e3, "measured": measured / 1e3},
+        "speedup": {"predicted": cost.predict(Plan()) / predicted, "measured": bf16_e2e / measured},
+        "accuracy": _acc_dict(chosen_acc), "baseline_accuracy": _baseline_dict(proxy, tier2),
+        "max_accuracy_drop": max_accuracy_drop, "notes": notes, "excluded": excluded,
+        "storage": config.storage, "study_name": config.study_name, "seed": seed,
+    }
+    plan.metadata.update({k: summary[k] for k in ("plan_ms", "speedup", "accuracy", "device")})
+    plan.save(out_dir / "plan.json")
+    atomic_write(out_dir / "pareto.json", lambda f: f.write(json.dumps(pareto, indent=2).encode()))
+    atomic_write(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2, default=str).encode()))
+    save(model, out_dir / "model")
+    say(f"plan: {plan.summary() or 'all bf16'}; predicted {summary['speedup']['predicted']:.2f}x, measured "
+        f"{summary['speedup']['measured']:.2f}x; accuracy drop {chosen_acc.drop if chosen_acc else 0:+.4f} "
+        f"(tier {chosen_acc.tier if chosen_acc else '-'}); written to {out_dir}/")
+    return OptimizeResult(model, plan, pareto, outcome.study, out_dir, summary)
+
+
+##### stages ####################################################################################
+
+def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTable, device: torch.device,
+                  allow_emulated: bool) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
+    """FQN -> candidate names the search may pick; and FQN -> candidate -> why it may not."""
+    choices: dict[str, list[str]] = {}
+    excluded: dict[str, dict[str, str]] = {}
+    for lay in prof.layers:
+        ok, why = [BASELINE], {}
+        for c in cands:
+            if c.name == BASELINE:
+                continue
+            reason = c.supports(lay.spec, device)
+            if reason is None and c.emulated(device) and not allow_emulated:
+                reason = f"emulated on {device.type}: {c.emulated(device)}"
+            if reason is None:
+                for shape in lay.shapes:
+                    m = math.prod(shape[:-1])
+                    t = table.get(c.name, m, lay.in_features, lay.out_features)
+                    if not t.ok:
+                        reason = f"timing failed at M={m}: {t.error}"
+                        break
+            if reason:
+                why[c.name] = reason
+            else:
+                ok.append(c.name)
+        choices[lay.fqn] = ok
+        excluded[lay.fqn] = why
+    return choices, excluded
+
+
+def chosen_params_plan(groups: list[Group], chosen: TrialResult | None) -> Plan:
+    return plan_from_params(groups, chosen.params if chosen else {})
+
+
+def _choose(outcome: SearchOutcome, groups: list[Group], tier2, swapper: _Swapper, model: nn.Module,
+            weights_key: str, max_drop: float, notes: list[str], say) -> tuple[TrialResult | None, Accuracy | None]:
+    front = sorted((r for r in outcome.pareto if r.feasible), key=lambda r: r.predicted_us)
+    if not front:
+        notes.append("no trial met the accuracy budget on the proxy: keeping the model in bf16")
+        return None, None
+    if tier2 is None:
+        best = front[0]
+        return best, Accuracy(best.tier, best.accuracy, best.drop, {}, "proxy (tier 1)")
+    for r in front[:TIER2_CHECKS]:
+        plan = plan_from_params(groups, r.params)
+        say(f"checking trial {r.number} on tier 2")
+        swapper.set(plan)
+        acc = tier2(model, key=f"{weights_key}:{_plan_key(plan)}")
+        if acc.drop <= max_drop:
+            if r is not front[0]:
+                notes.append(f"faster Pareto plans broke the budget on tier 2; chose trial {r.number}")
+            return r, acc
+        notes.append(f"trial {r.number} (predicted {r.predicted_us / 1e3:.3f} ms) passed the proxy but "
+                     f"dropped {acc.drop:+.4f} on tier 2 ({acc.source}): rejected")
+    notes.append(f"none of the {min(len(front), TIER2_CHECKS)} fastest Pareto plans held on tier 2: "
+                 "keeping the model in bf16")
+    return None, None
+
+
+class _Swapper:
+    """Switches the model between plans by swapping modules, building each (layer, candidate)
+    module once (trials revisit the same choices; rebuilding would dominate a CPU search)."""
+
+    def __init__(self, model: nn.Module, prof: ModelProfile) -> None:
+        self.model = model
+        self.original = {lay.fqn: model.get_submodule(lay.fqn) for lay in prof.layers}
+        self.norms = prof.act_norms()
+        self.bank: dict[tuple[str, str], nn.Module] = {}
+        self.current: dict[str, str] = {}
+
+    def set(self, plan: Plan) -> None:
+        for fqn, orig in self.original.items():
+            cand = plan.layers.get(fqn)
+            name = cand.name if cand is not None else BASELINE
+            if self.current.get(fqn, BASELINE) == name:
+                continue
+            if name == BASELINE:
+                module = orig
+            else:
+                if (fqn, name) not in self.bank:
+                    with torch.no_grad():
+                        norm = self.norms.get(fqn)
+                        self.bank[(fqn, name)] = cand.build(orig, act_norm=norm, fqn=fqn)  # type: ignore[union-attr]
+                module = self.bank[(fqn, name)]
+            parent, _, child = fqn.rpartition(".")
+            setattr(self.model.get_submodule(parent) if parent else self.model, child, module)
+            self.current[fqn] = name
+
+
+def _tier2(accuracy, tokenizer, limit, cache):
+    if accuracy is None:
+        return None
+    if callable(accuracy):
+        return CallableEvaluator(accuracy)
+    tasks = [t.strip() for t in (accuracy.split(",") if isinstance(accuracy, str) else accuracy) if t.strip()]
+    if tokenizer is None:
+        raise ValueError(f"accuracy={tasks} are lm-eval tasks, which need the model's tokenizer: pass tokenizer=...")
+    from autoao.evaluators import lmeval
+
+    unknown = [t for t in tasks if t not in lmeval.task_names()]
+    if unknown:
+        import warnings
+
+        warnings.warn(f"tasks {unknown} are not bundled with autoao; lm-eval must find their data offline",
+                      stacklevel=3)
+    return LmEvalEvaluator(tokenizer, tasks, limit=limit, cache=cache)
+
+
+def _resolve_candidates(candidates) -> list[Candidate]:
+    if candidates is None:
+        return search_space.all_candidates()
+    out = [search_space.get(c) if isinstance(c, str) else c for c in candidates]
+    if not any(c.name == BASELINE for c in out):
+        out.insert(0, search_space.get(BASELINE))
+    return out
+
+
+def _plan_key(plan: Plan) -> str:
+    return digest(sorted((f, c.name) for f, c in plan.layers.items()))
+
+
+def _unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:
+    return sorted({(lay.out_features, lay.in_features) for lay in prof.layers})
+
+
+def _dtype(prof: ModelProfile) -> torch.dtype:
+    dtypes = {lay.dtype for lay in prof.layers}
+    return torch.bfloat16 if torch.bfloat16 in dtypes or not dtypes else next(iter(dtypes))
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    return torch.device("cpu")
+
+
+def _pareto_entry(r: TrialResult, groups: list[Group]) -> dict[str, Any]:
+    return {"trial": r.number, "predicted_ms": r.predicted_us / 1e3, "drop": r.drop, "accuracy": r.accuracy,
+            "tier": r.tier, "feasible": r.feasible, "plan": plan_from_params(groups, r.params).summary()}
+
+
+def _acc_dict(a: Accuracy | None) -> dict[str, Any] | None:
+    return None if a is None else {"tier": a.tier, "accuracy": a.accuracy, "drop": a.drop, "source": a.source,
+                                   "metrics": a.metrics}
+
+
+def _baseline_dict(proxy: ProxyEvaluator, tier2) -> dict[str, Any]:
+    out: dict[str, Any] = {"tier1": proxy.baseline}
+    if tier2 is not None:
+        out["tier2"] = tier2.baseline
+    return out
+
+
+class _Say:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.start = enabled, time.perf_counter()
+
+    def __call__(self, msg: str) -> None:
+        if self.enabled:
+            print(f"[autoao {time.perf_counter() - self.start:6.1f}s] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,332 @@
+"""The search: an Optuna study over per-layer (or per fused group) candidate choices.
+
+Each trial picks one candidate per group (q/k/v share one choice and gate/up share one by default:
+they read the same input, and a fused kernel would need them equal). Two objectives, both
+minimized: the predicted latency (autoao.cost.CostModel: cached per-layer timings + the measured
+rest) and the accuracy drop (tier 1 proxy per trial). `max_accuracy_drop` is an Optuna constraint
+(`constraints_func`), so infeasible trials still teach the sampler without ever being returned.
+
+Warm start: the first trials are enqueued: all-bf16, every uniform plan, and greedy plans that
+maximize time saved under an additive tier-0 noise budget (a knapsack by savings per unit of
+noise), at several budgets. The sampler (multi-objective TPE, seeded) takes over from there.
+
+Storage: any Optuna RDB URL; SQLite in the output directory by default. Every finished trial is
+committed by Optuna as it ends, so a crash or kill loses at most the running trial; running again
+with the same storage and study name continues the study (enqueued seeds are not repeated). After
+every trial the best feasible plan so far is written to disk (`on_best`).
+
+This module knows nothing about models: plans are built from group choices, and the caller passes
+the cost model and the accuracy evaluator (so tests drive it with fakes).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+
+from autoao import search_space
+from autoao.cost import BASELINE, CostModel
+from autoao.evaluators.sensitivity import Accuracy
+from autoao.plan import Plan
+
+# Sibling layers that read the same input; they share one choice when `fuse_groups` is on.
+FUSED_SIBLINGS = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"),
+                  ("w1", "w3")]
+
+
+##### budget ####################################################################################
+
+@dataclass(frozen=True)
+class Budget:
+    """A wall-time budget (seconds) or a trial-count budget."""
+
+    seconds: float | None = None
+    trials: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | int | float | Budget) -> Budget:
+        """"10m", "90s", "1.5h", "2h30m" -> seconds; "200" or 200 -> trials."""
+        if isinstance(text, Budget):
+            return text
+        if isinstance(text, int) and not isinstance(text, bool):
+            if text < 1:
+                raise ValueError(f"budget must be at least 1 trial, got {text}")
+            return cls(trials=text)
+        s = str(text).strip().lower().replace(" ", "")
+        if s.isdigit():
+            return cls.parse(int(s))
+        parts = re.fullmatch(r"((?:\d+(?:\.\d+)?[hms])+)", s)
+        if not parts:
+            raise ValueError(f"budget {text!r} is neither a time (e.g. 90s, 10m, 1.5h, 1h30m) nor a number "
+                             "of trials (e.g. 200)")
+        seconds = sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", s))
+        if seconds <= 0:
+            raise ValueError(f"budget {text!r} is zero")
+        return cls(seconds=seconds)
+
+    def __str__(self) -> str:
+        return f"{self.trials} trials" if self.trials is not None else f"{self.seconds:g} s"
+
+
+##### groups ####################################################################################
+
+@dataclass(frozen=True)
+class Group:
+    """Layers that take one choice together, and the candidate names all of them support."""
+
+    name: str  # the Optuna parameter name
+    fqns: tuple[str, ...]
+    choices: tuple[str, ...]  # candidate names; BASELINE first
+
+
+def make_groups(choices: dict[str, list[str]], fuse: bool = True) -> list[Group]:
+    """FQN -> supported candidate names (per layer) -> groups. With `fuse`, FUSED_SIBLINGS under one
+    parent form one group whose choices are the intersection (in the first member's order)."""
+    groups: list[Group] = []
+    taken: set[str] = set()
+    for fqn in choices:
+        if fqn in taken:
+            continue
+        parent, _, leaf = fqn.rpartition(".")
+        members = [fqn]
+        if fuse:
+            for sib in FUSED_SIBLINGS:
+                if leaf in sib:
+                    members = [f"{parent}.{s}" if parent else s for s in sib
+                               if (f"{parent}.{s}" if parent else s) in choices]
+                    break
+        common = [c for c in choices[members[0]] if all(c in choices[m] for m in members)]
+        name = members[0] if len(members) == 1 else f"{parent}.{{{','.join(m.rpartition('.')[2] for m in members)}}}"
+        groups.append(Group(name, tuple(members), tuple(dict.fromkeys([BASELINE, *common]))))
+        taken.update(members)
+    return groups
+
+
+def plan_from_params(groups: list[Group], params: dict[str, str], **metadata: Any) -> Plan:
+    """Group choices -> Plan (bf16 choices are left out: unlisted layers stay as they are)."""
+    layers = {}
+    for g in groups:
+        choice = params.get(g.name, BASELINE)
+        if choice != BASELINE:
+            cand = search_space.get(choice)
+            for fqn in g.fqns:
+                layers[fqn] = cand
+    return Plan(layers=layers, metadata=metadata)
+
+
+##### warm start ################################################################################
+
+def uniform_params(groups: list[Group], name: str) -> dict[str, str]:
+    return {g.name: (name if name in g.choices else BASELINE) for g in groups}
+
+
+def greedy_params(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[str, float]],
+                  noise_budget: float) -> dict[str, str]:
+    """Knapsack by greed: each group's options ranked by time saved per unit of added noise (tier 0:
+    10^(-SQNR/10), the layer's relative output noise power, summed over its layers); take the best
+    upgrades while the total noise stays within `noise_budget`."""
+    options = []
+    for g in groups:
+        base = sum(cost.layer_us[f][BASELINE] for f in g.fqns)
+        for c in g.choices:
+            if c == BASELINE:
+                continue
+            t = sum(cost.layer_us[f].get(c, math.inf) for f in g.fqns)
+            sq = [layer_sqnr.get(f, {}).get(c) for f in g.fqns]
+            if not math.isfinite(t) or t >= base or any(s is None for s in sq):
+                continue
+            noise = sum(10 ** (-s / 10) for s in sq)  # type: ignore[operator]
+            options.append(((base - t) / max(noise, 1e-12), g.name, c, noise, base - t))
+    chosen: dict[str, tuple[str, float, float]] = {}
+    spent = 0.0
+    for _, gname, c, noise, saved in sorted(options, reverse=True):
+        prev = chosen.get(gname)
+        # an upgrade within a group replaces the previous choice if it saves more time
+        delta = noise - (prev[1] if prev else 0.0)
+        if prev and saved <= prev[2]:
+            continue
+        if spent + delta <= noise_budget:
+            chosen[gname] = (c, noise, saved)
+            spent += delta
+    return {g.name: chosen.get(g.name, (BASELINE,))[0] for g in groups}
+
+
+def warm_start(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[str, float]] | None) -> list[dict[str, str]]:
+    """All-bf16, each uniform plan, and greedy plans at noise budgets 1e-4 .. 0.3 (deduplicated)."""
+    names = list(dict.fromkeys(c for g in groups for c in g.choices))
+    seeds = [uniform_params(groups, n) for n in names]
+    if layer_sqnr:
+        seeds += [greedy_params(groups, cost, layer_sqnr, b) for b in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)]
+    out, seen = [], set()
+    for s in seeds:
+        key = tuple(sorted(s.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+##### the study #################################################################################
+
+@dataclass
+class SearchConfig:
+    """How the search runs. Every field has a default that suits the demo."""
+
+    budget: Budget = field(default_factory=lambda: Budget(seconds=300))
+    max_accuracy_drop: float = 0.01  # absolute, in the accuracy's own units (e.g. 0.01 = 1 point of acc)
+    seed: int = 0
+    storage: str | None = None  # Optuna RDB URL; None = in memory (the API passes SQLite in out_dir)
+    study_name: str = "autoao"
+    reserve_seconds: float = 0.0  # of a time budget, kept for what runs after the trials (final checks)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_accuracy_drop <= 1.0:
+            raise ValueError(f"max_accuracy_drop must be in [0, 1] (0.01 = 1%), got {self.max_accuracy_drop}")
+
+
+@dataclass
+class TrialResult:
+    """One finished trial, as the report and the final selection read it."""
+
+    number: int
+    params: dict[str, str]
+    predicted_us: float
+    drop: float
+    accuracy: float
+    feasible: bool
+    tier: int
+    seconds: float  # since the search started (this process)
+    state: str  # COMPLETE / FAIL
+    error: str = ""
+
+
+@dataclass
+class SearchOutcome:
+    study: optuna.Study
+    groups: list[Group]
+    trials: list[TrialResult]
+    pareto: list[TrialResult]  # feasible or not, non-dominated on (latency, drop)
+    best: TrialResult | None  # fastest feasible
+    seconds: float
+    stopped_because: str
+
+
+def _constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
+    return [trial.user_attrs.get("constraint", math.inf)]
+
+
+def run_search(
+    groups: list[Group],
+    cost: CostModel,
+    evaluate: Callable[[Plan], Accuracy],
+    config: SearchConfig,
+    *,
+    layer_sqnr: dict[str, dict[str, float]] | None = None,
+    on_trial: Callable[[TrialResult, SearchOutcome], None] | None = None,
+    progress: bool = True,
+) -> SearchOutcome:
+    """Run (or continue) the study until the budget is spent; return every trial and the Pareto set.
+
+    evaluate(plan) -> Accuracy must not raise for a bad plan (score it inf/-inf instead); if it does
+    raise, the trial fails and the search goes on (Optuna's `catch`).
+    """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=config.seed, multivariate=True, constraints_func=_constraints,
+                                         n_startup_trials=10)
+    study = optuna.create_study(study_name=config.study_name, storage=config.storage, sampler=sampler,
+                                directions=["minimize", "minimize"], load_if_exists=True)
+    study.set_user_attr("groups", [[g.name, list(g.fqns), list(g.choices)] for g in groups])
+    study.set_user_attr("max_accuracy_drop", config.max_accuracy_drop)
+    done_before = [t for t in study.trials if t.state.is_finished()]
+    if not study.trials:
+        for params in warm_start(groups, cost, layer_sqnr):
+            study.enqueue_trial(params, user_attrs={"seed": "warm start"})
+    start = time.perf_counter()
+    results = [_result(t, start) for t in done_before]
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        params = {g.name: trial.suggest_categorical(g.name, list(g.choices)) for g in groups}
+        plan = plan_from_params(groups, params)
+        predicted = cost.predict(plan)
+        acc = evaluate(plan)
+        drop = acc.drop if math.isfinite(acc.drop) else math.inf
+        trial.set_user_attr("constraint", drop - config.max_accuracy_drop)
+        trial.set_user_attr("accuracy", acc.accuracy if math.isfinite(acc.accuracy) else None)
+        trial.set_user_attr("tier", acc.tier)
+        trial.set_user_attr("metrics", {k: v for k, v in acc.metrics.items() if math.isfinite(v)})
+        trial.set_user_attr("elapsed", time.perf_counter() - start)
+        return predicted, drop if math.isfinite(drop) else 1e9
+
+    from tqdm.auto import tqdm
+
+    total = config.budget.trials
+    bar = tqdm(total=total, desc="search", disable=not progress, unit="trial")
+    outcome = SearchOutcome(study, groups, results, [], None, 0.0, "")
+
+    def callback(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
+        r = _result(ft, start)
+        outcome.trials.append(r)
+        _refresh(outcome)
+        b = outcome.best
+        bar.set_postfix_str(f"best {b.predicted_us / 1e3:.2f} ms, drop {b.drop:+.4f}" if b else "no feasible plan yet")
+        bar.update(1)
+        if on_trial:
+            on_trial(r, outcome)
+
+    timeout = None
+    if config.budget.seconds is not None:
+        timeout = max(config.budget.seconds - config.reserve_seconds, 1.0)
+    n_trials = None if config.budget.trials is None else max(config.budget.trials - len(done_before), 0)
+    stopped = "budget spent"
+    try:
+        if n_trials != 0:
+            study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=[callback],
+                           catch=(Exception,), gc_after_trial=False)
+    except KeyboardInterrupt:
+        stopped = "interrupted (finished trials are in the storage; run again to continue)"
+    finally:
+        bar.close()
+    outcome.seconds = time.perf_counter() - start
+    outcome.stopped_because = stopped
+    _refresh(outcome)
+    return outcome
+
+
+def _result(t: optuna.trial.FrozenTrial, start: float) -> TrialResult:
+    ok = t.state == optuna.trial.TrialState.COMPLETE and t.values is not None
+    pred, drop = (t.values if ok else (math.inf, math.inf))
+    drop = math.inf if drop >= 1e9 else drop
+    acc = t.user_attrs.get("accuracy")
+    return TrialResult(
+        number=t.number, params=dict(t.params), predicted_us=pred, drop=drop,
+        accuracy=acc if acc is not None else -math.inf,
+        feasible=ok and t.user_attrs.get("constraint", math.inf) <= 0, tier=t.user_attrs.get("tier", 1),
+        seconds=t.user_attrs.get("elapsed", math.nan), state=t.state.name,
+        error=str(t.system_attrs.get("fail_reason", "")) if not ok else "",
+    )
+
+
+def _refresh(outcome: SearchOutcome) -> None:
+    done = [r for r in outcome.trials if r.state == "COMPLETE"]
+    feasible = [r for r in done if r.feasible]
+    outcome.best = min(feasible, key=lambda r: (r.predicted_us, r.drop)) if feasible else None
+    outcome.pareto = pareto_front(done)
+
+
+def pareto_front(trials: list[TrialResult]) -> list[TrialResult]:
+    """Non-dominated trials on (predicted latency, drop), fastest first; duplicates of a plan once."""
+    front: list[TrialResult] = []
+    seen: set[tuple] = set()
+    for r in sorted(trials, key=lambda r: (r.predicted_us, r.drop)):
+        key = tuple(sorted(r.params.items()))
+        if key in seen:
+            continue
+        if not any(f.drop <= r.drop and f.predicted_us <= r.predicted_us for f in front):
+            front.append(r)
+            seen.add(key)
+    return front
