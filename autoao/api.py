@@ -64,6 +64,7 @@ def optimize(
     allow_emulated: bool = False,
     lm_eval_limit: int | float | None = None,
     progress: bool = True,
+    command: str | None = None,
 ) -> OptimizeResult:
     """Find the fastest per-layer plan whose accuracy drop stays within `max_accuracy_drop`, apply
     it to `model` in place, and write plan.json, pareto.json, the study and the saved model.
@@ -92,6 +93,7 @@ def optimize(
             timings are real, but not those of a fast kernel); off by default.
         lm_eval_limit: documents per lm-eval task (fast mode), None = all.
         progress: progress bars and stage messages on stderr.
+        command: the command line that started this run, recorded for the report's "reproduce".
     """
     start = time.perf_counter()
     budget = Budget.parse(budget)
@@ -109,7 +111,7 @@ def optimize(
     table = measure_latencies(_unique_shapes(prof), token_counts(prof), cands, device=device, dtype=_dtype(prof),
                               cache=TimingCache(rcache.path), progress=progress)
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
-    bf16_e2e = sum(measure_model(model, ex).median_us for ex in examples)
+    bf16_e2e = _measure_examples(model, examples)
     cost = CostModel.build(prof, table).with_rest_from(bf16_e2e)
     choices, excluded = layer_choices(prof, cands, table, device, allow_emulated)
     used = [c for c in cands if any(c.name in ch for ch in choices.values())]
@@ -141,9 +143,13 @@ def optimize(
     config.study_name = "autoao-" + digest(prof.layers and [g.name for g in groups], [g.choices for g in groups],
                                            max_accuracy_drop, weights_key)[:12]
     if budget.seconds is not None:
-        final = (TIER2_CHECKS * tier2_seconds if tier2 is not None else 0) + 2 * bf16_e2e / 1e6 + 5
+        # what runs after the trials: usually one or two tier-2 checks, the final apply and measurement
+        final = (2 * tier2_seconds if tier2 is not None else 0) + 12 * bf16_e2e / 1e6 + 5
         config.budget = Budget(seconds=max(budget.seconds - spent, 1.0))
         config.reserve_seconds = min(final, 0.5 * config.budget.seconds)
+    context = _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, device, proxy, tier2,
+                       bf16_e2e, budget, max_accuracy_drop, accuracy, seed, config, command)
+    atomic_write(out_dir / "context.json", lambda f: f.write(json.dumps(context, indent=1, default=str).encode()))
     say(f"searching: {len(groups)} choices over {len(used)} candidates, budget {budget} "
         f"({spent:.0f} s spent on measurements)")
     best_path = out_dir / "best_plan.json"
@@ -162,7 +168,7 @@ def optimize(
     plan = Plan.for_model(model, chosen_params_plan(groups, chosen).layers,
                           trial=chosen.number if chosen else None)
     apply(model, plan, act_norms=prof.act_norms())
-    measured = sum(measure_model(model, ex).median_us for ex in examples)
+    measured = _measure_examples(model, examples)
     predicted = cost.predict(plan)
     pareto = [_pareto_entry(r, groups) for r in outcome.pareto]
     summary = {
@@ -173,8 +179,10 @@ def optimize(
         "speedup": {"predicted": cost.predict(Plan()) / predicted, "measured": bf16_e2e / measured},
         "accuracy": _acc_dict(chosen_acc), "baseline_accuracy": _baseline_dict(proxy, tier2),
         "max_accuracy_drop": max_accuracy_drop, "notes": notes, "excluded": excluded,
-        "storage": config.storage, "study_name": config.study_name, "seed": seed,
+        "storage": config.storage, "study_name": config.study_name, "seed": seed, "command": command,
     }
+    summary["weight_bytes"] = {"before": context["model"]["weight_bytes"], "after": weight_bytes(model)}
+    summary["plan"] = {fqn: c.name for fqn, c in plan.layers.items()}
     plan.metadata.update({k: summary[k] for k in ("plan_ms", "speedup", "accuracy", "device")})
     plan.save(out_dir / "plan.json")
     atomic_write(out_dir / "pareto.json", lambda f: f.write(json.dumps(pareto, indent=2).encode()))
@@ -187,6 +195,107 @@ def optimize(
 
 
 ##### stages ####################################################################################
+
+def _measure_examples(model: nn.Module, examples: list[Any]) -> float:
+    """Sum of end-to-end medians (us) over the examples; examples of the same shapes are timed once
+    (a workload like "prefill 256 tokens, then 32 decode steps" repeats one decode shape)."""
+    seen: dict[str, float] = {}
+    total = 0.0
+    for ex in examples:
+        key = _describe_shapes(ex)
+        if key not in seen:
+            seen[key] = measure_model(model, ex).median_us
+        total += seen[key]
+    return total
+
+
+def _describe_shapes(example: Any) -> str:
+    if isinstance(example, torch.Tensor):
+        return f"T{tuple(example.shape)}{example.dtype}"
+    if isinstance(example, (tuple, list)):
+        return "(" + ",".join(_describe_shapes(e) for e in example) + ")"
+    if isinstance(example, dict):
+        return "{" + ",".join(f"{k}:{_describe_shapes(v)}" for k, v in example.items()) + "}"
+    return repr(example)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's state (parameters and persistent buffers; quantized layers count their
+    quantized tensors), each shared tensor once."""
+    seen, total = set(), 0
+    for t in model.state_dict().values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, device, proxy, tier2, bf16_e2e,
+             budget, max_drop, accuracy, seed, config, command) -> dict[str, Any]:
+    """Everything the report needs that is known before the first trial (written to context.json,
+    so an interrupted search can still be reported)."""
+    import datetime
+
+    import optuna
+
+    import autoao
+
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = None
+    layers = []
+    for lay in prof.layers:
+        calls = {}
+        for shape, count in lay.shapes.items():
+            m = math.prod(shape[:-1])
+            calls[m] = calls.get(m, 0) + count
+        times, errors, emulated = {}, {}, []
+        for c in cands:
+            ts = [table.get(c.name, m, lay.in_features, lay.out_features) for m in calls]
+            if all(t.ok for t in ts):
+                times[c.name] = cost.layer_us[lay.fqn][c.name]
+                if any(t.emulated for t in ts):
+                    emulated.append(c.name)
+            else:
+                errors[c.name] = next(t.error for t in ts if not t.ok)
+        layers.append({"fqn": lay.fqn, "in_features": lay.in_features, "out_features": lay.out_features,
+                       "tokens": lay.tokens, "calls": calls, "time_us": times, "timing_error": errors,
+                       "emulated": emulated, "sqnr_db": sqnr.get(lay.fqn, {}), "choices": choices[lay.fqn],
+                       "excluded": excluded[lay.fqn], "tied": lay.tied})
+    cand_rows = []
+    for c in cands:
+        reasons = {lay["excluded"].get(c.name) for lay in layers} - {None}
+        n_ok = sum(c.name in lay["choices"] for lay in layers)
+        emu = c.emulated(device)
+        status = ("available" if n_ok == len(layers) else "partly available" if n_ok else
+                  "emulated" if emu else "unsupported")
+        cand_rows.append({"name": c.name, "summary": c.summary, "status": status, "layers": n_ok,
+                          "emulated": emu, "reasons": sorted(r for r in reasons if r)[:5]})
+    n_params = sum(p.numel() for p in model.parameters())
+    return {
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": {"class": type(model).__name__, "parameters": n_params, "weight_bytes": weight_bytes(model),
+                  "dtype": str(_dtype(prof)).removeprefix("torch."), "num_linears": len(prof.layers),
+                  "skipped": prof.skipped},
+        "device": {"type": device.type, "name": table.device, "timing_mode": table.mode},
+        "versions": {"autoao": autoao.__version__, "torch": torch.__version__, "triton": triton_v,
+                     "optuna": optuna.__version__, "python": sys.version.split()[0]},
+        "budget": str(budget), "max_accuracy_drop": max_drop, "seed": seed, "command": command,
+        "accuracy": {"tier": 2 if tier2 is not None else 1,
+                     "tasks": accuracy if isinstance(accuracy, (str, list)) else None,
+                     "metric": getattr(accuracy, "__name__", None) if callable(accuracy) else None,
+                     "baseline": {"tier1": proxy.baseline, "tier2": getattr(tier2, "baseline", None)}},
+        "storage": config.storage, "study_name": config.study_name,
+        "baseline_ms": {"predicted": cost.predict(Plan()) / 1e3, "measured": bf16_e2e / 1e3},
+        "rest_ms": cost.rest_us / 1e3,
+        "candidates": cand_rows,
+        "groups": [[g.name, list(g.fqns), list(g.choices)] for g in groups],
+        "layers": layers,
+    }
 
 def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTable, device: torch.device,
                   allow_emulated: bool) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:

@@ -1,5 +1,7 @@
 """The `autoao` command line. Argument parsing and printing only: the work lives in the library.
 
+    autoao search [--model NAME|module:factory] [--tasks T] [--budget 10m] [--max-accuracy-drop 1%] ...
+    autoao apply --model ... --plan plan.json --save DIR
     autoao kernels --shapes 4096x4096,14336x4096 --tokens 1,128,2048 [--device cuda]
 
 Bad input prints one line `autoao: error: ...` and exits with status 2 (no traceback).
@@ -170,6 +172,157 @@ def write_kernel_csv(table, path: str) -> None:
     atomic_write(Path(path), write)
 
 
+##### autoao search / apply #####################################################################
+
+DEMO_MODEL = "smollm2-135m"
+DEMO_TASKS = "autoao_facts"
+
+
+def parse_drop(text: str) -> float:
+    """"1%" -> 0.01, "0.01" -> 0.01; must land in [0, 1]."""
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise CLIError(f"bad --max-accuracy-drop {text!r}: expected a fraction like 0.01 or a percentage like 1%") from None
+    if not 0.0 <= value <= 1.0:
+        raise CLIError(f"bad --max-accuracy-drop {text!r}: must be between 0 and 1 (or 0% and 100%)")
+    return value
+
+
+def load_model(spec: str, device):
+    """A built-in name, or `module:factory` (a path to a .py file or an importable module). The
+    factory returns a model, (model, tokenizer), or a dict with model / tokenizer / example_inputs /
+    eval_inputs. Returns that dict."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    import autoao.models
+
+    if ":" not in spec:
+        if spec not in autoao.models.available():
+            raise CLIError(f"unknown --model {spec!r}: give a built-in name ({', '.join(autoao.models.available())}) "
+                           "or module:factory (e.g. mymodels.py:build)")
+        try:
+            model, tok = autoao.models.load(spec, device=device)
+        except (ImportError, ValueError) as e:
+            raise CLIError(str(e)) from None
+        return {"model": model, "tokenizer": tok, "name": spec}
+    mod_name, _, factory = spec.rpartition(":")
+    try:
+        if mod_name.endswith(".py") or "/" in mod_name:
+            path = Path(mod_name)
+            if not path.is_file():
+                raise CLIError(f"--model {spec!r}: file {path} does not exist")
+            loader = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod_name)
+    except CLIError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's model file
+        raise CLIError(f"--model {spec!r}: cannot import {mod_name} ({type(e).__name__}: {e})") from None
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        raise CLIError(f"--model {spec!r}: {mod_name} has no callable {factory!r}")
+    try:
+        made = fn()
+    except Exception as e:  # noqa: BLE001
+        raise CLIError(f"--model {spec!r}: {factory}() failed ({type(e).__name__}: {e})") from None
+    if isinstance(made, dict):
+        out = dict(made)
+    elif isinstance(made, tuple):
+        out = {"model": made[0], "tokenizer": made[1] if len(made) > 1 else None}
+    else:
+        out = {"model": made}
+    import torch
+
+    if not isinstance(out.get("model"), torch.nn.Module):
+        raise CLIError(f"--model {spec!r}: {factory}() must return an nn.Module, (model, tokenizer) or a dict "
+                       f"with 'model'; got {type(made).__name__}")
+    out["model"] = out["model"].to(device)
+    out["name"] = spec
+    return out
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import autoao.models
+    from autoao.api import optimize
+    from autoao.search import Budget
+
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as e:
+        raise CLIError(f"bad --budget: {e}") from None
+    drop = parse_drop(args.max_accuracy_drop)
+    candidates = parse_candidates(args.candidates)
+    device = parse_device(args.device)
+    out = Path(args.out)
+    if args.resume and not (out / "study.db").is_file() and not args.storage:
+        raise CLIError(f"--resume: no study to continue in {out}/ (study.db not found)")
+    loaded = load_model(args.model, device)
+    model, tok = loaded["model"], loaded.get("tokenizer")
+    tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
+    tasks = None if tasks in ("", "none", "proxy") else tasks
+    examples, held_out = loaded.get("example_inputs"), loaded.get("eval_inputs")
+    if examples is None:
+        if tok is None:
+            raise CLIError(f"--model {args.model}: no tokenizer and no example_inputs; return a dict with "
+                           "'example_inputs' from the factory")
+        prefill = autoao.models.text_inputs(tok, seq_len=args.seq_len, n_seqs=1)[0].to(device)
+        # the workload timed: one prefill of --seq-len tokens, then --decode-steps one-token steps
+        examples = [prefill] + [prefill[:, i:i + 1] for i in range(args.decode_steps)]
+        held_out = [t.to(device) for t in autoao.models.text_inputs(tok, seq_len=args.seq_len,
+                                                                     n_seqs=args.eval_seqs, held_out=True)]
+    try:
+        result = optimize(model, examples, budget=budget, accuracy=tasks, tokenizer=tok, max_accuracy_drop=drop,
+                          candidates=candidates, eval_inputs=held_out, storage=args.storage, out_dir=out,
+                          seed=args.seed, fuse_groups=not args.no_fuse, allow_emulated=args.allow_emulated,
+                          lm_eval_limit=args.lm_eval_limit, progress=not args.quiet,
+                          command="autoao " + " ".join(args.argv))
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    s = result.summary
+    print(f"plan: {result.plan.summary() or 'all bf16'}")
+    print(f"latency: bf16 {s['baseline_ms']['measured']:.2f} ms -> {s['plan_ms']['measured']:.2f} ms measured "
+          f"({s['speedup']['measured']:.2f}x; predicted {s['speedup']['predicted']:.2f}x) on {s['device']}")
+    if s["accuracy"]:
+        print(f"accuracy drop: {s['accuracy']['drop']:+.4f} (tier {s['accuracy']['tier']}: {s['accuracy']['source']}; "
+              f"budget {drop})")
+    for note in s["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {out}/plan.json, pareto.json, summary.json, study.db, model/"
+          + (f", {result.report_path}" if result.report_path else ""))
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from autoao.plan import Plan, PlanError, apply, save
+
+    device = parse_device(args.device)
+    loaded = load_model(args.model, device)
+    model = loaded["model"]
+    try:
+        plan = Plan.load(args.plan)
+        act_norms = None
+        if any(c.family.startswith("sparse24") for c in plan.layers.values()) and loaded.get("tokenizer"):
+            import autoao.models
+            from autoao.profile import profile
+
+            calib = [t.to(device) for t in autoao.models.text_inputs(loaded["tokenizer"], seq_len=256)]
+            act_norms = profile(model, calib).act_norms()  # Wanda needs the activation norms
+        apply(model, plan, act_norms=act_norms)
+        save(model, args.save)
+    except PlanError as e:
+        raise CLIError(str(e).replace("\n", " ")) from None
+    print(f"applied {len(plan.layers)} layers ({plan.summary()}); saved to {args.save}/ (plan.json, model.safetensors)")
+    return 0
+
+
 ##### entry point ###############################################################################
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,12 +350,55 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--csv", default=None, help="also write every timing to this CSV file")
     k.add_argument("--quiet", action="store_true", help="no progress bar")
     k.set_defaults(func=cmd_kernels)
+
+    s = sub.add_parser("search", help="find the fastest per-layer plan within an accuracy budget",
+                       description="Profile the model, time every candidate on its layer shapes, measure "
+                       "accuracy, and search per-layer plans with Optuna. With no arguments: the built-in "
+                       "demo model (SmolLM2-135M) against lm-eval task autoao_facts, 1% drop, 5 minutes.")
+    s.add_argument("--model", default=DEMO_MODEL, help="built-in model name or module:factory (a .py path or "
+                   "importable module; the factory returns a model, (model, tokenizer) or a dict with model, "
+                   "tokenizer, example_inputs, eval_inputs). Default: %(default)s")
+    s.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks for the accuracy budget (tier 2); "
+                   "'none' uses the tier-1 proxy only. Default: autoao_facts for the demo model, else none")
+    s.add_argument("--budget", default="5m", help="wall time (90s, 10m, 1h) or a number of trials (200); "
+                   "default %(default)s")
+    s.add_argument("--max-accuracy-drop", default="1%", help="allowed accuracy drop: 0.01 or 1%% (default %(default)s)")
+    s.add_argument("--candidates", default=None, help="comma-separated candidate names (default: all)")
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    s.add_argument("--storage", default=None, help="Optuna storage URL, e.g. postgresql://... "
+                   "(default: SQLite in the output directory)")
+    s.add_argument("--seed", type=int, default=0, help="sampler seed (default %(default)s)")
+    s.add_argument("--out", default="autoao-report", help="output directory (default %(default)s)")
+    s.add_argument("--resume", action="store_true", help="continue the study in --out (fails if there is none); "
+                   "re-running with the same --out continues it anyway")
+    s.add_argument("--seq-len", type=int, default=256, help="tokens per calibration (prefill) / proxy sequence for "
+                   "built-in models (default %(default)s)")
+    s.add_argument("--decode-steps", type=int, default=32, help="one-token forward passes added to the timed "
+                   "workload of built-in models, after the prefill (default %(default)s): decode is where "
+                   "weight-only kernels win")
+    s.add_argument("--eval-seqs", type=int, default=2, help="held-out sequences for the tier-1 proxy (default %(default)s)")
+    s.add_argument("--lm-eval-limit", type=int, default=None, help="documents per lm-eval task (default: all)")
+    s.add_argument("--allow-emulated", action="store_true", help="let the search pick candidates only emulated here")
+    s.add_argument("--no-fuse", action="store_true", help="q/k/v and gate/up choose independently")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_search)
+
+    a = sub.add_parser("apply", help="apply a plan.json to a model and save it",
+                       description="Apply a saved plan to a model (validated first: every mismatched layer is "
+                       "listed) and save plan + quantized weights with autoao.save.")
+    a.add_argument("--model", default=DEMO_MODEL, help="built-in model name or module:factory (as for search)")
+    a.add_argument("--plan", required=True, help="the plan.json to apply")
+    a.add_argument("--save", required=True, help="output directory (plan.json + model.safetensors)")
+    a.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    a.set_defaults(func=cmd_apply)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -200,3 +200,26 @@ def _check_packages(spec: BuiltinModel, *, convert: bool) -> None:
     if steps:
         raise ImportError(f"loading the built-in model '{spec.name}' needs packages that are not installed. "
                           f"Install them with: {' && '.join(steps)}")
+
+
+def text_inputs(tokenizer: Any, *, seq_len: int = 256, n_seqs: int = 1, held_out: bool = False) -> list[torch.Tensor]:
+    """Token-id batches [1, seq_len] cut from autoao's bundled original prose (autoao_text).
+
+    Calibration inputs (held_out=False) come from the first half of the documents, held-out inputs
+    (for the tier-1 proxy) from the second half, so the proxy never scores the text the profiler
+    calibrated Wanda's activation norms on.
+    """
+    import json
+
+    path = Path(__file__).resolve().parent.parent / "evaluators" / "tasks" / "autoao_text.jsonl"
+    if not path.is_file():  # installed as a package: the tasks live in autoao/evaluators/tasks
+        import autoao.evaluators
+
+        path = Path(autoao.evaluators.__file__).parent / "tasks" / "autoao_text.jsonl"
+    docs = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
+    half = len(docs) // 2
+    text = "\n\n".join(docs[half:] if held_out else docs[:half])
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
+    if ids.numel() < seq_len * n_seqs:
+        raise ValueError(f"the bundled text has {ids.numel()} tokens; asked for {n_seqs} x {seq_len}")
+    return [ids[i * seq_len:(i + 1) * seq_len][None, :] for i in range(n_seqs)]

@@ -4,7 +4,7 @@ Each trial picks one candidate per group (q/k/v share one choice and gate/up sha
 they read the same input, and a fused kernel would need them equal). Two objectives, both
 minimized: the predicted latency (autoao.cost.CostModel: cached per-layer timings + the measured
 rest) and the accuracy drop (tier 1 proxy per trial). `max_accuracy_drop` is an Optuna constraint
-(`constraints_func`), so infeasible trials still teach the sampler without ever being returned.
+(`Trial.set_constraint`), so infeasible trials still teach the sampler without ever being returned.
 
 Warm start: the first trials are enqueued: all-bf16, every uniform plan, and greedy plans that
 maximize time saved under an additive tier-0 noise budget (a knapsack by savings per unit of
@@ -216,10 +216,6 @@ class SearchOutcome:
     stopped_because: str
 
 
-def _constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
-    return [trial.user_attrs.get("constraint", math.inf)]
-
-
 def run_search(
     groups: list[Group],
     cost: CostModel,
@@ -236,8 +232,7 @@ def run_search(
     raise, the trial fails and the search goes on (Optuna's `catch`).
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=config.seed, multivariate=True, constraints_func=_constraints,
-                                         n_startup_trials=10)
+    sampler = optuna.samplers.TPESampler(seed=config.seed, multivariate=True, n_startup_trials=10)
     study = optuna.create_study(study_name=config.study_name, storage=config.storage, sampler=sampler,
                                 directions=["minimize", "minimize"], load_if_exists=True)
     study.set_user_attr("groups", [[g.name, list(g.fqns), list(g.choices)] for g in groups])
@@ -255,6 +250,7 @@ def run_search(
         predicted = cost.predict(plan)
         acc = evaluate(plan)
         drop = acc.drop if math.isfinite(acc.drop) else math.inf
+        trial.set_constraint("max_accuracy_drop", drop - config.max_accuracy_drop)
         trial.set_user_attr("constraint", drop - config.max_accuracy_drop)
         trial.set_user_attr("accuracy", acc.accuracy if math.isfinite(acc.accuracy) else None)
         trial.set_user_attr("tier", acc.tier)
