@@ -1,6 +1,8 @@
 """autoao: accuracy-aware automatic per-layer quantization and 2:4 sparsity for PyTorch.
 
     import autoao
+    result = autoao.optimize(model, example_inputs, budget="10m", max_accuracy_drop=0.01)
+
     plan = autoao.Plan.uniform(model, "int8_dyn")   # or a searched plan
     autoao.apply(model, plan)                       # swaps nn.Linear modules in place
     autoao.save(model, "out/")                      # plan.json + model.safetensors
@@ -16,4 +18,16 @@ from autoao.plan import Plan, PlanError, apply, fingerprint, load, plan_of, save
 
 __version__ = "0.1.0"
 
-__all__ = ["Plan", "PlanError", "apply", "fingerprint", "load", "plan_of", "save", "search_space", "validate"]
+__all__ = ["OptimizeResult", "Plan", "PlanError", "apply", "fingerprint", "load", "optimize", "plan_of", "save",
+           "search_space", "validate"]
+
+_LAZY = {"optimize": "autoao.api", "OptimizeResult": "autoao.api"}
+
+
+def __getattr__(name: str):
+    # optimize pulls in optuna and the evaluators; load them on first use, not on `import autoao`.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'autoao' has no attribute {name!r}")

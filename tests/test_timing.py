@@ -62,8 +62,10 @@ def _key_for(table, cand, m, k, n) -> TimingKey:
     import autoao
     import triton
 
-    return TimingKey(table.device, torch.__version__, triton.__version__, autoao.__version__, cand, m, k, n,
-                     table.dtype, table.mode)
+    from autoao.evaluators.timing import HARNESS_VERSION
+
+    return TimingKey(table.device, torch.__version__, triton.__version__, f"{autoao.__version__}/harness-{HARNESS_VERSION}",
+                     cand, m, k, n, table.dtype, table.mode)
 
 
 def test_nan_output_scores_inf(tmp_path):

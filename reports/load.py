@@ -1,0 +1,437 @@
+"""Read a search directory into plain dataclasses: what the report shows, nothing about HTML.
+
+    data = load("autoao-report/")      # context.json + the Optuna study + (if finished) summary.json
+    data.finished, data.plan, data.layers[0].candidates, data.trials, data.pareto
+
+Sources, in the order the search writes them:
+  context.json     before the first trial: model, device, candidates, per-layer timings and SQNR
+  study (storage)  every finished trial, committed as it ends (also while the search still runs)
+  best_plan.json   the best feasible plan so far (used only when the study cannot be read)
+  summary.json     only when the search finished: measured latencies, final accuracy, notes
+  plan.json        only when the search finished: the applied plan (its metadata names the trial)
+
+A directory without summary.json is an interrupted or still-running search: `finished` is False and
+the plan is the fastest feasible trial so far (the same rule the search uses for `best`).
+Everything here is a pure function of those files, so loading twice gives identical data.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BASELINE = "bf16"
+
+# Tier-1 proxy metrics: label, and whether higher is better (None: no direction, shown as is).
+PROXY_METRICS = {
+    "accuracy": "accuracy (proxy headline)",
+    "agreement": "top-1 agreement with bf16",
+    "kl": "KL divergence from bf16 (nats/token)",
+    "loss": "loss on held-out tokens (nats/token)",
+    "rel_error": "relative output error vs bf16",
+}
+TIER_LABEL = {0: "tier 0 · layer SQNR", 1: "tier 1 · proxy", 2: "tier 2"}
+
+
+class ReportError(ValueError):
+    """The directory is not (or no longer) a readable autoao search directory."""
+
+
+@dataclass
+class Trial:
+    """One trial of the study, in the report's units."""
+
+    number: int
+    state: str  # COMPLETE / FAIL / RUNNING / WAITING / PRUNED
+    predicted_ms: float  # predicted plan latency; nan unless COMPLETE
+    drop: float  # accuracy drop (absolute); inf if the plan produced NaN/Inf; nan unless COMPLETE
+    accuracy: float | None
+    tier: int | None
+    feasible: bool  # COMPLETE and drop <= max_accuracy_drop (the search's constraint)
+    finished_s: float | None  # seconds from the study's first trial start to this trial's end
+    warm_start: bool  # enqueued by the search's warm start (uniform / greedy plans), not sampled
+    params: dict[str, str]  # group name -> candidate name
+    metrics: dict[str, float]  # tier-1 metrics of this plan (accuracy, kl, loss, ...)
+    error: str = ""  # why a FAIL trial failed, when Optuna recorded it
+
+
+@dataclass
+class Choice:
+    """One candidate for one layer: its cost, its error, and why it is or is not the plan's."""
+
+    candidate: str
+    status: str  # "chosen", "allowed" (the search could pick it) or "excluded"
+    time_us: float | None  # predicted time of this layer over the whole workload; None: no timing
+    emulated: bool  # no fast kernel here: the time is real but never a speed-up
+    sqnr_db: float | None  # tier 0: output SQNR of the layer alone (higher is better; inf = exact)
+    reason: str  # one short sentence
+
+
+@dataclass
+class Layer:
+    fqn: str
+    group: str  # the search parameter this layer's choice belongs to (fused q/k/v share one)
+    group_size: int  # layers in that group
+    in_features: int
+    out_features: int
+    tokens: int  # rows seen over the workload (sum of M over calls)
+    calls: dict[int, int]  # M -> how many calls of that size
+    tied: list[str]
+    chosen: str
+    why: str  # why `chosen`, one sentence
+    choices: list[Choice]  # chosen first, then allowed, then excluded
+
+
+@dataclass
+class CandidateInfo:
+    name: str
+    summary: str
+    status: str  # available / partly available / emulated / unsupported
+    layers: int  # layers the search could use it on
+    in_plan: int  # layers the plan uses it on
+    emulated: str | None  # why it is only emulated here
+    reasons: list[str]  # why it was excluded on some layers
+
+
+@dataclass
+class AccuracyRow:
+    metric: str
+    tier: int
+    source: str
+    baseline: float | None
+    plan: float | None  # None: not measured (yet)
+    higher_is_better: bool | None
+
+
+@dataclass
+class ReportData:
+    out_dir: Path
+    finished: bool
+    context: dict[str, Any]  # context.json as written (model, device, versions, budget, ...)
+    summary: dict[str, Any] | None  # summary.json, None while unfinished
+    trials: list[Trial]
+    pareto: list[int]  # trial numbers on the (latency, drop) front, fastest first
+    chosen_trial: int | None  # the trial whose plan is shown; None: all bf16 / unknown
+    plan_source: str  # where the shown plan comes from, for the reader
+    plan: dict[str, str]  # every layer's FQN -> candidate (bf16 included)
+    layers: list[Layer]
+    candidates: list[CandidateInfo]
+    accuracy: list[AccuracyRow]
+    warnings: list[str] = field(default_factory=list)  # things the reader must know before trusting
+
+    @property
+    def max_drop(self) -> float:
+        return float(self.context["max_accuracy_drop"])
+
+    @property
+    def completed(self) -> list[Trial]:
+        return [t for t in self.trials if t.state == "COMPLETE"]
+
+    def trial(self, number: int | None) -> Trial | None:
+        return next((t for t in self.trials if t.number == number), None)
+
+    def state_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in self.trials:
+            counts[t.state] = counts.get(t.state, 0) + 1
+        return counts
+
+
+##### loading ###################################################################################
+
+def load(out_dir: str | Path) -> ReportData:
+    """Everything the report shows, read from a search directory (finished or not).
+
+    Raises ReportError if `out_dir` has no readable context.json. A study that cannot be read (e.g.
+    a database server that is down) is not an error: the report says so and shows the rest.
+    """
+    out_dir = Path(out_dir)
+    ctx_path = out_dir / "context.json"
+    if not ctx_path.is_file():
+        raise ReportError(f"{out_dir} is not an autoao search directory (no context.json)")
+    context = _read_json(ctx_path)
+    summary = _read_json(out_dir / "summary.json") if (out_dir / "summary.json").is_file() else None
+    warnings: list[str] = []
+    trials, study_error = _load_trials(context, out_dir)
+    if study_error:
+        warnings.append(f"the study could not be read ({study_error}): no trials, Pareto front or history")
+    pareto = pareto_front(trials)
+    groups = [(name, list(fqns), list(choices)) for name, fqns, choices in context["groups"]]
+
+    if summary is not None:
+        plan = dict(summary.get("plan") or {})
+        chosen_trial = _final_trial(out_dir, plan, trials, groups)
+        plan_source = "plan.json: the plan the search chose and applied"
+    else:
+        best = best_trial(trials)
+        if best is not None:
+            plan, chosen_trial = plan_of(groups, best.params), best.number
+            plan_source = (f"trial {best.number}: the fastest feasible plan so far (best_plan.json); the "
+                           "final tier-2 check and measurement have not run")
+        elif (out_dir / "best_plan.json").is_file() and study_error:
+            plan, chosen_trial = _plan_file(out_dir / "best_plan.json")
+            plan_source = "best_plan.json: the best feasible plan so far (the study could not be read)"
+        else:
+            plan, chosen_trial = {}, None
+            plan_source = "no feasible plan yet: every layer stays bf16"
+    fqns = [lay["fqn"] for lay in context["layers"]]
+    plan = {f: plan.get(f, BASELINE) for f in fqns}
+    layers = [_layer(lay, plan[lay["fqn"]], groups) for lay in context["layers"]]
+    candidates = [CandidateInfo(c["name"], c["summary"], c["status"], c["layers"],
+                                sum(p == c["name"] for p in plan.values()), c.get("emulated"),
+                                list(c.get("reasons") or []))
+                  for c in context["candidates"]]
+    data = ReportData(out_dir, summary is not None, context, summary, trials, [t.number for t in pareto],
+                      chosen_trial, plan_source, plan, layers, candidates, [], warnings)
+    data.accuracy = _accuracy_rows(data)
+    data.warnings += _trust_warnings(data)
+    return data
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ReportError(f"cannot read {path}: {e}") from None
+
+
+def _storage_url(context: dict[str, Any], out_dir: Path) -> str | None:
+    """The study's storage; a SQLite file that moved with the directory is found in it."""
+    url = context.get("storage")
+    if url and url.startswith("sqlite:///"):
+        if Path(url.removeprefix("sqlite:///")).is_file():
+            return url
+        local = out_dir / "study.db"
+        return f"sqlite:///{local.resolve()}" if local.is_file() else None
+    return url
+
+
+def _load_trials(context: dict[str, Any], out_dir: Path) -> tuple[list[Trial], str | None]:
+    url = _storage_url(context, out_dir)
+    if url is None:
+        return [], f"{out_dir / 'study.db'} not found"
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=context["study_name"], storage=url)
+        frozen = study.get_trials(deepcopy=False)
+    except Exception as e:  # noqa: BLE001 - any storage failure: report what else is known
+        return [], f"{type(e).__name__}: {e}"
+    starts = [t.datetime_start for t in frozen if t.datetime_start is not None]
+    t0 = min(starts) if starts else None
+    return [_trial(t, t0, context["max_accuracy_drop"]) for t in frozen], None
+
+
+def _trial(t: Any, t0: datetime.datetime | None, max_drop: float) -> Trial:
+    done = t.state.name == "COMPLETE" and t.values is not None
+    pred_us, drop = (t.values if done else (math.nan, math.nan))
+    if done and drop >= 1e9:  # the search stores a NaN/Inf plan's drop as 1e9 (Optuna needs a number)
+        drop = math.inf
+    attrs = t.user_attrs
+    finished = (t.datetime_complete - t0).total_seconds() if t.datetime_complete and t0 else None
+    return Trial(
+        number=t.number, state=t.state.name, predicted_ms=pred_us / 1e3, drop=drop,
+        accuracy=attrs.get("accuracy"), tier=attrs.get("tier"),
+        feasible=done and attrs.get("constraint", drop - max_drop) <= 0,
+        finished_s=finished, warm_start=attrs.get("seed") == "warm start", params=dict(t.params),
+        metrics={k: float(v) for k, v in (attrs.get("metrics") or {}).items()},
+        error=str(t.system_attrs.get("fail_reason", "")),
+    )
+
+
+def pareto_front(trials: list[Trial]) -> list[Trial]:
+    """Non-dominated COMPLETE trials on (predicted latency, drop), fastest first, each plan once.
+    The same rule as autoao.search.pareto_front (feasible or not), so the report's front is the
+    search's."""
+    front: list[Trial] = []
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    for t in sorted((t for t in trials if t.state == "COMPLETE"), key=lambda t: (t.predicted_ms, t.drop)):
+        key = tuple(sorted(t.params.items()))
+        if key in seen:
+            continue
+        if not any(f.drop <= t.drop and f.predicted_ms <= t.predicted_ms for f in front):
+            front.append(t)
+            seen.add(key)
+    return front
+
+
+def best_trial(trials: list[Trial]) -> Trial | None:
+    """Fastest feasible trial (ties: smaller drop, then earlier), the search's `best`."""
+    feasible = [t for t in trials if t.feasible]
+    return min(feasible, key=lambda t: (t.predicted_ms, t.drop, t.number)) if feasible else None
+
+
+def plan_of(groups: list[tuple[str, list[str], list[str]]], params: dict[str, str]) -> dict[str, str]:
+    """Group choices -> FQN -> candidate name (the mapping of autoao.search.plan_from_params, kept
+    by name: the report never builds modules)."""
+    return {fqn: params.get(name, BASELINE) for name, fqns, _ in groups for fqn in fqns}
+
+
+def _final_trial(out_dir: Path, plan: dict[str, str], trials: list[Trial],
+                 groups: list[tuple[str, list[str], list[str]]]) -> int | None:
+    """The trial the final plan came from: plan.json's metadata, else the earliest trial with the
+    same choices (None when the plan is all bf16 because nothing held)."""
+    if (out_dir / "plan.json").is_file():
+        meta = _read_json(out_dir / "plan.json").get("metadata") or {}
+        if "trial" in meta:
+            return meta["trial"]
+    wanted = {f: c for f, c in plan.items() if c != BASELINE}
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.state == "COMPLETE" and {f: c for f, c in plan_of(groups, t.params).items() if c != BASELINE} == wanted:
+            return t.number
+    return None
+
+
+def _plan_file(path: Path) -> tuple[dict[str, str], int | None]:
+    from autoao.plan import Plan, PlanError
+
+    try:
+        plan = Plan.load(path)
+    except (PlanError, OSError) as e:
+        raise ReportError(f"cannot read {path}: {e}") from None
+    return {f: c.name for f, c in plan.layers.items()}, plan.metadata.get("trial")
+
+
+##### per-layer explanations ####################################################################
+
+def _layer(lay: dict[str, Any], chosen: str, groups: list[tuple[str, list[str], list[str]]]) -> Layer:
+    group, members = next(((n, f) for n, f, _ in groups if lay["fqn"] in f), (lay["fqn"], [lay["fqn"]]))
+    times: dict[str, float] = lay["time_us"]
+    sqnr: dict[str, float] = lay["sqnr_db"]
+    emulated = set(lay["emulated"])
+    names = list(dict.fromkeys([*times, *lay["timing_error"], *lay["excluded"], *lay["choices"]]))
+    t_chosen = times.get(chosen)
+    choices = []
+    for c in names:
+        if c == chosen:
+            status, reason = "chosen", _why_chosen(chosen, lay, group, len(members))
+        elif c in lay["excluded"]:
+            status, reason = "excluded", f"excluded: {lay['excluded'][c]}"
+        elif c not in lay["choices"]:
+            status, reason = "excluded", f"excluded: {lay['timing_error'].get(c, 'not offered to the search')}"
+        else:
+            status = "allowed"
+            t, s, s_chosen = times.get(c), sqnr.get(c), sqnr.get(chosen)
+            if t is not None and t_chosen is not None and t >= t_chosen:
+                reason = f"slower: {_us(t)} vs {_us(t_chosen)}"
+            elif s is not None and s_chosen is not None and s < s_chosen:
+                reason = f"less accurate: SQNR {_db(s)} vs {_db(s_chosen)}"
+            else:
+                reason = "not picked by the search (Pareto trade-off)"
+        choices.append(Choice(c, status, times.get(c), c in emulated, sqnr.get(c), reason))
+    order = {"chosen": 0, "allowed": 1, "excluded": 2}
+    choices.sort(key=lambda ch: order[ch.status])  # stable: the candidates' registry order within
+    return Layer(lay["fqn"], group, len(members), lay["in_features"], lay["out_features"], lay["tokens"],
+                 {int(m): n for m, n in lay["calls"].items()}, list(lay.get("tied") or []), chosen,
+                 choices[0].reason if choices and choices[0].status == "chosen" else "", choices)
+
+
+def _why_chosen(chosen: str, lay: dict[str, Any], group: str, group_size: int) -> str:
+    times, sqnr = lay["time_us"], lay["sqnr_db"]
+    faster = [c for c in lay["choices"] if c in times and times[c] < times.get(chosen, math.inf)]
+    noisier = all(sqnr.get(c, -math.inf) < sqnr.get(chosen, math.inf) for c in faster)
+    shared = f"; one choice for the {group_size} layers of {group}" if group_size > 1 else ""
+    if chosen == BASELINE:
+        if not faster:
+            return "kept in bf16: no allowed candidate is faster on this layer" + shared
+        best = max(sqnr.get(c, -math.inf) for c in faster)
+        lead = (f"kept in bf16: {_faster(len(faster))} less accurate (SQNR at best {_db(best)}); the search "
+                "spent the accuracy budget on other layers" if noisier else
+                "kept in bf16: not picked by the search (Pareto trade-off)")
+        return lead + shared
+    if not faster:
+        lead = "chosen: fastest allowed candidate"
+    elif noisier:
+        lead = f"chosen: {_faster(len(faster))} less accurate"
+    else:
+        lead = "chosen by the search over faster candidates (Pareto trade-off)"
+    t, base = times.get(chosen), times.get(BASELINE)
+    if t is None:
+        return lead + shared
+    speed = ("emulated here: no speed-up claimed" if chosen in lay["emulated"] else
+             f"{base / t:.2f}x faster than bf16" if base and base >= t else
+             f"{t / base:.2f}x slower than bf16" if base else "")
+    return f"{lead} ({_us(t)}, {speed}; SQNR {_db(sqnr.get(chosen))})" + shared
+
+
+def _faster(n: int) -> str:
+    return "the faster candidate is" if n == 1 else f"the {n} faster candidates are"
+
+
+def _us(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    return f"{v / 1e3:,.2f} ms" if v >= 1e3 else f"{v:.1f} us"
+
+
+def _db(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return "exact" if v == math.inf else f"{v:.1f} dB"
+
+
+##### accuracy and trust ########################################################################
+
+def _accuracy_rows(data: ReportData) -> list[AccuracyRow]:
+    """Every accuracy number of the shown plan next to bf16's, each with the tier that made it."""
+    acc = data.context["accuracy"]
+    rows: list[AccuracyRow] = []
+    chosen = data.trial(data.chosen_trial)
+    all_bf16 = all(c == BASELINE for c in data.plan.values())
+    base1 = acc["baseline"].get("tier1") or {}
+    proxy_source = ("next-token accuracy on held-out tokens" if "kl" in base1
+                    else "1 - relative output error on held-out inputs")
+    for key, label in PROXY_METRICS.items():
+        if key not in base1:
+            continue
+        plan_value = base1[key] if all_bf16 else (chosen.metrics.get(key) if chosen else None)
+        higher = {"accuracy": True, "agreement": True, "kl": False, "loss": False, "rel_error": False}[key]
+        rows.append(AccuracyRow(label, 1, f"proxy: {proxy_source}", base1[key], plan_value, higher))
+    if acc["tier"] == 2:
+        rows += _tier2_rows(acc, data.summary, all_bf16)
+    return rows
+
+
+def _tier2_rows(acc: dict[str, Any], summary: dict[str, Any] | None, all_bf16: bool) -> list[AccuracyRow]:
+    base = acc["baseline"].get("tier2")
+    final = (summary or {}).get("accuracy") or {}
+    measured = final.get("tier") == 2
+    if acc.get("tasks"):
+        tasks = acc["tasks"] if isinstance(acc["tasks"], list) else [t.strip() for t in acc["tasks"].split(",")]
+        source = f"lm-eval: {', '.join(tasks)}"
+        base_flat = {f"{t}/{k}": v for t, m in ((base or {}).get("metrics") or {}).items() for k, v in m.items()
+                     if not k.endswith("_stderr")}
+        rows = [AccuracyRow("mean headline accuracy of the tasks", 2, source, (base or {}).get("accuracy"),
+                            (base or {}).get("accuracy") if all_bf16 else final.get("accuracy") if measured else None,
+                            True)]
+        for key, value in base_flat.items():
+            plan_value = value if all_bf16 else (final.get("metrics") or {}).get(key) if measured else None
+            rows.append(AccuracyRow(key, 2, source, value, plan_value, "perplexity" not in key and "bits" not in key))
+        return rows
+    name = acc.get("metric") or "metric"
+    plan_value = base if all_bf16 else final.get("accuracy") if measured else None
+    return [AccuracyRow(name, 2, f"user metric: {name}", base, plan_value, True)]
+
+
+def _trust_warnings(data: ReportData) -> list[str]:
+    """What makes a number on the page less trustworthy than it looks, said up front."""
+    out = []
+    base = data.context.get("baseline_ms") or {}
+    pred, meas = base.get("predicted"), base.get("measured")
+    if pred and meas and not 0.5 <= pred / meas <= 2.0:
+        out.append(f"the cost model predicts {pred:,.3f} ms for the bf16 model but it measured {meas:,.3f} ms end "
+                   f"to end ({max(pred / meas, meas / pred):,.1f}x apart): per-layer timings on this device are "
+                   "unreliable, so predicted latencies and speed-ups are too; trust the measured numbers")
+    emulated = sorted({ch.candidate for lay in data.layers for ch in lay.choices if ch.status == "chosen" and ch.emulated})
+    if emulated:
+        out.append(f"the plan uses candidates that are only emulated on this device ({', '.join(emulated)}): "
+                   "their latency is not that of a fast kernel, so no speed-up is reported for them")
+    s = data.summary
+    if s and s.get("speedup", {}).get("measured") and s["speedup"]["measured"] < 1.0 and s.get("plan"):
+        out.append(f"the chosen plan measured slower than bf16 end to end ({s['speedup']['measured']:.2f}x)")
+    return out
