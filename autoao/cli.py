@@ -323,6 +323,17 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from autoao.reports import ReportError, render
+
+    try:
+        path = render(args.dir, args.out)
+    except ReportError as e:
+        raise CLIError(str(e)) from None
+    print(f"wrote {path} (tables: {path.stem}_*.csv beside it)")
+    return 0
+
+
 ##### entry point ###############################################################################
 
 def build_parser() -> argparse.ArgumentParser:
@@ -391,6 +402,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--save", required=True, help="output directory (plan.json + model.safetensors)")
     a.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     a.set_defaults(func=cmd_apply)
+
+    r = sub.add_parser("report", help="re-render the HTML report of a search directory",
+                       description="Render report.html (and its tables as CSV beside it) from a search's "
+                       "output directory, finished, interrupted or still running. Reads context.json, the "
+                       "Optuna study and summary.json; runs nothing.")
+    r.add_argument("dir", help="the search's output directory (--out of autoao search)")
+    r.add_argument("--out", default=None, help="HTML file to write (default: DIR/report.html)")
+    r.set_defaults(func=cmd_report)
     return p
 
 

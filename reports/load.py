@@ -28,7 +28,7 @@ BASELINE = "bf16"
 
 # Tier-1 proxy metrics: label, and whether higher is better (None: no direction, shown as is).
 PROXY_METRICS = {
-    "accuracy": "accuracy (proxy headline)",
+    "accuracy": "proxy accuracy",  # relabelled by mode in _accuracy_rows
     "agreement": "top-1 agreement with bf16",
     "kl": "KL divergence from bf16 (nats/token)",
     "loss": "loss on held-out tokens (nats/token)",
@@ -134,6 +134,15 @@ class ReportData:
     def trial(self, number: int | None) -> Trial | None:
         return next((t for t in self.trials if t.number == number), None)
 
+    @property
+    def groups(self) -> list[tuple[str, list[str], list[str]]]:
+        """The search's choices: (parameter name, FQNs, candidate names) per group."""
+        return [(name, list(fqns), list(choices)) for name, fqns, choices in self.context["groups"]]
+
+    def emulated_in_plan(self) -> list[str]:
+        """Candidates of the shown plan that are only emulated here: no speed-up may be claimed."""
+        return sorted({c.candidate for lay in self.layers for c in lay.choices if c.status == "chosen" and c.emulated})
+
     def state_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for t in self.trials:
@@ -149,16 +158,17 @@ def load(out_dir: str | Path) -> ReportData:
     Raises ReportError if `out_dir` has no readable context.json. A study that cannot be read (e.g.
     a database server that is down) is not an error: the report says so and shows the rest.
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # the report shows it in commands to copy
     ctx_path = out_dir / "context.json"
     if not ctx_path.is_file():
-        raise ReportError(f"{out_dir} is not an autoao search directory (no context.json)")
+        raise ReportError(f"{out_dir} is not an autoao search directory (no context.json): give the --out "
+                          "directory of `autoao search` or the out_dir of optimize()")
     context = _read_json(ctx_path)
     summary = _read_json(out_dir / "summary.json") if (out_dir / "summary.json").is_file() else None
     warnings: list[str] = []
     trials, study_error = _load_trials(context, out_dir)
     if study_error:
-        warnings.append(f"the study could not be read ({study_error}): no trials, Pareto front or history")
+        warnings.append(f"The study could not be read ({study_error}): no trials, Pareto front or history")
     pareto = pareto_front(trials)
     groups = [(name, list(fqns), list(choices)) for name, fqns, choices in context["groups"]]
 
@@ -170,8 +180,7 @@ def load(out_dir: str | Path) -> ReportData:
         best = best_trial(trials)
         if best is not None:
             plan, chosen_trial = plan_of(groups, best.params), best.number
-            plan_source = (f"trial {best.number}: the fastest feasible plan so far (best_plan.json); the "
-                           "final tier-2 check and measurement have not run")
+            plan_source = f"trial {best.number}, the fastest feasible plan so far (also in best_plan.json)"
         elif (out_dir / "best_plan.json").is_file() and study_error:
             plan, chosen_trial = _plan_file(out_dir / "best_plan.json")
             plan_source = "best_plan.json: the best feasible plan so far (the study could not be read)"
@@ -200,13 +209,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _storage_url(context: dict[str, Any], out_dir: Path) -> str | None:
-    """The study's storage; a SQLite file that moved with the directory is found in it."""
+    """The study's storage. The default one (study.db in the output directory) is read from the
+    directory itself, so a directory that was moved or copied reports its own study."""
     url = context.get("storage")
+    local = out_dir / "study.db"
     if url and url.startswith("sqlite:///"):
-        if Path(url.removeprefix("sqlite:///")).is_file():
-            return url
-        local = out_dir / "study.db"
-        return f"sqlite:///{local.resolve()}" if local.is_file() else None
+        if url.endswith("/study.db") and local.is_file():
+            return f"sqlite:///{local}"
+        return url if Path(url.removeprefix("sqlite:///")).is_file() else None
     return url
 
 
@@ -350,13 +360,9 @@ def _why_chosen(chosen: str, lay: dict[str, Any], group: str, group_size: int) -
         lead = f"chosen: {_faster(len(faster))} less accurate"
     else:
         lead = "chosen by the search over faster candidates (Pareto trade-off)"
-    t, base = times.get(chosen), times.get(BASELINE)
-    if t is None:
-        return lead + shared
-    speed = ("emulated here: no speed-up claimed" if chosen in lay["emulated"] else
-             f"{base / t:.2f}x faster than bf16" if base and base >= t else
-             f"{t / base:.2f}x slower than bf16" if base else "")
-    return f"{lead} ({_us(t)}, {speed}; SQNR {_db(sqnr.get(chosen))})" + shared
+    if chosen in lay["emulated"]:
+        lead += " (emulated here: its time is not a speed-up)"
+    return lead + shared
 
 
 def _faster(n: int) -> str:
@@ -366,7 +372,7 @@ def _faster(n: int) -> str:
 def _us(v: float | None) -> str:
     if v is None or not math.isfinite(v):
         return "n/a"
-    return f"{v / 1e3:,.2f} ms" if v >= 1e3 else f"{v:.1f} us"
+    return f"{v / 1e3:,.2f} ms" if v >= 1e3 else f"{v:.1f} µs"
 
 
 def _db(v: float | None) -> str:
@@ -384,11 +390,13 @@ def _accuracy_rows(data: ReportData) -> list[AccuracyRow]:
     chosen = data.trial(data.chosen_trial)
     all_bf16 = all(c == BASELINE for c in data.plan.values())
     base1 = acc["baseline"].get("tier1") or {}
-    proxy_source = ("next-token accuracy on held-out tokens" if "kl" in base1
-                    else "1 - relative output error on held-out inputs")
+    lm = "kl" in base1  # LM mode: next-token metrics; otherwise the relative error of the outputs
+    proxy_source = "next-token accuracy on held-out tokens" if lm else "1 - relative output error on held-out inputs"
     for key, label in PROXY_METRICS.items():
         if key not in base1:
             continue
+        if key == "accuracy":
+            label = "next-token accuracy" if lm else "1 − relative output error"
         plan_value = base1[key] if all_bf16 else (chosen.metrics.get(key) if chosen else None)
         higher = {"accuracy": True, "agreement": True, "kl": False, "loss": False, "rel_error": False}[key]
         rows.append(AccuracyRow(label, 1, f"proxy: {proxy_source}", base1[key], plan_value, higher))
@@ -424,14 +432,14 @@ def _trust_warnings(data: ReportData) -> list[str]:
     base = data.context.get("baseline_ms") or {}
     pred, meas = base.get("predicted"), base.get("measured")
     if pred and meas and not 0.5 <= pred / meas <= 2.0:
-        out.append(f"the cost model predicts {pred:,.3f} ms for the bf16 model but it measured {meas:,.3f} ms end "
+        out.append(f"The cost model predicts {pred:,.3f} ms for the bf16 model but it measured {meas:,.3f} ms end "
                    f"to end ({max(pred / meas, meas / pred):,.1f}x apart): per-layer timings on this device are "
                    "unreliable, so predicted latencies and speed-ups are too; trust the measured numbers")
-    emulated = sorted({ch.candidate for lay in data.layers for ch in lay.choices if ch.status == "chosen" and ch.emulated})
+    emulated = data.emulated_in_plan()
     if emulated:
-        out.append(f"the plan uses candidates that are only emulated on this device ({', '.join(emulated)}): "
+        out.append(f"The plan uses candidates that are only emulated on this device ({', '.join(emulated)}): "
                    "their latency is not that of a fast kernel, so no speed-up is reported for them")
     s = data.summary
     if s and s.get("speedup", {}).get("measured") and s["speedup"]["measured"] < 1.0 and s.get("plan"):
-        out.append(f"the chosen plan measured slower than bf16 end to end ({s['speedup']['measured']:.2f}x)")
+        out.append(f"The chosen plan measured slower than bf16 end to end ({s['speedup']['measured']:.2f}x)")
     return out

@@ -1,0 +1,142 @@
+"""The report's plots: matplotlib figures as inline SVG text (no files, no network, no JavaScript).
+
+    pareto_svg(data)    every finished trial on (predicted latency, accuracy drop), the front, the
+                        shown plan, the max_accuracy_drop line and bf16's predicted latency
+    history_svg(data)   best feasible predicted latency so far, by trial and by time
+
+Figures use matplotlib's object API (`Figure`, no pyplot: no global state, no GUI backend). SVG text
+stays text (svg.fonttype none: searchable, small) and ids are salted per plot with a fixed salt and
+no date, so the same data gives byte-identical SVG and two plots on one page never share an id.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+from autoao.reports.load import ReportData, Trial
+
+# Colours that stay apart for colour-blind readers (Okabe-Ito) and in greyscale print.
+FEASIBLE, INFEASIBLE, FRONT, CHOSEN, LIMIT, BF16 = "#0072B2", "#999999", "#009E73", "#D55E00", "#CC3311", "#555555"
+
+
+STYLE = {"font.size": 9, "font.family": "sans-serif", "axes.titlesize": 9, "legend.fontsize": 8.5,
+         "svg.fonttype": "none"}
+
+
+def pareto_svg(data: ReportData) -> str | None:
+    """Latency vs accuracy drop of every COMPLETE trial with a finite drop; None if there is none."""
+    import matplotlib
+
+    with matplotlib.rc_context(STYLE):
+        return _pareto(data)
+
+
+def history_svg(data: ReportData) -> str | None:
+    """Best feasible predicted latency so far against trial number and against time; None if no
+    trial finished."""
+    import matplotlib
+
+    with matplotlib.rc_context(STYLE):
+        return _history_plot(data)
+
+
+def _pareto(data: ReportData) -> str | None:
+    shown = [t for t in data.completed if math.isfinite(t.drop) and math.isfinite(t.predicted_ms)]
+    if not shown:
+        return None
+    fig, ax = _figure(7.6, 4.0)
+    feas = [t for t in shown if t.feasible]
+    infeas = [t for t in shown if not t.feasible]
+    if infeas:
+        ax.scatter([t.predicted_ms for t in infeas], [t.drop for t in infeas], marker="x", s=22, color=INFEASIBLE,
+                   linewidths=1, label=f"infeasible trial ({len(infeas)})", zorder=2)
+    if feas:
+        ax.scatter([t.predicted_ms for t in feas], [t.drop for t in feas], s=16, color=FEASIBLE, alpha=0.75,
+                   label=f"feasible trial ({len(feas)})", zorder=3)
+    front = [t for n in data.pareto if (t := data.trial(n)) is not None and t in shown]
+    if front:
+        ax.step([t.predicted_ms for t in front], [t.drop for t in front], where="post", color=FRONT, lw=1.5,
+                label="Pareto front", zorder=4)
+        ax.scatter([t.predicted_ms for t in front], [t.drop for t in front], s=46, facecolors="none",
+                   edgecolors=FRONT, linewidths=1.3, zorder=4)
+    ax.axhline(data.max_drop, color=LIMIT, ls="--", lw=1.2, label=f"max accuracy drop ({data.max_drop:g})", zorder=1)
+    base = data.context["baseline_ms"].get("predicted")
+    if base:
+        ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"bf16, predicted ({base:,.3g} ms)", zorder=1)
+    chosen = data.trial(data.chosen_trial)
+    if chosen is not None and chosen in shown:
+        ax.scatter([chosen.predicted_ms], [chosen.drop], marker="*", s=260, color=CHOSEN, edgecolors="black",
+                   linewidths=0.6, label=f"{'chosen' if data.finished else 'best so far'}: trial {chosen.number}",
+                   zorder=5)
+    xs = [t.predicted_ms for t in shown] + ([base] if base else [])
+    if max(xs) / max(min(xs), 1e-12) > 30:
+        ax.set_xscale("log")  # CPU timings and emulated kernels spread over decades
+    ax.set_xlabel("predicted latency (ms)")
+    ax.set_ylabel("accuracy drop (absolute)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return _svg(fig, "pareto")
+
+
+def _history_plot(data: ReportData) -> str | None:
+    from matplotlib.ticker import MaxNLocator
+
+    done = sorted(data.completed, key=lambda t: t.number)
+    if not done:
+        return None
+    fig, (by_trial, by_time) = _figure(9.6, 3.3, ncols=2, sharey=True)
+    _history(by_trial, done, lambda t: t.number)
+    by_trial.set_xlabel("trial")
+    by_trial.xaxis.set_major_locator(MaxNLocator(integer=True))
+    by_trial.set_ylabel("best predicted latency (ms)")
+    timed = sorted((t for t in done if t.finished_s is not None), key=lambda t: t.finished_s or 0.0)
+    _history(by_time, timed, lambda t: t.finished_s)
+    by_time.set_xlabel("time since the first trial started (s)")
+    lats = [t.predicted_ms for t in done if math.isfinite(t.predicted_ms)]
+    if lats and max(lats) / max(min(lats), 1e-12) > 30:
+        by_trial.set_yscale("log")
+    fig.legend(*by_trial.get_legend_handles_labels(), loc="outside upper center", ncols=3, frameon=False)
+    return _svg(fig, "history")
+
+
+def _history(ax: Any, trials: list[Trial], x_of) -> None:
+    best, xs, ys = math.inf, [], []
+    for t in trials:
+        if t.feasible and t.predicted_ms < best:
+            best = t.predicted_ms
+        if math.isfinite(best):
+            xs.append(x_of(t))
+            ys.append(best)
+    feas = [t for t in trials if t.feasible]
+    infeas = [t for t in trials if not t.feasible and math.isfinite(t.predicted_ms)]
+    ax.scatter([x_of(t) for t in infeas], [t.predicted_ms for t in infeas], marker="x", s=16, color=INFEASIBLE,
+               linewidths=0.9, label="infeasible trial")
+    ax.scatter([x_of(t) for t in feas], [t.predicted_ms for t in feas], s=10, color=FEASIBLE, alpha=0.6,
+               label="feasible trial")
+    if xs:
+        ax.step(xs, ys, where="post", color=CHOSEN, lw=1.8, label="best feasible so far")
+
+
+def _figure(width: float, height: float, **subplots: Any):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(**subplots)
+    for ax in (axes if isinstance(axes, (list, tuple)) or hasattr(axes, "flat") else [axes]):
+        ax.grid(True, color="#e5e5e5", lw=0.6)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    return fig, axes
+
+
+def _svg(fig: Any, salt: str) -> str:
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": f"autoao-{salt}"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    text = buf.getvalue()
+    # Inline SVG in HTML: drop the XML declaration and DOCTYPE, keep from the <svg> element on.
+    return text[text.index("<svg"):]

@@ -1,0 +1,66 @@
+"""`autoao search` and `autoao apply` end to end on a tiny model; bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autoao.cli import main
+
+TINY = str(Path(__file__).with_name("tiny_models.py")) + ":build"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["search", "--candidates", "int3"], "Unknown candidate 'int3'"),
+    (["search", "--budget", "5 parsecs"], "bad --budget"),
+    (["search", "--max-accuracy-drop", "1.5"], "must be between 0 and 1"),
+    (["search", "--max-accuracy-drop=-2%"], "must be between 0 and 1"),
+    (["search", "--model", "no_such_module_xyz:build"], "cannot import no_such_module_xyz"),
+    (["search", "--model", "missing_file.py:build"], "does not exist"),
+    (["search", "--model", TINY.replace(":build", ":broken")], "broken() failed"),
+    (["search", "--model", "smollm3"], "unknown --model 'smollm3'"),
+    (["apply", "--model", TINY, "--plan", "nope.json", "--save", "x"], "does not exist"),
+])
+def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path):
+    rc = main([*argv, "--out", str(tmp_path / "o")] if argv[0] == "search" else argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert message in err and err.startswith("autoao: error:") and err.count("\n") == 1, err
+
+
+def test_search_writes_everything_and_continues_the_study(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["search", "--model", TINY, "--budget", "12", "--tasks", "none", "--out", str(out), "--quiet",
+            "--max-accuracy-drop", "5%"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "plan:" in text and "latency:" in text
+    for name in ("plan.json", "pareto.json", "summary.json", "context.json", "study.db", "best_plan.json",
+                 "model/plan.json", "model/model.safetensors"):
+        assert (out / name).exists(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["accuracy"] is None or summary["accuracy"]["drop"] <= 0.05
+    study = optuna.load_study(study_name=summary["study_name"], storage=summary["storage"])
+    first = len([t for t in study.trials if t.state.is_finished()])
+    assert first == 12
+    # same output directory again: the study continues (budget counts all trials of the study)
+    assert main([*argv[:4], "20", *argv[5:], "--resume"]) == 0
+    study = optuna.load_study(study_name=summary["study_name"], storage=summary["storage"])
+    assert len([t for t in study.trials if t.state.is_finished()]) == 20
+    # apply the plan to a fresh copy and save it
+    saved = tmp_path / "applied"
+    assert main(["apply", "--model", TINY, "--plan", str(out / "plan.json"), "--save", str(saved)]) == 0
+    assert (saved / "model.safetensors").is_file()
+
+
+def test_resume_without_a_study_is_an_error(tmp_path, capsys):
+    rc = main(["search", "--model", TINY, "--resume", "--out", str(tmp_path / "empty"), "--quiet"])
+    assert rc == 2 and "no study to continue" in capsys.readouterr().err

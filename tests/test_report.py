@@ -1,0 +1,260 @@
+"""The HTML report of a real (tiny) search: loaded from disk, rendered, re-rendered, read by a browser.
+
+One search runs for the whole module (about 10 s on 2 CPU cores): a 6-layer model whose ModuleDict
+has a layer named `<script>alert(1)</script>` (module names are user data), a user metric (tier 2)
+and a candidate that is only emulated on the CPU. The browser test needs Debian's `chromium`
+(.ci/run installs it) and skips without it; its screenshots go to tests/artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch import nn
+
+from autoao.cli import main as cli_main
+from autoao.reports import ReportError, load, render
+from autoao.reports.tables import TABLES
+
+EVIL = "<script>alert(1)</script>"
+CANDIDATES = ["bf16", "int8_dyn", "int8_wo", "int4_wo(group_size=64)", "int4_wo(group_size=128)", "sparse24"]
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+class Tiny(nn.Module):
+    """Residual MLP blocks on float inputs (the proxy is then 1 - relative output error, which
+    quantization moves smoothly: int8 fits a 3% budget, int4 everywhere does not)."""
+
+    def __init__(self, d: int = 64, h: int = 128, n: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({"up_proj": nn.Linear(d, h, bias=False), "down_proj": nn.Linear(h, d, bias=False),
+                           EVIL: nn.Linear(d, d, bias=False)}) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, d]
+        for b in self.blocks:
+            x = x + b["down_proj"](torch.relu(b["up_proj"](x)))
+            x = x + 0.5 * b[EVIL](x)
+        return x
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory):
+    """(out_dir, optimize result, snapshot dir holding the report rendered right after the search)."""
+    from autoao.api import optimize
+
+    tmp = tmp_path_factory.mktemp("report")
+    torch.manual_seed(0)
+    model = Tiny().to(torch.bfloat16)
+    examples = [torch.randn(1, 32, 64, dtype=torch.bfloat16)] + [torch.randn(1, 1, 64, dtype=torch.bfloat16)] * 2
+    probe = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        reference = model(probe).float()
+
+    def output_match(m: nn.Module) -> float:
+        with torch.no_grad():
+            return 1.0 - ((m(probe).float() - reference).norm() / reference.norm()).item()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOAO_CACHE_DIR", str(tmp / "cache"))
+        result = optimize(model, examples, budget=20, accuracy=output_match, out_dir=tmp / "out",
+                          eval_inputs=[torch.randn(2, 16, 64, dtype=torch.bfloat16)], max_accuracy_drop=0.03,
+                          candidates=CANDIDATES, progress=False, command="python tiny_search.py")
+        report = render(result.out_dir)
+    first = tmp / "first"
+    first.mkdir()
+    for f in report.parent.glob("report*"):
+        shutil.copy(f, first / f.name)
+    return result.out_dir, result, first
+
+
+##### loader ####################################################################################
+
+def test_loader_reads_the_finished_search(search):
+    out, result, _ = search
+    data = load(out)
+    assert data.finished and data.summary is not None
+    assert [lay.fqn for lay in data.layers] == [f"blocks.{i}.{n}" for i in range(2) for n in ("up_proj", "down_proj", EVIL)]
+    assert {f: c for f, c in data.plan.items() if c != "bf16"} == {f: c.name for f, c in result.plan.layers.items()}
+    assert data.chosen_trial == result.plan.metadata.get("trial")
+    assert len(data.completed) == 20
+    assert data.pareto == [p["trial"] for p in result.pareto]  # the search's own front, fastest first
+    # the tier of every accuracy number is known; tier 2 here is the user metric
+    assert {a.tier for a in data.accuracy} == {1, 2}
+    assert any(a.metric == "output_match" and a.source == "user metric: output_match" for a in data.accuracy)
+
+
+def test_every_layer_explains_every_candidate(search):
+    data = load(search[0])
+    for lay in data.layers:
+        assert lay.choices[0].status == "chosen" and lay.choices[0].candidate == lay.chosen
+        assert {c.candidate for c in lay.choices} == set(CANDIDATES)
+        for c in lay.choices[1:]:
+            assert c.reason.startswith(("excluded: ", "slower: ", "less accurate: SQNR ",
+                                        "not picked by the search (Pareto trade-off)")), c
+        sparse = next(c for c in lay.choices if c.candidate == "sparse24")
+        assert sparse.emulated and sparse.status == "excluded" and "emulated on cpu" in sparse.reason
+    # in_features 64 is not a multiple of 128: that int4 variant is excluded with the reason
+    up = next(lay for lay in data.layers if lay.fqn == "blocks.0.up_proj")
+    g128 = next(c for c in up.choices if c.candidate == "int4_wo(group_size=128)")
+    assert g128.status == "excluded" and "multiple of group size 128" in g128.reason
+
+
+##### rendering #################################################################################
+
+def test_rerendering_from_disk_gives_the_same_report_and_tables(search, capsys):
+    """`autoao report DIR` later = the report written right after the search, byte for byte."""
+    out, _, first = search
+    assert cli_main(["report", str(out)]) == 0
+    assert "report.html" in capsys.readouterr().out
+    for name in ["report.html", *(f"report_{t}.csv" for t in TABLES)]:
+        assert (out / name).read_bytes() == (first / name).read_bytes(), name
+
+
+def test_csv_tables_hold_the_study(search):
+    import pandas as pd
+
+    out, result, first = search
+    trials = pd.read_csv(first / "report_trials.csv")
+    study = {t.number: t for t in result.study.trials}
+    assert list(trials.trial) == sorted(study)
+    for row in trials.itertuples():
+        t = study[row.trial]
+        assert row.state == t.state.name
+        if t.values:
+            assert math.isclose(row.predicted_ms, t.values[0] / 1e3)
+    layers = pd.read_csv(first / "report_layers.csv")
+    assert list(layers.fqn).count(f"blocks.0.{EVIL}") == 1
+    assert (layers.chosen != "sparse24").all()
+    cands = pd.read_csv(first / "report_candidates.csv").set_index("candidate")
+    assert cands.loc["sparse24", "status"] == "emulated"
+    assert cands.loc["int4_wo(group_size=128)", "status"] == "partly available"
+
+
+def test_layer_names_are_escaped(search):
+    html = (search[2] / "report.html").read_text()
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_interrupted_search_shows_what_is_known_and_says_so(search, tmp_path):
+    """No summary.json (killed before the end), a trial cut off mid-run and one still queued."""
+    out = tmp_path / "killed"
+    shutil.copytree(search[0], out, ignore=shutil.ignore_patterns("summary.json", "plan.json", "pareto.json",
+                                                                   "model", "report*"))
+    ctx = json.loads((out / "context.json").read_text())
+    study = optuna.load_study(study_name=ctx["study_name"], storage=f"sqlite:///{out / 'study.db'}")
+    study.ask()  # RUNNING forever, as a SIGKILL leaves it
+    study.enqueue_trial({})  # WAITING
+    data = load(out)
+    assert not data.finished
+    assert data.state_counts() == {"COMPLETE": 20, "RUNNING": 1, "WAITING": 1}
+    # the plan shown is the search's best so far, which it also wrote to best_plan.json
+    best = json.loads((out / "best_plan.json").read_text())
+    assert {f: c for f, c in data.plan.items() if c != "bf16"}.keys() == best["layers"].keys()
+    assert data.chosen_trial == best["metadata"]["trial"]
+    html = render(out).read_text()
+    assert "This search has not finished" in html and "1 running or cut off" in html and "1 queued" in html
+    assert "20 trials finished" in html and "not measured" in html
+    assert 'data-finished="false"' in html
+    # the original directory still reads as finished: the copy reports its own study
+    assert load(search[0]).state_counts() == {"COMPLETE": 20}
+
+
+def test_unreadable_study_still_reports_the_best_plan(search, tmp_path):
+    """Storage gone (e.g. a database server that is down): say so, show best_plan.json and the rest."""
+    out = tmp_path / "lost"
+    shutil.copytree(search[0], out, ignore=shutil.ignore_patterns("summary.json", "plan.json", "study.db", "report*"))
+    ctx = json.loads((out / "context.json").read_text())
+    ctx["storage"] = f"sqlite:///{tmp_path / 'elsewhere' / 'gone.db'}"
+    (out / "context.json").write_text(json.dumps(ctx))
+    data = load(out)
+    assert data.trials == [] and any("study could not be read" in w for w in data.warnings)
+    best = json.loads((out / "best_plan.json").read_text())
+    assert {f for f, c in data.plan.items() if c != "bf16"} == set(best["layers"])
+    assert "study could not be read" in render(out).read_text()
+    assert not (tmp_path / "elsewhere").exists()  # reading never creates a storage
+
+
+def test_not_a_search_directory_is_one_clear_line(tmp_path, capsys):
+    with pytest.raises(ReportError, match="not an autoao search directory"):
+        render(tmp_path)
+    assert cli_main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autoao: error: ") and "not an autoao search directory" in err and "\n" not in err
+
+
+def test_importing_the_report_package_stays_light():
+    code = ("import sys, autoao, autoao.reports; "
+            "print(sorted(m for m in ('jinja2', 'matplotlib', 'pandas', 'optuna') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+##### in a browser ##############################################################################
+
+def test_report_in_headless_chromium(search, tmp_path, capsys):
+    """What a person sees: the key sections and numbers in the rendered DOM, no console error, no
+    request beyond the file itself, no script (the evil layer name is text), a readable screenshot
+    at a laptop's width (saved to tests/artifacts/)."""
+    from headless import Browser
+
+    out, result, first = search
+    s = result.summary
+    shot, full = tmp_path / "report.png", tmp_path / "report-full.png"
+    with Browser() as browser:
+        page = browser.open(first / "report.html", width=1366, height=900, screenshot=shot, full_page=full)
+        n_scripts = browser.evaluate("document.querySelectorAll('script').length")
+        overflow = browser.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        svg_text = browser.evaluate("[...document.querySelectorAll('svg text')].map(t => t.textContent).join('|')")
+        layer_cells = browser.evaluate("[...document.querySelectorAll('#layers-table > tbody > tr')]"
+                                       ".map(r => r.cells[0].textContent)")
+        card = browser.evaluate("document.querySelector('#card-measured').innerText")
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / ".gitignore").write_text("*\n")  # screenshots are build output, never committed
+    for f in (shot, full):
+        shutil.copy(f, ARTIFACTS / f.name)
+    with capsys.disabled():
+        print(f"\nreport screenshots: {shot} {full} (copied to {ARTIFACTS}/)")
+
+    assert page.errors == [] and page.dialogs == []
+    assert page.requests == [(first / "report.html").resolve().as_uri()]  # self-contained
+    assert n_scripts == 0 and overflow <= 0
+    text = page.dom_text
+    for heading in ("Summary", "Pareto front", "Search history", "Layers: what each got and why",
+                    "Candidates on this device", "Reproduce"):
+        assert heading in text
+    assert "Search finished" in text
+    assert f"{s['speedup']['measured']:.2f}×" in card
+    assert f"{s['baseline_ms']['measured']:.3g} ms" in card
+    assert f"{s['speedup']['predicted']:.2f}×" in text
+    assert f"{s['accuracy']['drop']:+.4f}" in text and "tier 2 · user metric" in text and "tier 1 · proxy" in text
+    assert layer_cells == [lay.fqn for lay in load(out).layers]  # the evil name reads as text
+    assert layer_cells[2] == f"blocks.0.{EVIL}"
+    assert "python tiny_search.py" in text and str(out) in text
+    for label in ("predicted latency (ms)", "accuracy drop (absolute)", "trial", "best predicted latency (ms)",
+                  "time since the first trial started (s)"):
+        assert label in svg_text.split("|"), label
+    assert shot.stat().st_size > 10_000
+
+
+def test_browser_check_catches_console_errors(tmp_path):
+    """The detector itself: a page that logs an error, throws and misses an image is caught."""
+    from headless import Browser
+
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><p>bad</p><img src='missing.png'>"
+                   "<script>console.error('boom'); throw new Error('kaput')</script></body></html>")
+    with Browser() as browser:
+        page = browser.open(bad)
+    joined = "\n".join(page.errors)
+    assert "console.error: boom" in joined and "kaput" in joined and "missing.png" in joined
