@@ -98,7 +98,7 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.bfloat16,
     target = cache_dir() / "models" / spec.name / str(dtype).removeprefix("torch.")
     cached = (target / "config.json").is_file()
     _check_packages(spec, convert=not cached)
-    with _offline_env():
+    with offline_env():
         if not cached:
             _convert(spec, dtype, target)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,13 +139,14 @@ def _spec(name: str) -> BuiltinModel:
 
 
 @contextlib.contextmanager
-def _offline_env() -> Iterator[None]:
-    """Set OFFLINE_ENV for the duration, then restore whatever was there.
+def offline_env(env: dict[str, str] | None = None) -> Iterator[None]:
+    """Set `env` (default OFFLINE_ENV) for the duration, then restore whatever was there.
 
     huggingface_hub reads these when first imported, so they bind if transformers is first imported
     inside; either way `load` only reads local files."""
-    saved = {k: os.environ.get(k) for k in OFFLINE_ENV}
-    os.environ.update(OFFLINE_ENV)
+    env = OFFLINE_ENV if env is None else env
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:

@@ -34,15 +34,13 @@ lm_eval's evaluator, datasets and transformers are imported only by `evaluate`. 
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -146,19 +144,11 @@ def evaluate(
 
 ##### tasks #####################################################################################
 
-@contextlib.contextmanager
-def _offline_env() -> Iterator[None]:
-    """Set OFFLINE_ENV for the duration, then restore whatever was there."""
-    saved = {k: os.environ.get(k) for k in OFFLINE_ENV}
-    os.environ.update(OFFLINE_ENV)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def _offline_env():
+    """OFFLINE_ENV for the duration of a run (see autoao.models.offline_env)."""
+    from autoao.models import offline_env
+
+    return offline_env(OFFLINE_ENV)
 
 
 def _write_bundled_tasks(tmp: Path) -> Path:

@@ -54,6 +54,19 @@ class Timing:
         return cls(math.inf, math.inf, math.inf, 0, None, error)
 
 
+def _warm_up(fn: Callable[[], object], warmup: int, reps: int, max_seconds: float,
+             sync: Callable[[], object]) -> int:
+    """Run fn `warmup` times, time one more call, and return how many repeats fit in about
+    `max_seconds` (at least 5, at most `reps`)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return max(5, min(reps, int(max_seconds / max(time.perf_counter() - t0, 1e-6))))
+
+
 def _quantiles(samples_us: list[float]) -> tuple[float, float, float]:
     s = sorted(samples_us)
     q = statistics.quantiles(s, n=10, method="inclusive") if len(s) > 1 else [s[0]] * 9
@@ -68,13 +81,7 @@ def time_cuda(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3, grap
     Repeats are capped so the timed loop takes about `max_seconds` (at least 5 repeats): a kernel
     that takes 75 ms (int4 tinygemm at M=2048 on a 128256-wide layer) need not be run 50 times to
     know it loses."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    reps = max(5, min(reps, int(max_seconds / max(time.perf_counter() - t0, 1e-6))))
+    reps = _warm_up(fn, warmup, reps, max_seconds, torch.cuda.synchronize)
     call = fn
     if graph:
         g = torch.cuda.CUDAGraph()
@@ -105,18 +112,6 @@ def time_cuda(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3, grap
     return (*_quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]), reps)
 
 
-def last_level_cache_bytes() -> int:
-    """The CPU's largest cache (bytes), from sysfs; 32 MiB when it cannot be read."""
-    best = 0
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = f.read_text().strip().upper()
-            best = max(best, int(text.rstrip("KMG")) * {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1], 1))
-        except (OSError, ValueError):
-            continue
-    return best or 32 * 1024**2
-
-
 def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2, threads: int | None = None,
              max_seconds: float = 0.5) -> tuple[float, float, float, int]:
     """(median, p20, p80 in us, repeats) of fn() on the CPU with a fixed thread count; repeats are
@@ -125,11 +120,7 @@ def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2, threa
     if threads:
         torch.set_num_threads(threads)
     try:
-        for _ in range(warmup):
-            fn()
-        t0 = time.perf_counter()
-        fn()
-        reps = max(5, min(reps, int(max_seconds / max(time.perf_counter() - t0, 1e-6))))
+        reps = _warm_up(fn, warmup, reps, max_seconds, lambda: None)
         samples = []
         for _ in range(reps):
             t0 = time.perf_counter()

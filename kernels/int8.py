@@ -24,11 +24,9 @@ from autoao.kernels.quant import (
 _INT_MM_MIN_ROWS_CUDA = 17
 
 
-class Int8DynLinear(QuantizedLinear):
-    """int8 per-channel symmetric weights, int8 per-token dynamic activations.
-
-    Canonical: qweight [N, K] int8, scale [N] float32 (w ~ qweight * scale[:, None]).
-    """
+class _Int8Weights(QuantizedLinear):
+    """Canonical: qweight [N, K] int8, scale [N] float32 (w ~ qweight * scale[:, None]), symmetric
+    per output channel."""
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -41,6 +39,10 @@ class Int8DynLinear(QuantizedLinear):
     def quantize(self, weight, act_norm=None):
         q, s = quantize_int8_per_channel(weight)
         return {"qweight": q, "scale": s}
+
+
+class Int8DynLinear(_Int8Weights):
+    """int8 per-channel symmetric weights, int8 per-token dynamic activations."""
 
     def _pack(self, device):
         if device.type == "cuda":
@@ -69,23 +71,8 @@ class Int8DynLinear(QuantizedLinear):
         return unflatten_tokens(self._add_bias(y), x)
 
 
-class Int8WeightOnlyLinear(QuantizedLinear):
-    """int8 per-channel symmetric weights; activations stay in the model's dtype.
-
-    Canonical: qweight [N, K] int8, scale [N] float32.
-    """
-
-    def __init__(self, in_features, out_features, bias, dtype, device=None):
-        super().__init__(in_features, out_features, bias, dtype, device)
-        self._init_canonical()
-
-    def canonical_spec(self) -> CanonicalSpec:
-        n, k = self.out_features, self.in_features
-        return {"qweight": ((n, k), torch.int8), "scale": ((n,), torch.float32)}
-
-    def quantize(self, weight, act_norm=None):
-        q, s = quantize_int8_per_channel(weight)
-        return {"qweight": q, "scale": s}
+class Int8WeightOnlyLinear(_Int8Weights):
+    """int8 per-channel symmetric weights; activations stay in the model's dtype."""
 
     def _pack(self, device):
         self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]

@@ -166,7 +166,9 @@ def fmt_db(v: float | None) -> str:
 
 
 def fmt_times(v: float | None) -> str:
-    return "–" if v is None or not math.isfinite(v) else f"{v:.2f}×"
+    if v is None or not math.isfinite(v):
+        return "–"
+    return f"{v:.2f}×" if v >= 0.1 else f"{v:.2g}×"  # 0.0035×, not 0.00×
 
 
 def fmt_drop(v: float | None) -> str:

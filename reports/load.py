@@ -137,7 +137,7 @@ class ReportData:
     @property
     def groups(self) -> list[tuple[str, list[str], list[str]]]:
         """The search's choices: (parameter name, FQNs, candidate names) per group."""
-        return [(name, list(fqns), list(choices)) for name, fqns, choices in self.context["groups"]]
+        return _groups(self.context)
 
     def emulated_in_plan(self) -> list[str]:
         """Candidates of the shown plan that are only emulated here: no speed-up may be claimed."""
@@ -170,8 +170,7 @@ def load(out_dir: str | Path) -> ReportData:
     if study_error:
         warnings.append(f"The study could not be read ({study_error}): no trials, Pareto front or history")
     pareto = pareto_front(trials)
-    groups = [(name, list(fqns), list(choices)) for name, fqns, choices in context["groups"]]
-
+    groups = _groups(context)
     if summary is not None:
         plan = dict(summary.get("plan") or {})
         chosen_trial = _final_trial(out_dir, plan, trials, groups)
@@ -199,6 +198,10 @@ def load(out_dir: str | Path) -> ReportData:
     data.accuracy = _accuracy_rows(data)
     data.warnings += _trust_warnings(data)
     return data
+
+
+def _groups(context: dict[str, Any]) -> list[tuple[str, list[str], list[str]]]:
+    return [(name, list(fqns), list(choices)) for name, fqns, choices in context["groups"]]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -441,5 +444,5 @@ def _trust_warnings(data: ReportData) -> list[str]:
                    "their latency is not that of a fast kernel, so no speed-up is reported for them")
     s = data.summary
     if s and s.get("speedup", {}).get("measured") and s["speedup"]["measured"] < 1.0 and s.get("plan"):
-        out.append(f"The chosen plan measured slower than bf16 end to end ({s['speedup']['measured']:.2f}x)")
+        out.append(f"The chosen plan measured slower than bf16 end to end ({s['speedup']['measured']:.2g}x its speed)")
     return out

@@ -25,24 +25,24 @@ from autoao.reports import ReportError, load, render
 from autoao.reports.tables import TABLES
 
 EVIL = "<script>alert(1)</script>"
-CANDIDATES = ["bf16", "int8_dyn", "int8_wo", "int4_wo(group_size=64)", "int4_wo(group_size=128)", "sparse24"]
+CANDIDATES = ["bf16", "int8_dyn", "int4_wo(group_size=64)", "int4_wo(group_size=128)", "sparse24"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
 
 class Tiny(nn.Module):
-    """Residual MLP blocks on float inputs (the proxy is then 1 - relative output error, which
-    quantization moves smoothly: int8 fits a 3% budget, int4 everywhere does not)."""
+    """Gated MLP blocks on float inputs (the proxy is then 1 - relative output error, which
+    quantization moves smoothly: int8 fits a 3% budget, int4 everywhere does not). Two weight
+    shapes only, to keep the kernel timing short."""
 
     def __init__(self, d: int = 64, h: int = 128, n: int = 2) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(
-            nn.ModuleDict({"up_proj": nn.Linear(d, h, bias=False), "down_proj": nn.Linear(h, d, bias=False),
-                           EVIL: nn.Linear(d, d, bias=False)}) for _ in range(n))
+            nn.ModuleDict({"up_proj": nn.Linear(d, h, bias=False), EVIL: nn.Linear(d, h, bias=False),
+                           "down_proj": nn.Linear(h, d, bias=False)}) for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, d]
         for b in self.blocks:
-            x = x + b["down_proj"](torch.relu(b["up_proj"](x)))
-            x = x + 0.5 * b[EVIL](x)
+            x = x + b["down_proj"](torch.relu(b["up_proj"](x)) * torch.sigmoid(b[EVIL](x)))
         return x
 
 
@@ -82,7 +82,7 @@ def test_loader_reads_the_finished_search(search):
     out, result, _ = search
     data = load(out)
     assert data.finished and data.summary is not None
-    assert [lay.fqn for lay in data.layers] == [f"blocks.{i}.{n}" for i in range(2) for n in ("up_proj", "down_proj", EVIL)]
+    assert [lay.fqn for lay in data.layers] == [f"blocks.{i}.{n}" for i in range(2) for n in ("up_proj", EVIL, "down_proj")]
     assert {f: c for f, c in data.plan.items() if c != "bf16"} == {f: c.name for f, c in result.plan.layers.items()}
     assert data.chosen_trial == result.plan.metadata.get("trial")
     assert len(data.completed) == 20
@@ -239,7 +239,7 @@ def test_report_in_headless_chromium(search, tmp_path, capsys):
     assert f"{s['speedup']['predicted']:.2f}×" in text
     assert f"{s['accuracy']['drop']:+.4f}" in text and "tier 2 · user metric" in text and "tier 1 · proxy" in text
     assert layer_cells == [lay.fqn for lay in load(out).layers]  # the evil name reads as text
-    assert layer_cells[2] == f"blocks.0.{EVIL}"
+    assert layer_cells[1] == f"blocks.0.{EVIL}"
     assert "python tiny_search.py" in text and str(out) in text
     for label in ("predicted latency (ms)", "accuracy drop (absolute)", "trial", "best predicted latency (ms)",
                   "time since the first trial started (s)"):
