@@ -141,7 +141,8 @@ class ProxyEvaluator:
         self.cache = cache
         outs = self._run(reference)
         tokens = [_token_ids(ex) for ex in self.inputs]
-        self.lm = all(t is not None for t in tokens) and all(
+        # LM mode needs next tokens to score: [B, T] ids with T >= 2 and [B, T, V] logits
+        self.lm = all(t is not None and t.shape[1] >= 2 for t in tokens) and all(
             o.dim() == 3 and o.shape[:2] == t.shape for o, t in zip(outs, tokens))
         if self.lm:
             self.labels = [t[:, 1:].cpu() for t in tokens]  # next tokens [B, T-1]

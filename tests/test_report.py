@@ -215,7 +215,7 @@ def test_report_in_headless_chromium(search, tmp_path, capsys):
         n_scripts = browser.evaluate("document.querySelectorAll('script').length")
         overflow = browser.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         svg_text = browser.evaluate("[...document.querySelectorAll('svg text')].map(t => t.textContent).join('|')")
-        layer_cells = browser.evaluate("[...document.querySelectorAll('#layers-table > tbody > tr')]"
+        layer_cells = browser.evaluate("[...document.querySelectorAll('#layers-table > tbody > tr[data-fqn]')]"
                                        ".map(r => r.cells[0].textContent)")
         card = browser.evaluate("document.querySelector('#card-measured').innerText")
 
