@@ -182,6 +182,7 @@ def optimize(
         "storage": config.storage, "study_name": config.study_name, "seed": seed, "command": command,
     }
     summary["weight_bytes"] = {"before": context["model"]["weight_bytes"], "after": weight_bytes(model)}
+    summary["uniform"] = _uniform_rows(outcome, groups)
     summary["plan"] = {fqn: c.name for fqn, c in plan.layers.items()}
     plan.metadata.update({k: summary[k] for k in ("plan_ms", "speedup", "accuracy", "device")})
     plan.save(out_dir / "plan.json")
@@ -430,6 +431,21 @@ def _model_device(model: nn.Module) -> torch.device:
     for t in model.parameters():
         return t.device
     return torch.device("cpu")
+
+
+def _uniform_rows(outcome: SearchOutcome, groups: list[Group]) -> list[dict[str, Any]]:
+    """The warm-start uniform plans (one candidate wherever it applies) as the search scored them:
+    what the searched plan must beat."""
+    rows = []
+    for r in outcome.trials:
+        names = set(r.params.values()) - {BASELINE}
+        if r.state == "COMPLETE" and len(names) <= 1:
+            name = next(iter(names), BASELINE)
+            if not any(x["candidate"] == name for x in rows):
+                rows.append({"candidate": name, "trial": r.number, "predicted_ms": r.predicted_us / 1e3,
+                             "drop": r.drop, "tier": r.tier, "feasible": r.feasible,
+                             "groups": sum(v == name for v in r.params.values())})
+    return rows
 
 
 def _pareto_entry(r: TrialResult, groups: list[Group]) -> dict[str, Any]:

@@ -1,0 +1,92 @@
+"""Accuracy tiers 0 and 1 on tiny models: real numbers, cached, and the right mode per model."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import autoao
+from autoao import search_space
+from autoao.evaluators.cache import ResultCache
+from autoao.evaluators.sensitivity import ProxyEvaluator, layer_errors
+from autoao.profile import profile
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import build  # noqa: E402
+
+
+@pytest.fixture()
+def tiny():
+    return build()
+
+
+def test_layer_errors_rank_precisions_and_are_cached(tiny, tmp_path, monkeypatch):
+    model, ex = tiny["model"], tiny["example_inputs"]
+    prof = profile(model, ex)
+    cands = [search_space.get(n) for n in ("int8_wo", "int4_wo(group_size=32)", "int4_wo(group_size=64)")]
+    cache = ResultCache(tmp_path / "c.sqlite")
+    errs = layer_errors(model, prof, cands, cache=cache, progress=False)
+    assert set(errs) == {lay.fqn for lay in prof.layers}
+    for fqn, per in errs.items():
+        assert per["int8_wo"] > per["int4_wo(group_size=32)"] + 10, fqn  # ~6 dB per bit
+        assert all(math.isfinite(v) for v in per.values())
+    # a second call is served from the cache: no candidate is built
+    monkeypatch.setattr(type(cands[0]), "build", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    again = layer_errors(model, prof, cands[:1], cache=cache, progress=False)
+    assert {f: p["int8_wo"] for f, p in again.items()} == {f: p["int8_wo"] for f, p in errs.items()}
+
+
+def test_unsupported_candidates_are_absent(tiny):
+    model, ex = tiny["model"], tiny["example_inputs"]
+    prof = profile(model, ex)
+    errs = layer_errors(model, prof, [search_space.get("int4_wo(group_size=128)")], progress=False)
+    # K=64 layers cannot take group size 128; the K=128 down_proj can
+    assert all(("int4_wo(group_size=128)" in per) == fqn.endswith("down_proj") for fqn, per in errs.items())
+
+
+def test_proxy_lm_mode_measures_drop_against_the_reference(tiny, tmp_path):
+    model, held = tiny["model"], tiny["eval_inputs"]
+    proxy = ProxyEvaluator(model, held, cache=ResultCache(tmp_path / "c.sqlite"))
+    assert proxy.lm and proxy.ntokens == 2 * 31
+    same = proxy(model)
+    assert same.tier == 1 and same.drop == 0 and same.metrics["kl"] == pytest.approx(0, abs=1e-6)
+    q = copy.deepcopy(model)
+    autoao.apply(q, autoao.Plan.uniform(q, "int4_wo(group_size=32)"))
+    a = proxy(q, key="int4")
+    assert a.metrics["kl"] > 0 and "held-out tokens" in a.source
+    assert a.drop == pytest.approx(proxy.baseline["accuracy"] - a.accuracy)
+    assert proxy(model, key="int4").metrics == a.metrics  # same key: served from the cache
+
+
+def test_proxy_falls_back_to_output_error_for_non_lm_models():
+    torch.manual_seed(0)
+    reg = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    x = [torch.randn(16, 32)]
+    proxy = ProxyEvaluator(reg, x)
+    assert not proxy.lm and proxy.baseline["rel_error"] == 0
+    q = copy.deepcopy(reg)
+    autoao.apply(q, autoao.Plan.uniform(q, "int8_dyn"))
+    a = proxy(q)
+    assert 0 < a.drop < 0.05 and "relative L2 error" in a.source
+
+
+def test_one_token_inputs_use_output_error(tiny):
+    proxy = ProxyEvaluator(tiny["model"], [torch.randint(0, 128, (1, 1))])
+    assert not proxy.lm  # no next token to score with T=1
+
+
+def test_a_plan_that_fails_scores_as_useless(tiny):
+    proxy = ProxyEvaluator(tiny["model"], tiny["eval_inputs"])
+
+    class Broken(nn.Module):
+        def forward(self, ids):
+            raise RuntimeError("boom")
+
+    a = proxy(Broken())
+    assert a.accuracy == -math.inf and math.isinf(a.drop)
