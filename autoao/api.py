@@ -140,8 +140,9 @@ def optimize(
 
     spent = time.perf_counter() - start
     config.storage = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
-    config.study_name = "autoao-" + digest(prof.layers and [g.name for g in groups], [g.choices for g in groups],
-                                           max_accuracy_drop, weights_key)[:12]
+    # one study per (model weights, search space, budget constraint): the same run continues it,
+    # a different model or constraint in the same storage starts its own
+    config.study_name = "autoao-" + digest([(g.name, g.choices) for g in groups], max_accuracy_drop, weights_key)[:12]
     if budget.seconds is not None:
         # what runs after the trials: usually one or two tier-2 checks, the final apply and measurement
         final = (2 * tier2_seconds if tier2 is not None else 0) + 12 * bf16_e2e / 1e6 + 5

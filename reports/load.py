@@ -34,6 +34,9 @@ PROXY_METRICS = {
     "loss": "loss on held-out tokens (nats/token)",
     "rel_error": "relative output error vs bf16",
 }
+# Above this a speed-up says more about the measurement than the plan: int4 weights are 4x fewer
+# bytes than bf16, and 2:4 sparsity with int8 at most about 8x fewer operations.
+PLAUSIBLE_SPEEDUP = 10.0
 TIER_LABEL = {0: "tier 0 · layer SQNR", 1: "tier 1 · proxy", 2: "tier 2"}
 
 
@@ -443,6 +446,14 @@ def _trust_warnings(data: ReportData) -> list[str]:
         out.append(f"The plan uses candidates that are only emulated on this device ({', '.join(emulated)}): "
                    "their latency is not that of a fast kernel, so no speed-up is reported for them")
     s = data.summary
+    chosen = data.trial(data.chosen_trial)
+    speedups = dict(s["speedup"]) if s else (
+        {"predicted": pred / chosen.predicted_ms} if pred and chosen and chosen.predicted_ms > 0 else {})
+    for kind, value in speedups.items():
+        if value and value > PLAUSIBLE_SPEEDUP and not emulated:
+            out.append(f"The {kind} speed-up, {value:,.1f}x, is beyond what these candidates can give (4-bit "
+                       "weights move 4x fewer bytes, 2:4 sparsity halves the work): the timings were likely "
+                       "disturbed, e.g. by other processes on the machine; measure again on an idle one")
     if s and s.get("speedup", {}).get("measured") and s["speedup"]["measured"] < 1.0 and s.get("plan"):
-        out.append(f"The chosen plan measured slower than bf16 end to end ({s['speedup']['measured']:.2g}x its speed)")
+        out.append(f"The chosen plan measured slower than bf16 end to end (speed-up {s['speedup']['measured']:.2g}x)")
     return out
