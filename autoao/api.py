@@ -193,7 +193,9 @@ def optimize(
     say(f"plan: {plan.summary() or 'all bf16'}; predicted {summary['speedup']['predicted']:.2f}x, measured "
         f"{summary['speedup']['measured']:.2f}x; accuracy drop {chosen_acc.drop if chosen_acc else 0:+.4f} "
         f"(tier {chosen_acc.tier if chosen_acc else '-'}); written to {out_dir}/")
-    return OptimizeResult(model, plan, pareto, outcome.study, out_dir, summary)
+    from autoao.reports import render as render_report  # jinja2 / matplotlib load only here
+
+    return OptimizeResult(model, plan, pareto, outcome.study, out_dir, summary, report_path=render_report(out_dir))
 
 
 ##### stages ####################################################################################

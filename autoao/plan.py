@@ -273,6 +273,9 @@ def atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
     readers see the old file or the new one, never a partial one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode open() would
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

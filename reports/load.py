@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoao.reports.fmt import fmt_db, fmt_us
+
 BASELINE = "bf16"
 
 # Tier-1 proxy metrics: label, and whether higher is better (None: no direction, shown as is).
@@ -325,7 +327,7 @@ def _layer(lay: dict[str, Any], chosen: str, groups: list[tuple[str, list[str], 
     choices = []
     for c in names:
         if c == chosen:
-            status, reason = "chosen", _why_chosen(chosen, lay, group, len(members))
+            status, reason = "chosen", _why_chosen(chosen, lay, members)
         elif c in lay["excluded"]:
             status, reason = "excluded", f"excluded: {lay['excluded'][c]}"
         elif c not in lay["choices"]:
@@ -334,9 +336,9 @@ def _layer(lay: dict[str, Any], chosen: str, groups: list[tuple[str, list[str], 
             status = "allowed"
             t, s, s_chosen = times.get(c), sqnr.get(c), sqnr.get(chosen)
             if t is not None and t_chosen is not None and t >= t_chosen:
-                reason = f"slower: {_us(t)} vs {_us(t_chosen)}"
+                reason = f"slower: {fmt_us(t)} vs {fmt_us(t_chosen)}"
             elif s is not None and s_chosen is not None and s < s_chosen:
-                reason = f"less accurate: SQNR {_db(s)} vs {_db(s_chosen)}"
+                reason = f"less accurate: SQNR {fmt_db(s)} vs {fmt_db(s_chosen)}"
             else:
                 reason = "not picked by the search (Pareto trade-off)"
         choices.append(Choice(c, status, times.get(c), c in emulated, sqnr.get(c), reason))
@@ -347,16 +349,20 @@ def _layer(lay: dict[str, Any], chosen: str, groups: list[tuple[str, list[str], 
                  choices[0].reason if choices and choices[0].status == "chosen" else "", choices)
 
 
-def _why_chosen(chosen: str, lay: dict[str, Any], group: str, group_size: int) -> str:
+def _why_chosen(chosen: str, lay: dict[str, Any], members: list[str]) -> str:
+    group_size = len(members)
     times, sqnr = lay["time_us"], lay["sqnr_db"]
     faster = [c for c in lay["choices"] if c in times and times[c] < times.get(chosen, math.inf)]
     noisier = all(sqnr.get(c, -math.inf) < sqnr.get(chosen, math.inf) for c in faster)
-    shared = f"; one choice for the {group_size} layers of {group}" if group_size > 1 else ""
+    shared = ""
+    if group_size > 1:  # fused siblings (q/k/v, gate/up) take one choice together
+        siblings = [f.rpartition(".")[2] for f in members if f != lay["fqn"]]
+        shared = f"; shared with {', '.join(siblings)}"
     if chosen == BASELINE:
         if not faster:
             return "kept in bf16: no allowed candidate is faster on this layer" + shared
         best = max(sqnr.get(c, -math.inf) for c in faster)
-        lead = (f"kept in bf16: {_faster(len(faster))} less accurate (SQNR at best {_db(best)}); the search "
+        lead = (f"kept in bf16: {_faster(len(faster))} less accurate (SQNR at best {fmt_db(best)}); the search "
                 "spent the accuracy budget on other layers" if noisier else
                 "kept in bf16: not picked by the search (Pareto trade-off)")
         return lead + shared
@@ -373,18 +379,6 @@ def _why_chosen(chosen: str, lay: dict[str, Any], group: str, group_size: int) -
 
 def _faster(n: int) -> str:
     return "the faster candidate is" if n == 1 else f"the {n} faster candidates are"
-
-
-def _us(v: float | None) -> str:
-    if v is None or not math.isfinite(v):
-        return "n/a"
-    return f"{v / 1e3:,.2f} ms" if v >= 1e3 else f"{v:.1f} µs"
-
-
-def _db(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    return "exact" if v == math.inf else f"{v:.1f} dB"
 
 
 ##### accuracy and trust ########################################################################
@@ -454,6 +448,10 @@ def _trust_warnings(data: ReportData) -> list[str]:
             out.append(f"The {kind} speed-up, {value:,.1f}x, is beyond what these candidates can give (4-bit "
                        "weights move 4x fewer bytes, 2:4 sparsity halves the work): the timings were likely "
                        "disturbed, e.g. by other processes on the machine; measure again on an idle one")
+    p_up, m_up = speedups.get("predicted"), speedups.get("measured")
+    if p_up and m_up and not 2 / 3 <= p_up / m_up <= 1.5 and not emulated:
+        out.append(f"The cost model predicted a {p_up:.2f}x speed-up but the plan measured {m_up:.2f}x end to end: "
+                   "trust the measured number; latencies in the Pareto front and the layer table are predictions")
     if s and s.get("speedup", {}).get("measured") and s["speedup"]["measured"] < 1.0 and s.get("plan"):
         out.append(f"The chosen plan measured slower than bf16 end to end (speed-up {s['speedup']['measured']:.2g}x)")
     return out

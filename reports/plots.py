@@ -15,6 +15,7 @@ import io
 import math
 from typing import Any
 
+from autoao.reports.fmt import fmt_ms
 from autoao.reports.load import ReportData, Trial
 
 # Colours that stay apart for colour-blind readers (Okabe-Ito) and in greyscale print.
@@ -64,7 +65,7 @@ def _pareto(data: ReportData) -> str | None:
     ax.axhline(data.max_drop, color=LIMIT, ls="--", lw=1.2, label=f"max accuracy drop ({data.max_drop:g})", zorder=1)
     base = data.context["baseline_ms"].get("predicted")
     if base:
-        ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"bf16, predicted ({base:,.3g} ms)", zorder=1)
+        ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"bf16, predicted ({fmt_ms(base)})", zorder=1)
     chosen = data.trial(data.chosen_trial)
     if chosen is not None and chosen in shown:
         ax.scatter([chosen.predicted_ms], [chosen.drop], marker="*", s=260, color=CHOSEN, edgecolors="black",

@@ -30,6 +30,6 @@ def test_wheel_maps_top_level_folders_into_one_namespace(tmp_path):
     for expected in ["autoao/__init__.py", "autoao/kernels/int4.py", "autoao/search_space/int4.py",
                      "autoao/evaluators/timing.py", "autoao/evaluators/tasks/autoao_facts.yaml",
                      "autoao/evaluators/tasks/autoao_facts.jsonl", "autoao/evaluators/tasks/autoao_text.jsonl",
-                     "autoao/reports/__init__.py"]:
+                     "autoao/reports/__init__.py", "autoao/reports/template.html.j2"]:
         assert expected in names, expected
     assert not any(n.startswith(("kernels/", "search_space/", "evaluators/", "reports/")) for n in names)
