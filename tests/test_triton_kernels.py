@@ -85,3 +85,22 @@ def test_scaled_epilogue_matches_torch():
             assert y.dtype == torch.bfloat16 and y.shape == (m, n) and y.is_contiguous()
             assert torch.allclose(y.float(), ref.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
     """)
+
+
+def test_int4_gemv_matches_dequantized_reference():
+    run_interpreted("""
+        import torch
+        from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise
+        from autoao.kernels.triton_int4 import int4_gemv
+        torch.manual_seed(0)
+        # K a multiple of each block size, and K = 96 / N = 40 that no block divides (masks)
+        for n, k, g in [(64, 512, 128), (40, 96, 32), (24, 1024, 64)]:
+            w = torch.randn(n, k)
+            q, s, z = quantize_int4_groupwise(w, g)
+            x = torch.randn(1, k).to(torch.bfloat16)
+            y = int4_gemv(x, pack_int4(q), s, z, g)
+            ref = x.float() @ dequantize_int4_groupwise(q, s, z).t()
+            assert y.shape == (1, n) and y.dtype == torch.bfloat16
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (n, k, g, err)
+    """)
