@@ -9,7 +9,10 @@ dequantize), i.e. ~4 FLOP per byte: memory-bound by far.
 Layout read (the canonical one, so no second packed copy is needed): qweight [N, K/2] uint8, even k
 in the high nibble; scales, zeros [N, K/g] bf16; w = (q - 8) * scale + zero. Each program owns
 BLOCK_N output rows and walks K in BLOCK_K steps, dequantizing in registers and reducing in fp32.
-Not yet wired into a candidate: benchmarks/int4_gemv.py measures it against tinygemm first.
+Status (measured on the H200, benchmarks/results/2026-11-29-h200/int4_gemv/): correct (rel. error
+1.7e-3) but 0.20-0.37x tinygemm's speed, 2-11% of the roofline, so it is NOT wired into any
+candidate. The next version needs more bytes in flight per SM (split-K for the K=14336 layers,
+wider loads); see benchmarks/NOTES.md for v1/v2 and what each taught.
 """
 
 from __future__ import annotations
