@@ -8,6 +8,7 @@ The model is quantized in place (like torchao's quantize_): afterwards it carrie
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from autoao import search_space
-from autoao.cost import BASELINE, CostModel, token_counts
+from autoao.cost import BASELINE, CostModel, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, TimingCache, cache_dir, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
@@ -124,9 +125,9 @@ def optimize(
     if tier2 is not None:
         say("baseline accuracy (tier 2)")
         t0 = time.perf_counter()
-        tier2.set_baseline(model, key=f"{weights_key}:{{}}")
+        tier2.set_baseline(model, key=f"{weights_key}:{_plan_key(Plan())}")
         tier2_seconds = time.perf_counter() - t0
-    groups = make_groups({f: [c for c in ch] for f, ch in choices.items()}, fuse=fuse_groups)
+    groups = make_groups(choices, fuse=fuse_groups)
 
     # ---- search -----------------------------------------------------------------------------
     swapper = _Swapper(model, prof)
@@ -166,7 +167,7 @@ def optimize(
     notes: list[str] = []
     chosen, chosen_acc = _choose(outcome, groups, tier2, swapper, model, weights_key, max_accuracy_drop, notes, say)
     swapper.set(Plan())  # originals back, then apply for real (fresh modules, validated)
-    plan = Plan.for_model(model, chosen_params_plan(groups, chosen).layers,
+    plan = Plan.for_model(model, plan_from_params(groups, chosen.params if chosen else {}).layers,
                           trial=chosen.number if chosen else None)
     apply(model, plan, act_norms=prof.act_norms())
     measured = _measure_examples(model, examples)
@@ -179,7 +180,7 @@ def optimize(
         "plan_ms": {"predicted": predicted / 1e3, "measured": measured / 1e3},
         "speedup": {"predicted": cost.predict(Plan()) / predicted, "measured": bf16_e2e / measured},
         "accuracy": _acc_dict(chosen_acc), "baseline_accuracy": _baseline_dict(proxy, tier2),
-        "max_accuracy_drop": max_accuracy_drop, "notes": notes, "excluded": excluded,
+        "max_accuracy_drop": max_accuracy_drop, "notes": notes,
         "storage": config.storage, "study_name": config.study_name, "seed": seed, "command": command,
     }
     summary["weight_bytes"] = {"before": context["model"]["weight_bytes"], "after": weight_bytes(model)}
@@ -252,11 +253,9 @@ def _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, d
     except ImportError:
         triton_v = None
     layers = []
+    all_calls = layer_calls(prof)
     for lay in prof.layers:
-        calls = {}
-        for shape, count in lay.shapes.items():
-            m = math.prod(shape[:-1])
-            calls[m] = calls.get(m, 0) + count
+        calls = all_calls[lay.fqn]
         times, errors, emulated = {}, {}, []
         for c in cands:
             ts = [table.get(c.name, m, lay.in_features, lay.out_features) for m in calls]
@@ -306,6 +305,7 @@ def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTabl
     """FQN -> candidate names the search may pick; and FQN -> candidate -> why it may not."""
     choices: dict[str, list[str]] = {}
     excluded: dict[str, dict[str, str]] = {}
+    calls = layer_calls(prof)
     for lay in prof.layers:
         ok, why = [BASELINE], {}
         for c in cands:
@@ -315,8 +315,7 @@ def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTabl
             if reason is None and c.emulated(device) and not allow_emulated:
                 reason = f"emulated on {device.type}: {c.emulated(device)}"
             if reason is None:
-                for shape in lay.shapes:
-                    m = math.prod(shape[:-1])
+                for m in calls[lay.fqn]:
                     t = table.get(c.name, m, lay.in_features, lay.out_features)
                     if not t.ok:
                         reason = f"timing failed at M={m}: {t.error}"
@@ -328,10 +327,6 @@ def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTabl
         choices[lay.fqn] = ok
         excluded[lay.fqn] = why
     return choices, excluded
-
-
-def chosen_params_plan(groups: list[Group], chosen: TrialResult | None) -> Plan:
-    return plan_from_params(groups, chosen.params if chosen else {})
 
 
 def _choose(outcome: SearchOutcome, groups: list[Group], tier2, swapper: _Swapper, model: nn.Module,
@@ -457,8 +452,7 @@ def _pareto_entry(r: TrialResult, groups: list[Group]) -> dict[str, Any]:
 
 
 def _acc_dict(a: Accuracy | None) -> dict[str, Any] | None:
-    return None if a is None else {"tier": a.tier, "accuracy": a.accuracy, "drop": a.drop, "source": a.source,
-                                   "metrics": a.metrics}
+    return None if a is None else dataclasses.asdict(a)
 
 
 def _baseline_dict(proxy: ProxyEvaluator, tier2) -> dict[str, Any]:

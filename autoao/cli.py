@@ -149,27 +149,23 @@ def format_kernel_table(table, shapes, tokens, candidates) -> str:
 
 
 def write_kernel_csv(table, path: str) -> None:
+    """Every timing of `table` as CSV (times in us; empty when the kernel failed), atomically."""
     import csv
+    import io
+    from pathlib import Path
 
     from autoao.plan import atomic_write
 
-    def write(f) -> None:
-        import io
-
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(["device", "dtype", "mode", "candidate", "m", "k", "n", "median_us", "p20_us", "p80_us",
-                    "emulated", "error", "cached"])
-        for r in table.rows:
-            t = r.timing
-            w.writerow([table.device, table.dtype, table.mode, r.candidate, r.m, r.k, r.n,
-                        *(v if math.isfinite(v) else "" for v in (t.median_us, t.p20_us, t.p80_us)),
-                        t.emulated or "", t.error or "", int(r.cached)])
-        f.write(buf.getvalue().encode())
-
-    from pathlib import Path
-
-    atomic_write(Path(path), write)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["device", "dtype", "mode", "candidate", "m", "k", "n", "median_us", "p20_us", "p80_us",
+                "emulated", "error", "cached"])
+    for r in table.rows:
+        t = r.timing
+        w.writerow([table.device, table.dtype, table.mode, r.candidate, r.m, r.k, r.n,
+                    *(v if math.isfinite(v) else "" for v in (t.median_us, t.p20_us, t.p80_us)),
+                    t.emulated or "", t.error or "", int(r.cached)])
+    atomic_write(Path(path), lambda f: f.write(buf.getvalue().encode()))
 
 
 ##### autoao search / apply #####################################################################

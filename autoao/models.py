@@ -37,6 +37,8 @@ from typing import Any, Iterator
 
 import torch
 
+from autoao.evaluators.cache import cache_dir  # noqa: F401  (autoao.models.cache_dir: one cache root)
+
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -73,11 +75,6 @@ CONVERT_PACKAGES = ["transformers", "gguf", "accelerate"]
 def available() -> list[str]:
     """Names `load` accepts."""
     return sorted(MODELS)
-
-
-def cache_dir() -> Path:
-    """autoao's cache root: $AUTOAO_CACHE_DIR, else ~/.cache/autoao."""
-    return Path(os.environ.get("AUTOAO_CACHE_DIR") or Path.home() / ".cache" / "autoao")
 
 
 def load(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.bfloat16,

@@ -25,7 +25,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import optuna
 
@@ -314,15 +314,21 @@ def _refresh(outcome: SearchOutcome) -> None:
     outcome.pareto = pareto_front(done)
 
 
-def pareto_front(trials: list[TrialResult]) -> list[TrialResult]:
-    """Non-dominated trials on (predicted latency, drop), fastest first; duplicates of a plan once."""
-    front: list[TrialResult] = []
+T = TypeVar("T")
+
+
+def pareto_front(trials: list[T], latency: Callable[[T], float] = lambda r: r.predicted_us) -> list[T]:
+    """Non-dominated trials on (latency, drop), fastest first; duplicates of a plan once.
+
+    Works on anything with `.drop` and `.params` (TrialResult here; the report's own trial records,
+    with `latency` reading their milliseconds), so the report's front is the search's by construction."""
+    front: list[T] = []
     seen: set[tuple] = set()
-    for r in sorted(trials, key=lambda r: (r.predicted_us, r.drop)):
-        key = tuple(sorted(r.params.items()))
+    for r in sorted(trials, key=lambda r: (latency(r), r.drop)):  # type: ignore[attr-defined]
+        key = tuple(sorted(r.params.items()))  # type: ignore[attr-defined]
         if key in seen:
             continue
-        if not any(f.drop <= r.drop and f.predicted_us <= r.predicted_us for f in front):
+        if not any(f.drop <= r.drop and latency(f) <= latency(r) for f in front):  # type: ignore[attr-defined]
             front.append(r)
             seen.add(key)
     return front

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from autoao import search_space
+from autoao.evaluators.sensitivity import sqnr_db as sqnr
 from autoao.evaluators.timing import build_layer, time_cuda, time_module
 from autoao.kernels.quant import prune_24_mask
 from autoao.search_space import LayerSpec
@@ -40,12 +41,6 @@ LLAMA3_8B_SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (1
 SQNR_BOUND = {"bf16": 40, "int8_dyn": 35, "int8_wo": 38, "int4_wo": 18, "fp8_dyn": 25,
               "sparse24": 40, "sparse24_int8_dyn": 35, "sparse24_fp8": 25}
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}
-
-
-def sqnr(ref: torch.Tensor, y: torch.Tensor) -> float:
-    ref, y = ref.double(), y.double()
-    noise = (ref - y).pow(2).sum().item()
-    return math.inf if noise == 0 else 10 * math.log10(ref.pow(2).sum().item() / noise)
 
 
 def weight_bytes(family: str, params: dict, n: int, k: int) -> float:

@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS timings (
     median_us REAL, p20_us REAL, p80_us REAL, reps INTEGER,
     emulated TEXT, error TEXT,
     created REAL NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL);
 """
 
 
@@ -64,8 +65,8 @@ class TimingKey:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
 
 
-class TimingCache:
-    """get/put Timings by TimingKey in an SQLite file (created on first use)."""
+class _SQLiteStore:
+    """The cache file: opened (or set aside when corrupt and recreated), WAL, both tables."""
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else cache_dir() / CACHE_FILE
@@ -75,7 +76,7 @@ class TimingCache:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)  # autocommit; explicit txns
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(_SCHEMA)
+        conn.executescript(_SCHEMA)
         conn.execute("SELECT COUNT(*) FROM timings").fetchone()
         return conn
 
@@ -90,6 +91,13 @@ class TimingCache:
             warnings.warn(f"timing cache {self.path} was unreadable ({e}); moved it to {aside} and "
                           "started a new one (timings will be measured again)", stacklevel=3)
             return self._connect()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class TimingCache(_SQLiteStore):
+    """get/put Timings by TimingKey in an SQLite file (created on first use)."""
 
     def get(self, key: TimingKey) -> Timing | None:
         row = self._conn.execute(
@@ -114,20 +122,10 @@ class TimingCache:
     def __len__(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM timings").fetchone()[0]
 
-    def close(self) -> None:
-        self._conn.close()
 
-
-class ResultCache:
+class ResultCache(_SQLiteStore):
     """JSON results by string key (accuracy measurements of every tier), in the same SQLite file
     as the timings (table `results`), with the same concurrency and corruption handling."""
-
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        self._timings = TimingCache(path)  # opens (or repairs) the file
-        self.path = self._timings.path
-        self._conn = self._timings._conn
-        self._conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
-                           "created REAL NOT NULL)")
 
     def get(self, key: str) -> dict | None:
         row = self._conn.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()

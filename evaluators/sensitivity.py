@@ -17,7 +17,7 @@ the weights, the data and the candidate / plan, so a re-run of the same search r
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -221,8 +221,9 @@ class LmEvalEvaluator:
         if hit is not None:
             return hit
         r = self._lmeval.evaluate(model, self.tokenizer, self.tasks, limit=self.limit, batch_size=self.batch_size)
-        accs = [m[h] for m in r.metrics.values() for h in self.HEADLINE[:1] if h in m] or \
-               [m[h] for m in r.metrics.values() for h in self.HEADLINE if h in m]
+        # each task's first headline metric present (tasks with none, e.g. perplexity, do not count)
+        accs = [next(m[h] for h in self.HEADLINE if h in m) for m in r.metrics.values()
+                if any(h in m for h in self.HEADLINE)]
         result = {"metrics": r.metrics, "accuracy": sum(accs) / len(accs) if accs else math.nan,
                   "seconds": r.seconds, "samples": r.samples}
         if full_key:
@@ -256,7 +257,3 @@ class CallableEvaluator:
         assert self.baseline is not None, "set_baseline first"
         name = getattr(self.fn, "__name__", "metric")
         return Accuracy(2, value, self.baseline - value, {name: value}, f"user metric: {name}")
-
-
-def accuracy_to_dict(a: Accuracy) -> dict[str, Any]:
-    return asdict(a)

@@ -14,6 +14,7 @@ the caller goes on. Emulated candidates are timed and flagged; they are never a 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -52,6 +53,10 @@ class Timing:
     @classmethod
     def failed(cls, error: str) -> Timing:
         return cls(math.inf, math.inf, math.inf, 0, None, error)
+
+    def flagged(self, emulated: str | None) -> Timing:
+        """This timing, marked as taken on an emulated path (or unchanged for None)."""
+        return self if emulated is None else dataclasses.replace(self, emulated=emulated)
 
 
 def _warm_up(fn: Callable[[], object], warmup: int, reps: int, max_seconds: float,
@@ -198,25 +203,6 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def time_candidate(cand: Candidate, m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16,
-                   device: torch.device | str = "cpu", *, compile: bool = False,
-                   reps: int | None = None, threads: int | None = None) -> Timing:
-    """Latency of `cand` on an (m x k) @ (k x n) layer with random weights on `device`.
-
-    Unsupported -> Timing.failed(reason); emulated -> timed, with Timing.emulated set."""
-    device = torch.device(device)
-    reason = cand.supports(LayerSpec("", k, n, False, dtype), device)
-    if reason:
-        return Timing.failed(f"unsupported: {reason}")
-    try:
-        module = build_layer(cand, k, n, dtype, device)
-    except Exception as e:  # noqa: BLE001
-        return Timing.failed(f"build failed: {type(e).__name__}: {e}")
-    t = time_module(module, m, k, dtype, device, compile=compile, reps=reps, threads=threads)
-    emulated = cand.emulated(device)
-    return t if not emulated else Timing(t.median_us, t.p20_us, t.p80_us, t.reps, emulated, t.error)
-
-
 ##### many (shape, candidate, M) at once, through the on-disk cache ##############################
 
 @dataclass(frozen=True)
@@ -239,12 +225,15 @@ class LatencyTable:
     rows: list[LatencyRow]
     measured: int
     seconds: float
+    _index: dict[tuple[str, int, int, int], Timing] = dataclasses.field(default_factory=dict, repr=False)
 
     def get(self, candidate: str, m: int, k: int, n: int) -> Timing:
-        for r in self.rows:
-            if (r.candidate, r.m, r.k, r.n) == (candidate, m, k, n):
-                return r.timing
-        raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}")
+        if len(self._index) != len(self.rows):  # built on first use (the cost model asks ~N*C*M times)
+            self._index = {(r.candidate, r.m, r.k, r.n): r.timing for r in self.rows}
+        try:
+            return self._index[(candidate, m, k, n)]
+        except KeyError:
+            raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}") from None
 
 
 def device_name(device: torch.device) -> str:
@@ -334,10 +323,7 @@ def measure_latencies(
                     fresh = {m: time_module(fn, m, k, dtype, device, graph=mode == "graph") for m in missing}
                 except Exception as e:  # noqa: BLE001
                     fresh = {m: Timing.failed(f"build failed: {type(e).__name__}: {e}") for m in missing}
-                emulated = cand.emulated(device)
-                if emulated:
-                    fresh = {m: Timing(t.median_us, t.p20_us, t.p80_us, t.reps, emulated, t.error)
-                             for m, t in fresh.items()}
+                fresh = {m: t.flagged(cand.emulated(device)) for m, t in fresh.items()}
                 measured += len(missing)
             del module, fn
             for m, t in fresh.items():

