@@ -167,8 +167,8 @@ def optimize(
     notes: list[str] = []
     chosen, chosen_acc = _choose(outcome, groups, tier2, swapper, model, weights_key, max_accuracy_drop, notes, say)
     swapper.set(Plan())  # originals back, then apply for real (fresh modules, validated)
-    plan = Plan.for_model(model, plan_from_params(groups, chosen.params if chosen else {}).layers,
-                          trial=chosen.number if chosen else None)
+    layers = plan_from_params(groups, chosen.params if chosen else {}).layers
+    plan = Plan.for_model(model, layers, kernels=_kernels(layers, prof, table), trial=chosen.number if chosen else None)
     apply(model, plan, act_norms=prof.act_norms())
     measured = _measure_examples(model, examples)
     predicted = cost.predict(plan)
@@ -186,6 +186,7 @@ def optimize(
     summary["weight_bytes"] = {"before": context["model"]["weight_bytes"], "after": weight_bytes(model)}
     summary["uniform"] = _uniform_rows(outcome, groups)
     summary["plan"] = {fqn: c.name for fqn, c in plan.layers.items()}
+    summary["kernels"] = plan.kernels
     plan.metadata.update({k: summary[k] for k in ("plan_ms", "speedup", "accuracy", "device")})
     plan.save(out_dir / "plan.json")
     atomic_write(out_dir / "pareto.json", lambda f: f.write(json.dumps(pareto, indent=2).encode()))
@@ -382,6 +383,13 @@ class _Swapper:
             parent, _, child = fqn.rpartition(".")
             setattr(self.model.get_submodule(parent) if parent else self.model, child, module)
             self.current[fqn] = name
+
+
+def _kernels(layers: dict[str, Candidate], prof: ModelProfile, table: LatencyTable) -> dict[str, str]:
+    """FQN -> the CUDA kernel timing chose for the layer's candidate and shape (where it had a choice)."""
+    shapes = {lay.fqn: (lay.in_features, lay.out_features) for lay in prof.layers}
+    chosen = {fqn: table.kernel_for(c.name, *shapes[fqn]) for fqn, c in layers.items() if fqn in shapes}
+    return {fqn: kern for fqn, kern in chosen.items() if kern is not None}
 
 
 def _tier2(accuracy, tokenizer, limit, cache):

@@ -6,6 +6,7 @@ fingerprint of the model it was made for. It is data, never pickle:
     {"autoao_plan_version": 1,
      "model": {"fingerprint": "sha256:...", "class": "LlamaForCausalLM", "num_linears": 211},
      "layers": {"model.layers.0.mlp.up_proj": {"family": "int4_wo", "params": {"group_size": 64}}, ...},
+     "kernels": {"model.layers.0.mlp.up_proj": "triton", ...},   (optional: CUDA kernel per layer)
      "metadata": {...}}
 
 `apply(model, plan)` validates the whole plan first and swaps modules only if every layer is fine,
@@ -15,6 +16,7 @@ and read `plan.json` + `model.safetensors` (the canonical quantized tensors), ea
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -85,10 +87,15 @@ class Plan:
     model_class: str | None = None
     num_linears: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form, JSON-serializable
+    # FQN -> which of the candidate module's CUDA kernels to run (QuantizedLinear.kernels), as timing
+    # chose it for the layer's shape; layers not named use the module's default kernel
+    kernels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def for_model(cls, model: nn.Module, layers: dict[str, Candidate], **metadata: Any) -> Plan:
-        return cls(dict(layers), fingerprint(model), type(model).__qualname__, len(layer_specs(model)), metadata)
+    def for_model(cls, model: nn.Module, layers: dict[str, Candidate], kernels: dict[str, str] | None = None,
+                  **metadata: Any) -> Plan:
+        return cls(dict(layers), fingerprint(model), type(model).__qualname__, len(layer_specs(model)), metadata,
+                   dict(kernels or {}))
 
     @classmethod
     def uniform(cls, model: nn.Module, candidate: Candidate | str, device: torch.device | str | None = None) -> Plan:
@@ -120,6 +127,7 @@ class Plan:
             "model": {"fingerprint": self.model_fingerprint, "class": self.model_class,
                       "num_linears": self.num_linears},
             "layers": {fqn: c.to_dict() for fqn, c in self.layers.items()},
+            **({"kernels": self.kernels} if self.kernels else {}),
             "metadata": self.metadata,
         }
 
@@ -144,9 +152,12 @@ class Plan:
                 problems.append(f"  {fqn}: {e}")
         if problems:
             raise PlanError(f"{source}: {len(problems)} layer(s) have bad candidate specs:\n" + "\n".join(problems))
+        kernels = d.get("kernels") or {}
+        if not isinstance(kernels, dict) or not all(isinstance(v, str) for v in kernels.values()):
+            raise PlanError(f"{source}: 'kernels' must be an object of FQN -> kernel name")
         model = d.get("model") or {}
         return cls(layers, model.get("fingerprint"), model.get("class"), model.get("num_linears"),
-                   d.get("metadata") or {})
+                   d.get("metadata") or {}, dict(kernels))
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:
@@ -209,6 +220,15 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
         if reason:
             problems.append(f"  {fqn} ({specs[fqn].shape}, {specs[fqn].dtype}): {cand.name} unsupported on "
                             f"{torch.device(dev).type}: {reason}")
+    for fqn, kernel in plan.kernels.items():
+        cand = plan.layers.get(fqn)
+        known = getattr(cand.module_cls, "kernels", ("default",)) if cand is not None and cand.module_cls else ()
+        if cand is None:
+            problems.append(f"  {fqn}: has a kernel ({kernel!r}) but no candidate in the plan")
+        elif kernel not in known:
+            close = difflib.get_close_matches(kernel, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(f"  {fqn}: {cand.name} has no kernel {kernel!r} (has: {', '.join(known)}){hint}")
     if problems:
         fp = fingerprint(model)
         note = ""
@@ -252,18 +272,23 @@ def apply(
     with torch.no_grad():
         for fqn, cand in plan.layers.items():
             norm = (act_norms or {}).get(fqn)
-            _set_module(model, fqn, cand.build(modules[fqn], act_norm=norm, fqn=fqn))
+            module = cand.build(modules[fqn], act_norm=norm, fqn=fqn)
+            if fqn in plan.kernels:
+                module.set_kernel(plan.kernels[fqn])
+            _set_module(model, fqn, module)
     return model
 
 
 def plan_of(model: nn.Module) -> Plan:
     """The plan a model carries: every autoao module's candidate, read back from the modules."""
-    layers = {}
+    layers, kernels = {}, {}
     for fqn, m in model.named_modules():
         cand = search_space.candidate_of(m)
         if cand is not None:
             layers[fqn] = cand
-    return Plan.for_model(model, layers)
+            if isinstance(m, QuantizedLinear) and len(m.kernels) > 1:
+                kernels[fqn] = m.kernel
+    return Plan.for_model(model, layers, kernels)
 
 
 ##### save and load #############################################################################
@@ -326,7 +351,10 @@ def load(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     specs = layer_specs(model)
     modules = dict(model.named_modules())
     for fqn, cand in plan.layers.items():
-        _set_module(model, fqn, cand.empty(specs[fqn], _module_device(modules[fqn])))
+        module = cand.empty(specs[fqn], _module_device(modules[fqn]))
+        if fqn in plan.kernels:
+            module.set_kernel(plan.kernels[fqn])
+        _set_module(model, fqn, module)
     try:
         state = load_file(weights)
         with safe_open(weights, framework="pt") as f:

@@ -38,8 +38,6 @@ from autoao.kernels.quant import prune_24_mask
 from autoao.search_space import LayerSpec
 
 LLAMA3_8B_SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]  # (N, K)
-SQNR_BOUND = {"bf16": 40, "int8_dyn": 35, "int8_wo": 38, "int4_wo": 18, "fp8_dyn": 25,
-              "sparse24": 40, "sparse24_int8_dyn": 35, "sparse24_fp8": 25}
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}
 
 
@@ -47,7 +45,7 @@ def weight_bytes(family: str, params: dict, n: int, k: int) -> float:
     """Minimum bytes of the weight a kernel must read (values + scales/metadata)."""
     if family == "bf16":
         return 2 * n * k
-    if family in ("int8_dyn", "int8_wo", "fp8_dyn"):
+    if family in ("int8_dyn", "int8_wo", "fp8_dyn", "fp8_wo"):
         return n * k + 4 * n
     if family == "int4_wo":
         return n * k / 2 + 2 * 2 * n * k / params["group_size"]
@@ -91,19 +89,27 @@ def check_correctness(cands, shapes, device: str) -> list[dict]:
                 w = lin.weight.float()
                 if cand.family in SPARSE:
                     w = w * prune_24_mask(w, act_norm)
-                for m in (1, 128, 2048) if cand.family in SPARSE else (1, 128):
-                    x = torch.randn(m, k, device=device, dtype=dtype)
-                    with torch.no_grad():
-                        y = mod(x)
-                        ideal = x.float() @ w.t() + (lin.bias.float() if bias else 0)
-                        # a bf16 layer's bf16 "candidate" is the untouched nn.Linear: its reference is F.linear
-                        ref = mod.reference(x) if hasattr(mod, "reference") else ideal
-                    s_ref, s_ideal = sqnr(ref, y), sqnr(ideal, y)
-                    ok = (bool(torch.isfinite(y).all()) and y.dtype == dtype and s_ref >= 40
-                          and s_ideal >= SQNR_BOUND[cand.family])
-                    rows.append(dict(row, m=m, status="ok" if ok else "FAIL",
-                                     detail=f"SQNR vs reference {s_ref:.1f} dB, vs ideal fp32 {s_ideal:.1f} dB "
-                                            f"(bound {SQNR_BOUND[cand.family]})"))
+                kerns = getattr(mod, "kernels", ("default",))
+                for kern in kerns:
+                    if kern != "default":
+                        mod.set_kernel(kern)
+                    krow = dict(row, candidate=f"{cand.name}@{kern}") if len(kerns) > 1 else row
+                    for m in (1, 4, 128, 2048) if cand.family in SPARSE else (1, 4, 128):
+                        x = torch.randn(m, k, device=device, dtype=dtype)
+                        with torch.no_grad():
+                            y = mod(x)
+                            ideal = x.float() @ w.t() + (lin.bias.float() if bias else 0)
+                            # a bf16 layer's bf16 "candidate" is the untouched nn.Linear: its reference is F.linear
+                            ref = mod.reference(x) if hasattr(mod, "reference") else ideal
+                            y_c = torch.compile(mod, fullgraph=True)(x) if m == 4 else y
+                        s_ref, s_ideal, s_c = sqnr(ref, y), sqnr(ideal, y), sqnr(y, y_c)
+                        bound = cand.sqnr_bound_db
+                        ok = (bool(torch.isfinite(y).all()) and y.dtype == dtype and s_ref >= 40
+                              and s_ideal >= bound and s_c >= 40)
+                        rows.append(dict(krow, m=m, status="ok" if ok else "FAIL",
+                                         detail=f"SQNR vs reference {s_ref:.1f} dB, vs ideal fp32 {s_ideal:.1f} dB "
+                                                f"(bound {bound}), compiled vs eager {s_c:.1f} dB"))
+                    torch._dynamo.reset()
                 # state_dict round trip on the device: bit-exact
                 fresh = cand.empty(spec, device)
                 fresh.load_state_dict(mod.state_dict())
@@ -145,20 +151,25 @@ def time_all(cands, shapes, tokens, modes, bw, flops, device: str, csv_path: Pat
                                   roofline_us="", error=f"unsupported: {reason}", wall_s=0))
                 continue
             module = build_layer(cand, k, n, torch.bfloat16, torch.device(device))
-            for mode in modes:
-                torch._dynamo.reset()  # one compiled module at a time; keeps dynamo's caches small
-                fn = torch.compile(module, fullgraph=True) if mode == "compile" else module
-                for m in sorted(tokens, reverse=True):
-                    t0 = time.perf_counter()
-                    t = time_module(fn, m, k, torch.bfloat16, torch.device(device))
-                    bytes_ = weight_bytes(cand.family, cand.params(), n, k) + 2 * m * k + 2 * m * n
-                    roof = max(bytes_ / bw, 2 * m * n * k / flops) * 1e6
-                    emit(dict(shape=f"{n}x{k}", candidate=cand.name, mode=mode, m=m,
-                                     median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
-                                     roofline_us=round(roof, 2), error=t.error or "",
-                                     wall_s=round(time.perf_counter() - t0, 2)))
-                    print(f"{n}x{k:<6} {cand.name:<28} {mode:<8} M={m:<5} {t.median_us:9.1f} us"
-                          f"{'  ' + t.error if t.error else ''}", flush=True)
+            kerns = getattr(module, "kernels", ("default",))
+            for kern in kerns:
+                if kern != "default":
+                    module.set_kernel(kern)
+                label = f"{cand.name}@{kern}" if len(kerns) > 1 else cand.name
+                for mode in modes:
+                    torch._dynamo.reset()  # one compiled module at a time; keeps dynamo's caches small
+                    fn = torch.compile(module, fullgraph=True) if mode == "compile" else module
+                    for m in sorted(tokens, reverse=True):
+                        t0 = time.perf_counter()
+                        t = time_module(fn, m, k, torch.bfloat16, torch.device(device))
+                        bytes_ = weight_bytes(cand.family, cand.params(), n, k) + 2 * m * k + 2 * m * n
+                        roof = max(bytes_ / bw, 2 * m * n * k / flops) * 1e6
+                        emit(dict(shape=f"{n}x{k}", candidate=label, mode=mode, m=m,
+                                  median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
+                                  roofline_us=round(roof, 2), error=t.error or "",
+                                  wall_s=round(time.perf_counter() - t0, 2)))
+                        print(f"{n}x{k:<6} {label:<36} {mode:<8} M={m:<5} {t.median_us:9.1f} us"
+                              f"{'  ' + t.error if t.error else ''}", flush=True)
             del module, fn
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -193,7 +204,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results", help="directory for cuda_check.csv / .md")
     ap.add_argument("--tokens", default="1,16,128,2048", help="comma-separated M values")
-    ap.add_argument("--modes", default="graph,compile", help="graph and/or compile")
+    ap.add_argument("--modes", default="graph,compile", help="graph and/or compile; 'none' skips timing")
     ap.add_argument("--candidates", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--shapes", default=None, help="NxK,NxK,... (default: Llama-3-8B's five)")
@@ -242,6 +253,8 @@ def main() -> int:
         print(f"correctness: {len(corr)} checks, {len(fails)} failed", flush=True)
         for r in fails:
             print("FAIL", r, flush=True)
+    if args.modes == "none":
+        return 0
     t0 = time.perf_counter()
     rows = time_all(cands, shapes, tokens, modes, bw, flops, args.device, out / f"cuda_check_{'_'.join(modes)}.csv")
     md += ["", f"## Timing ({time.perf_counter() - t0:.0f} s)", speedup_tables(rows, modes, tokens)]

@@ -4,6 +4,9 @@ dim 4096, 32 query / 8 key-value heads (GQA), SwiGLU hidden 14336, vocab 128256,
 SDPA; `n_layers` of the real model's 32 (8 by default, to keep memory and transfer small). No
 rotary embedding and no KV cache: neither changes the linear layers' shapes, which is what the
 benchmarks measure. Linear layers are named as in transformers' LlamaForCausalLM.
+
+Presets: `LlamaShape()` (the above), `LlamaShape.smollm2()` (SmolLM2-135M's architecture, lm_head
+tied to the embedding) and `LlamaShape.tiny()` (CPU smoke tests).
 """
 
 from __future__ import annotations
@@ -23,6 +26,18 @@ class LlamaShape:
     n_kv_heads: int = 8
     hidden: int = 14336
     vocab: int = 128256
+    tie_embeddings: bool = False  # lm_head.weight *is* embed_tokens.weight (one tensor, as tie_word_embeddings)
+
+    @classmethod
+    def smollm2(cls) -> LlamaShape:
+        """SmolLM2-135M: dim 576, 30 layers, 9 query / 3 key-value heads (head dim 64), SwiGLU 1536,
+        vocab 49152, tied embeddings."""
+        return cls(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden=1536, vocab=49152, tie_embeddings=True)
+
+    @classmethod
+    def tiny(cls) -> LlamaShape:
+        """A ~0.2 MB model for CPU smoke tests (tied, to exercise the tied-lm_head path)."""
+        return cls(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden=128, vocab=256, tie_embeddings=True)
 
 
 class Attention(nn.Module):
@@ -76,6 +91,8 @@ class LlamaStack(nn.Module):
         self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = nn.RMSNorm(c.dim)
         self.lm_head = nn.Linear(c.dim, c.vocab, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight  # [V, D] either way: one parameter, two users
 
     def forward(self, tokens):  # tokens: [B, T] int64 -> logits [B, T, V]
         x = self.embed_tokens(tokens)
@@ -85,7 +102,10 @@ class LlamaStack(nn.Module):
 
 
 def build(c: LlamaShape = LlamaShape(), device="cuda", dtype=torch.bfloat16, seed: int = 0) -> LlamaStack:
-    """Random weights ~ N(0, 1/fan_in), made on the device directly (no CPU round trip)."""
+    """Random weights ~ N(0, 1/fan_in), made on the device directly (no CPU round trip).
+
+    Embeddings ~ N(0, 1); a tied embedding ends up ~ N(0, 1/dim), as lm_head (a Linear, initialised
+    after it) overwrites the shared tensor."""
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaStack(c).to(dtype)

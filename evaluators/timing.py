@@ -45,6 +45,7 @@ class Timing:
     reps: int
     emulated: str | None = None  # why this is only emulated on the device (never a speed-up)
     error: str | None = None  # why it failed (then the times are inf)
+    kernel: str | None = None  # which of the module's CUDA kernels ran (None: it has only one)
 
     @property
     def ok(self) -> bool:
@@ -225,6 +226,9 @@ class LatencyTable:
     rows: list[LatencyRow]
     measured: int
     seconds: float
+    # (candidate, K, N) -> kernel -> M -> Timing, for candidates with several CUDA kernels: every
+    # kernel's timings (rows hold the chosen kernel's), for reports and benchmarks
+    kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = dataclasses.field(default_factory=dict)
     _index: dict[tuple[str, int, int, int], Timing] = dataclasses.field(default_factory=dict, repr=False)
 
     def get(self, candidate: str, m: int, k: int, n: int) -> Timing:
@@ -234,6 +238,26 @@ class LatencyTable:
             return self._index[(candidate, m, k, n)]
         except KeyError:
             raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}") from None
+
+    def kernel_for(self, candidate: str, k: int, n: int) -> str | None:
+        """The kernel chosen for `candidate` on the (N, K) shape (None: the candidate has one)."""
+        return next((r.timing.kernel for r in self.rows if r.candidate == candidate and r.k == k and r.n == n), None)
+
+
+def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...]:
+    """The kernels to time for `cand` on `device`: its module's CUDA kernels when it has several,
+    else (None,) (one implementation; the CPU always has one)."""
+    kernels = getattr(cand.module_cls, "kernels", ("default",)) if cand.module_cls is not None else ("default",)
+    return tuple(kernels) if device.type == "cuda" and len(kernels) > 1 else (None,)
+
+
+def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]]) -> str | None:
+    """The kernel with the least total median time over the workload's token counts: one module
+    serves every M of the model, so the choice is per layer shape, not per M. Failed timings count
+    as inf; ties go to the first (default) kernel."""
+    def total(times: dict[int, Timing]) -> float:
+        return sum(t.median_us if t.ok else math.inf for t in times.values())
+    return min(by_kernel, key=lambda kern: total(by_kernel[kern]))
 
 
 def device_name(device: torch.device) -> str:
@@ -252,9 +276,10 @@ def device_name(device: torch.device) -> str:
 
 
 def default_mode(device: torch.device) -> str:
-    """CUDA: "graph" (eager modules captured in a CUDA graph; our dynamic-quant candidates fuse
-    their pre/epilogues in Triton, so this matches compiled timings for them). CPU: "eager"."""
-    return "graph" if device.type == "cuda" else "eager"
+    """CUDA: "compile" (torch.compile(fullgraph=True), replayed in a CUDA graph): how a plan runs,
+    and the ranking depends on it (inductor fuses the dequantizing casts of the weight-only paths).
+    CPU: "eager"."""
+    return "compile" if device.type == "cuda" else "eager"
 
 
 def measure_latencies(
@@ -271,8 +296,11 @@ def measure_latencies(
     """Time every candidate on every (N, K) shape at every M in `tokens`, reusing cached timings.
 
     shapes: (out_features N, in_features K) pairs (weight shapes), e.g. [(14336, 4096)].
-    mode: "eager", "graph" (CUDA only) or "compile" (torch.compile(fullgraph=True); resets
-    torch._dynamo between layers, since it compiles one module per shape and candidate).
+    mode: "eager", "graph" (CUDA only: eager modules replayed in a CUDA graph) or "compile"
+    (torch.compile(fullgraph=True), on CUDA replayed in a CUDA graph; resets torch._dynamo between
+    layers, since it compiles one module per shape and candidate). Default: default_mode(device).
+    Candidates with several CUDA kernels (QuantizedLinear.kernels) have each timed; the rows hold
+    the kernel that pick_kernel chooses for the shape (Timing.kernel), kernel_timings all of them.
     cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
     Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
     """
@@ -300,40 +328,60 @@ def measure_latencies(
 
     work = [(n, k, c) for n, k in shapes for c in candidates]
     rows: list[LatencyRow] = []
+    kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = {}
     measured = 0
     t0 = time.perf_counter()
     bar = _progress(len(work) * len(tokens), progress, f"timing on {dev_name}")
     for n, k, cand in work:
-        keys = {m: TimingKey(candidate=cand.name, m=m, k=k, n=n, **base) for m in tokens}
-        found = {m: cache.get(key) for m, key in keys.items()}
-        missing = [m for m, t in found.items() if t is None]
-        if missing:
-            reason = cand.supports(LayerSpec("", k, n, False, dtype), device)
-            module = fn = None
-            if reason:
-                fresh = {m: Timing.failed(f"unsupported: {reason}") for m in missing}
-            else:
-                try:
-                    module = build_layer(cand, k, n, dtype, device)
-                    if mode == "compile":
-                        torch._dynamo.reset()
-                        fn = torch.compile(module, fullgraph=True)
-                    else:
-                        fn = module
-                    fresh = {m: time_module(fn, m, k, dtype, device, graph=mode == "graph") for m in missing}
-                except Exception as e:  # noqa: BLE001
-                    fresh = {m: Timing.failed(f"build failed: {type(e).__name__}: {e}") for m in missing}
-                fresh = {m: t.flagged(cand.emulated(device)) for m, t in fresh.items()}
+        by_kernel: dict[str | None, dict[int, Timing]] = {}
+        cached_all = True
+        for kern in kernel_names(cand, device):
+            label = cand.name if kern is None else f"{cand.name}@{kern}"
+            keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, **base) for m in tokens}
+            found = {m: cache.get(key) for m, key in keys.items()}
+            missing = [m for m, t in found.items() if t is None]
+            cached_all &= not missing
+            if missing:
+                fresh = _time_missing(cand, kern, n, k, missing, dtype, device, mode)
                 measured += len(missing)
-            del module, fn
-            for m, t in fresh.items():
-                cache.put(keys[m], t)
-                found[m] = t
+                for m, t in fresh.items():
+                    cache.put(keys[m], t)
+                    found[m] = t
+            by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
+        chosen = pick_kernel(by_kernel)
+        if chosen is not None:
+            kernel_timings[(cand.name, k, n)] = by_kernel  # type: ignore[assignment]
         for m in tokens:
-            rows.append(LatencyRow(cand.name, m, k, n, found[m], cached=m not in missing))
+            rows.append(LatencyRow(cand.name, m, k, n, by_kernel[chosen][m], cached=cached_all))
             bar.update(1)
     bar.close()
-    return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0)
+    return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings)
+
+
+def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: list[int], dtype: torch.dtype,
+                  device: torch.device, mode: str) -> dict[int, Timing]:
+    """Build `cand` (with `kernel`) on a random (N, K) layer and time it at each M in `tokens`;
+    failures become failed Timings with the reason."""
+    reason = cand.supports(LayerSpec("", k, n, False, dtype), device)
+    if reason:
+        return {m: Timing.failed(f"unsupported: {reason}") for m in tokens}
+    module = fn = None
+    try:
+        module = build_layer(cand, k, n, dtype, device)
+        if kernel is not None:
+            module.set_kernel(kernel)
+        if mode == "compile":
+            torch._dynamo.reset()  # one compiled module at a time: dynamo's caches stay small
+            fn = torch.compile(module, fullgraph=True)
+        else:
+            fn = module
+        # compiled modules are captured in CUDA graphs too: that is how the model will run
+        fresh = {m: time_module(fn, m, k, dtype, device, graph=device.type == "cuda" and mode != "eager")
+                 for m in tokens}
+    except Exception as e:  # noqa: BLE001
+        fresh = {m: Timing.failed(f"build failed: {type(e).__name__}: {e}") for m in tokens}
+    del module, fn
+    return {m: t.flagged(cand.emulated(device)) for m, t in fresh.items()}
 
 
 def _progress(total: int, enabled: bool, desc: str):

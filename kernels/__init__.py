@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from autoao.kernels._base import QuantizedLinear
 from autoao.kernels.dense import Bf16Linear
-from autoao.kernels.fp8 import Fp8DynLinear
+from autoao.kernels.fp8 import Fp8DynLinear, Fp8WeightOnlyLinear
 from autoao.kernels.int4 import Int4WeightOnlyLinear
 from autoao.kernels.int8 import Int8DynLinear, Int8WeightOnlyLinear
 from autoao.kernels.sparse24 import Sparse24Fp8DynLinear, Sparse24Int8DynLinear, Sparse24Linear
@@ -21,6 +21,7 @@ __all__ = [
     "Int8WeightOnlyLinear",
     "Int4WeightOnlyLinear",
     "Fp8DynLinear",
+    "Fp8WeightOnlyLinear",
     "Sparse24Linear",
     "Sparse24Int8DynLinear",
     "Sparse24Fp8DynLinear",

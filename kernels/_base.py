@@ -23,6 +23,9 @@ import torch
 from torch import nn
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+# Rows (tokens) up to which the weight-only "triton" kernels run autoao's GEMV (triton_gemv.py);
+# beyond it they fall back to a dequantized weight in one bf16 GEMM.
+GEMV_MAX_ROWS = 8
 
 
 class QuantizedLinear(nn.Module):
@@ -37,9 +40,16 @@ class QuantizedLinear(nn.Module):
       - `params()`: the constructor keyword arguments beyond the common ones.
     Class attribute `emulated_on` lists device types with no fast kernel (forward then runs a
     reference path that computes the same numbers, and is never reported as a speed-up).
+
+    Class attribute `kernels` names alternative CUDA implementations of the same numbers (first =
+    default), e.g. int4 ("tinygemm", "triton"); `self.kernel` is the one forward uses and
+    `set_kernel()` switches it (re-packing the runtime layout). The timing harness times each and
+    the plan records the winner per layer (it is not part of the candidate: same numbers, other
+    speed). On CPU there is one kernel per family and `kernel` is ignored.
     """
 
     emulated_on: frozenset[str] = frozenset()
+    kernels: tuple[str, ...] = ("default",)
 
     def __init__(
         self,
@@ -61,6 +71,7 @@ class QuantizedLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self._canon: dict[str, torch.Tensor] = {}
+        self.kernel = self.kernels[0]
 
     def _init_canonical(self) -> None:
         """Subclasses call this at the end of __init__, once their parameters are set: zero
@@ -97,6 +108,20 @@ class QuantizedLinear(nn.Module):
         return m
 
     # ---- shared machinery ----------------------------------------------------------------------
+    def set_kernel(self, kernel: str) -> QuantizedLinear:
+        """Use the CUDA implementation `kernel` (one of `kernels`); re-packs the runtime tensors.
+        Raises ValueError naming the choices (and the closest one) for an unknown name."""
+        if kernel not in self.kernels:
+            import difflib
+
+            close = difflib.get_close_matches(kernel, self.kernels, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{type(self).__name__} has no kernel {kernel!r} (has: {', '.join(self.kernels)}){hint}")
+        if kernel != self.kernel:
+            self.kernel = kernel
+            self._pack(self.device)
+        return self
+
     @property
     def device(self) -> torch.device:
         return self._device_anchor.device
@@ -164,7 +189,8 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params().items())
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, dtype={self.dtype}{extra}, emulated={self.emulated}")
+                f"bias={self.bias is not None}, dtype={self.dtype}{extra}, emulated={self.emulated}"
+                + (f", kernel={self.kernel}" if len(self.kernels) > 1 else ""))
 
 
 def flatten_tokens(x: torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,15 @@ granularity "row": one scale per output channel (weights) and per token (activat
 per-token quantization fused in one Triton kernel on CUDA; "tensor": one scale each.
 torch._scaled_mm runs the product (cuBLASLt fp8 on sm89+). The CPU has no fp8 matrix unit:
 torch._scaled_mm there upconverts, so the CPU path is flagged emulated.
+Also here: fp8 weight-only (Fp8WeightOnlyLinear), for decode.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
 
 GRANULARITIES = ("row", "tensor")
@@ -67,4 +69,47 @@ class Fp8DynLinear(QuantizedLinear):
         s = self._canon["scale"]
         w = self._canon["qweight"].float() * (s[:, None] if self.granularity == "row" else s)
         y = (xq.float() * xs) @ w.to(x.device).t()
+        return unflatten_tokens(self._add_bias(y), x)
+
+
+class Fp8WeightOnlyLinear(QuantizedLinear):
+    """fp8 e4m3 per-output-channel weights, activations in the model's dtype (decode-oriented:
+    1 byte per weight like int8_wo, with e4m3's relative precision instead of a uniform grid).
+
+    Canonical: qweight [N, K] float8_e4m3fn, scale [N] float32. CUDA: autoao's Triton GEMV for
+    M <= 8 rows (the hardware converts e4m3 pairs), a dequantized bf16 weight into F.linear for more
+    rows. The CPU has only the dequantizing path: emulated.
+    """
+
+    emulated_on = frozenset({"cpu"})
+    kernels = ("triton",)
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self._init_canonical()
+
+    def canonical_spec(self) -> CanonicalSpec:
+        n, k = self.out_features, self.in_features
+        return {"qweight": ((n, k), FP8_DTYPE), "scale": ((n,), torch.float32)}
+
+    def quantize(self, weight, act_norm=None):
+        q, s = quantize_fp8(weight, "row")
+        return {"qweight": q, "scale": s.reshape(-1)}
+
+    def _pack(self, device):
+        self._gemv = device.type == "cuda" and load_triton_ops()
+        self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
+        self.register_buffer("w_scale", self._canon["scale"].to(device), persistent=False)  # [N] fp32
+
+    def forward(self, x):
+        x2 = flatten_tokens(x)
+        if self._gemv and x2.shape[0] <= GEMV_MAX_ROWS:
+            y = torch.ops.autoao.fp8_gemv(x2, self.w_q, self.w_scale)
+        else:
+            y = F.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
+        return unflatten_tokens(self._add_bias(y), x)
+
+    def reference(self, x):
+        w = self._canon["qweight"].float() * self._canon["scale"][:, None]
+        y = flatten_tokens(x).float() @ w.to(x.device).t()
         return unflatten_tokens(self._add_bias(y), x)

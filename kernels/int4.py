@@ -1,16 +1,27 @@
 """int4 weight-only linear, group-wise asymmetric (tinygemm's format).
 
-CUDA runs tinygemm (torch._weight_int4pack_mm, bf16 activations only: other dtypes are cast to
-bf16 and back); the CPU runs torch._weight_int4pack_mm_for_cpu. Both read a device-specific tiled
-layout, made at pack time from the canonical nibble-packed weight.
+CUDA has two kernels (timing picks per layer): "tinygemm" (torch._weight_int4pack_mm, bf16
+activations only: other dtypes are cast to bf16 and back), which reads a tiled layout made at pack
+time, and "triton", which reads the canonical nibble-packed weight directly: autoao's Triton GEMV
+for M <= 8 rows (kernels/triton_gemv.py) and, for more rows, a dequantized bf16 weight into
+F.linear (tinygemm's large-M kernel is ~20x slower than bf16 at M=2048). The CPU runs
+torch._weight_int4pack_mm_for_cpu on its own tiled layout.
 """
 
 from __future__ import annotations
 
 import torch
 
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
-from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise, unpack_int4
+import torch.nn.functional as F
+
+from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels.quant import (
+    dequantize_int4_groupwise,
+    load_triton_ops,
+    pack_int4,
+    quantize_int4_groupwise,
+    unpack_int4,
+)
 
 GROUP_SIZES = (32, 64, 128)
 
@@ -26,6 +37,8 @@ def inner_k_tiles(in_features: int) -> int | None:
 class Int4WeightOnlyLinear(QuantizedLinear):
     """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
     with w ~ (q - 8) * scale + zero."""
+
+    kernels = ("tinygemm", "triton")
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -53,6 +66,14 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def _pack(self, device):
         c = self._canon
+        for name in ("w_packed", "scales_and_zeros", "qweight_rt", "scales_rt", "zeros_rt"):
+            self._buffers.pop(name, None)  # the other kernel's layout, if any
+        if device.type == "cuda" and self.kernel == "triton" and load_triton_ops():
+            # the canonical layout itself: qweight [N, K/2] uint8, scales/zeros [N, K/g] bf16
+            self.register_buffer("qweight_rt", c["qweight"].to(device), persistent=False)
+            self.register_buffer("scales_rt", c["scales"].to(device), persistent=False)
+            self.register_buffer("zeros_rt", c["zeros"].to(device), persistent=False)
+            return
         # tinygemm wants scales and zeros interleaved: [K/g, N, 2]
         sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).contiguous()
         if device.type == "cuda":
@@ -68,7 +89,14 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def forward(self, x):
         x2 = flatten_tokens(x)
-        if x2.is_cuda:
+        if "qweight_rt" in self._buffers:  # CUDA, kernel "triton"
+            xb = x2.to(torch.bfloat16)
+            if x2.shape[0] <= GEMV_MAX_ROWS:
+                y = torch.ops.autoao.int4_gemv(xb, self.qweight_rt, self.scales_rt, self.zeros_rt, self.group_size)
+            else:  # [N, K] bf16 weight made on the fly, then one bf16 GEMM
+                w = dequantize_int4_groupwise(unpack_int4(self.qweight_rt), self.scales_rt, self.zeros_rt)
+                y = F.linear(xb, w.to(torch.bfloat16))
+        elif x2.is_cuda:
             y = torch._weight_int4pack_mm(x2.to(torch.bfloat16).contiguous(), self.w_packed,
                                           self.group_size, self.scales_and_zeros)
         else:

@@ -2,8 +2,10 @@
 
 Int8DynLinear: y = (q_x @ q_w^T) * s_x * s_w, the integer product by torch._int_mm (cuBLASLt int8
 on CUDA; oneDNN on CPU), the per-token activation quantization fused in one Triton kernel on CUDA.
-Int8WeightOnlyLinear: y = x @ (q_w * s_w)^T; CPU runs torch._weight_int8pack_mm, CUDA dequantizes
-inside F.linear (gpt-fast's one-liner; torch.compile fuses the cast into the matmul's prologue).
+Int8WeightOnlyLinear: y = x @ (q_w * s_w)^T; CPU runs torch._weight_int8pack_mm; CUDA has two
+kernels (timing picks per layer): "dequant" casts the weight inside F.linear (gpt-fast's one-liner,
+5 bytes moved per weight unless max-autotune fuses the cast) and "triton", autoao's Triton GEMV for
+M <= 8 rows (1 byte per weight, kernels/triton_gemv.py) and the "dequant" path for more rows.
 """
 
 from __future__ import annotations
@@ -11,7 +13,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels._base import (
+    GEMV_MAX_ROWS,
+    CanonicalSpec,
+    QuantizedLinear,
+    flatten_tokens,
+    pad_rows,
+    unflatten_tokens,
+)
 from autoao.kernels.quant import (
     dequantize_output,
     load_triton_ops,
@@ -74,7 +83,13 @@ class Int8DynLinear(_Int8Weights):
 class Int8WeightOnlyLinear(_Int8Weights):
     """int8 per-channel symmetric weights; activations stay in the model's dtype."""
 
+    kernels = ("dequant", "triton")
+
     def _pack(self, device):
+        if device.type == "cuda" and self.kernel == "triton":
+            self._gemv = load_triton_ops() and self.in_features % 4 == 0
+        else:
+            self._gemv = False
         self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
         # Both kernels take the scales in the activation dtype.
         self.register_buffer("w_scale", self._canon["scale"].to(device, self.dtype), persistent=False)
@@ -82,7 +97,9 @@ class Int8WeightOnlyLinear(_Int8Weights):
     def forward(self, x):
         x2 = flatten_tokens(x)
         scale = self.w_scale.to(x.dtype)
-        if x2.is_cuda:
+        if self._gemv and x2.shape[0] <= GEMV_MAX_ROWS:
+            y = torch.ops.autoao.int8_gemv(x2, self.w_q, self.w_scale)
+        elif x2.is_cuda:
             y = F.linear(x2, self.w_q.to(x.dtype)) * scale
         else:
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, scale)

@@ -140,18 +140,22 @@ _TRITON_OPS: bool | None = None  # None: not tried yet
 def load_triton_ops() -> bool:
     """Import (once) the Triton custom ops; False where Triton is missing or unusable.
 
-    Called when a module is packed for CUDA, so forward never imports anything (torch.compile-safe).
+    Registers torch.ops.autoao.{per_token_quant, scaled_epilogue} (triton_quant) and
+    {int4_gemv, int8_gemv, fp8_gemv} (triton_gemv). Called when a module is packed for CUDA, so
+    forward never imports anything (torch.compile-safe).
     """
     global _TRITON_OPS
     if _TRITON_OPS is None:
         try:
-            import autoao.kernels.triton_quant  # noqa: F401  (registers torch.ops.autoao.*)
+            import autoao.kernels.triton_gemv  # noqa: F401
+            import autoao.kernels.triton_quant  # noqa: F401
             _TRITON_OPS = True
         except ImportError as e:  # no triton wheel for this platform
             import warnings
 
             warnings.warn(f"Triton unavailable ({e}); dynamic activation quantization runs as "
-                          "separate torch kernels, which is slower on CUDA.", stacklevel=2)
+                          "separate torch kernels and the Triton GEMV kernels are off, which is slower "
+                          "on CUDA.", stacklevel=2)
             _TRITON_OPS = False
     return _TRITON_OPS
 

@@ -57,6 +57,10 @@ class Candidate(ABC):
     family: ClassVar[str]
     module_cls: ClassVar[type[QuantizedLinear] | None]
     summary: ClassVar[str]  # one line for tables: weights / activations / kernel
+    # Lowest SQNR (dB) of the output against the ideal float32 product that a correct kernel reaches
+    # on N(0, 1/K) or nn.Linear-initialised weights and Gaussian inputs (tests and
+    # benchmarks/cuda_check.py check every family against it; 2:4 families: same pruned weight).
+    sqnr_bound_db: ClassVar[float]
 
     # ---- identity --------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:

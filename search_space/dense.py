@@ -19,6 +19,7 @@ class Bf16(Candidate):
     family: ClassVar[str] = "bf16"
     module_cls: ClassVar = Bf16Linear
     summary: ClassVar[str] = "bf16 weights and activations; cuBLAS / native matmul (the baseline)"
+    sqnr_bound_db: ClassVar[float] = 40
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return None

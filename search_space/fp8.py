@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from autoao.kernels import Fp8DynLinear
+from autoao.kernels import Fp8DynLinear, Fp8WeightOnlyLinear
 from autoao.kernels.fp8 import GRANULARITIES
 from autoao.search_space._base import Candidate, LayerSpec, cuda_capability, multiple_reason
 from autoao.search_space._registry import register
@@ -33,6 +33,7 @@ class Fp8Dyn(Candidate):
     family: ClassVar[str] = "fp8_dyn"
     module_cls: ClassVar = Fp8DynLinear
     summary: ClassVar[str] = "fp8 e4m3 weights x fp8 dynamic activations; torch._scaled_mm"
+    sqnr_bound_db: ClassVar[float] = 25
     variants: ClassVar[tuple[dict, ...]] = tuple({"granularity": g} for g in GRANULARITIES)
 
     granularity: str = "row"  # "row": per-channel weights and per-token activations; "tensor": one scale each
@@ -47,3 +48,20 @@ class Fp8Dyn(Candidate):
 
     def _emulation_reason(self, device: torch.device) -> str:
         return FP8_CPU_EMULATION
+
+
+@register
+@dataclass(frozen=True)
+class Fp8WO(Candidate):
+    family: ClassVar[str] = "fp8_wo"
+    module_cls: ClassVar = Fp8WeightOnlyLinear
+    summary: ClassVar[str] = "fp8 e4m3 per-channel weights, activations in model dtype; Triton GEMV"
+    sqnr_bound_db: ClassVar[float] = 25
+
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        if device.type == "cuda" and cuda_capability(device) < (8, 9):
+            return f"e4m3 conversion needs compute capability >= 8.9, this GPU has {cuda_capability(device)}"
+        return None
+
+    def _emulation_reason(self, device: torch.device) -> str:
+        return "no fp8 weight-only kernel on CPU: the weight is dequantized for every call (emulated)"

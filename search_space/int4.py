@@ -19,6 +19,7 @@ class Int4WO(Candidate):
     family: ClassVar[str] = "int4_wo"
     module_cls: ClassVar = Int4WeightOnlyLinear
     summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations; tinygemm"
+    sqnr_bound_db: ClassVar[float] = 18
     variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g} for g in GROUP_SIZES)
 
     group_size: int = 128  # input channels sharing one scale and zero: 32, 64 or 128

@@ -26,6 +26,7 @@ class Int8Dyn(Candidate):
     family: ClassVar[str] = "int8_dyn"
     module_cls: ClassVar = Int8DynLinear
     summary: ClassVar[str] = "int8 per-channel weights x int8 per-token dynamic activations; torch._int_mm"
+    sqnr_bound_db: ClassVar[float] = 35
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return int_mm_reason(layer, device)
@@ -37,6 +38,7 @@ class Int8WO(Candidate):
     family: ClassVar[str] = "int8_wo"
     module_cls: ClassVar = Int8WeightOnlyLinear
     summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype; dequant matmul"
+    sqnr_bound_db: ClassVar[float] = 38
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         if device.type == "cpu" and layer.dtype == torch.bfloat16:

@@ -41,6 +41,7 @@ class Sparse24(_Sparse):
     family: ClassVar[str] = "sparse24"
     module_cls: ClassVar = Sparse24Linear
     summary: ClassVar[str] = "2:4-pruned weights (Wanda/magnitude), model-dtype activations; cuSPARSELt"
+    sqnr_bound_db: ClassVar[float] = 40
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return sparse24_reason(layer, device)
@@ -52,6 +53,7 @@ class Sparse24Int8Dyn(_Sparse):
     family: ClassVar[str] = "sparse24_int8_dyn"
     module_cls: ClassVar = Sparse24Int8DynLinear
     summary: ClassVar[str] = "2:4-pruned int8 weights x int8 per-token activations; cuSPARSELt int8"
+    sqnr_bound_db: ClassVar[float] = 35
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return sparse24_reason(layer, device) or int_mm_reason(layer, device)
@@ -63,6 +65,7 @@ class Sparse24Fp8(_Sparse):
     family: ClassVar[str] = "sparse24_fp8"
     module_cls: ClassVar = Sparse24Fp8DynLinear
     summary: ClassVar[str] = "2:4-pruned fp8 rowwise weights x fp8 per-token activations; cuSPARSELt fp8"
+    sqnr_bound_db: ClassVar[float] = 25
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         reason = sparse24_reason(layer, device) or fp8_reason(layer, device, (9, 0))

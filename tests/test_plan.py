@@ -171,3 +171,37 @@ def test_get_with_params_and_errors():
         search_space.get("int4_wo", groupsize=64)
     with pytest.raises(ValueError, match="granularity must be one of"):
         search_space.get("fp8_dyn", granularity="block")
+
+
+def test_kernel_choices_round_trip_apply_and_save(tmp_path):
+    # The plan carries each layer's CUDA kernel; apply, plan_of, save and load keep it (on CPU the
+    # kernel is recorded but the CPU path runs: same numbers).
+    model = TinyBlock()
+    plan = Plan.for_model(model, {"q_proj": search_space.get("int4_wo", group_size=32),
+                                  "up": search_space.get("int8_wo")}, kernels={"q_proj": "triton"})
+    again = Plan.from_json(plan.to_json())
+    assert again.kernels == {"q_proj": "triton"} and again == plan
+    quantized = autoao.apply(copy.deepcopy(model), plan)
+    assert quantized.q_proj.kernel == "triton" and quantized.up.kernel == quantized.up.kernels[0]
+    assert autoao.plan.plan_of(quantized).kernels == {"q_proj": "triton", "up": "dequant"}
+    autoao.save(quantized, tmp_path)
+    loaded = autoao.load(copy.deepcopy(model), tmp_path)
+    assert loaded.q_proj.kernel == "triton"
+    x = torch.randn(2, 3, 64)
+    assert torch.equal(loaded(x), quantized(x))
+
+
+def test_bad_kernel_names_are_listed_with_suggestions():
+    model = TinyBlock()
+    plan = Plan.for_model(model, {"q_proj": search_space.get("int4_wo", group_size=32)},
+                          kernels={"q_proj": "tinygem", "up": "triton"})
+    with pytest.raises(PlanError) as e:
+        autoao.apply(model, plan)
+    msg = str(e.value)
+    assert "q_proj: int4_wo(group_size=32) has no kernel 'tinygem'" in msg and "did you mean 'tinygemm'" in msg
+    assert "up: has a kernel ('triton') but no candidate" in msg
+    assert isinstance(model.q_proj, nn.Linear)  # nothing applied
+    with pytest.raises(PlanError, match="'kernels' must be an object"):
+        Plan.from_dict({**plan.to_dict(), "kernels": ["triton"]})
+    with pytest.raises(ValueError, match="has no kernel 'fast'.*has: tinygemm, triton"):
+        search_space.get("int4_wo", group_size=32).build(model.q_proj).set_kernel("fast")

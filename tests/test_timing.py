@@ -140,3 +140,22 @@ def test_cli_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
     err = capsys.readouterr().err
     assert rc == 2
     assert message in err and err.startswith("autoao: error:") and err.count("\n") == 1
+
+
+def test_pick_kernel_minimises_total_time_over_the_workload():
+    t = lambda us: timing.Timing(us, us, us, 5)  # noqa: E731
+    failed = timing.Timing.failed("boom")
+    # faster at M=1, much slower at M=2048: the total decides (one module serves both)
+    assert timing.pick_kernel({"a": {1: t(10), 2048: t(100)}, "b": {1: t(5), 2048: t(300)}}) == "a"
+    assert timing.pick_kernel({"a": {1: t(10)}, "b": {1: t(5)}}) == "b"
+    assert timing.pick_kernel({"a": {1: failed}, "b": {1: t(50)}}) == "b"  # a failure never wins
+    assert timing.pick_kernel({"a": {1: t(7)}, "b": {1: t(7)}}) == "a"  # ties: the default (first)
+    assert timing.pick_kernel({None: {1: t(3)}}) is None
+
+
+def test_kernel_names_only_on_cuda_and_only_with_a_choice():
+    int4 = search_space.get("int4_wo", group_size=128)
+    assert timing.kernel_names(int4, torch.device("cpu")) == (None,)
+    assert timing.kernel_names(int4, torch.device("cuda")) == ("tinygemm", "triton")
+    assert timing.kernel_names(search_space.get("fp8_wo"), torch.device("cuda")) == (None,)
+    assert timing.kernel_names(search_space.get("bf16"), torch.device("cuda")) == (None,)

@@ -87,20 +87,48 @@ def test_scaled_epilogue_matches_torch():
     """)
 
 
-def test_int4_gemv_matches_dequantized_reference():
+def test_weight_only_gemv_kernels_match_dequantized_reference():
+    # Every kernel on shapes no block divides (masks on N and K), M = 1 and a padded M = 3, in the
+    # default configuration and in a split-K one (partials summed), against fp64 x @ w_dq^T.
     run_interpreted("""
         import torch
-        from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise
-        from autoao.kernels.triton_int4 import int4_gemv
+        from autoao.kernels.quant import (dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise,
+                                          quantize_int8_per_channel, quantize_fp8)
+        from autoao.kernels import triton_gemv as tg
         torch.manual_seed(0)
-        # K a multiple of each block size, and K = 96 / N = 40 that no block divides (masks)
-        for n, k, g in [(64, 512, 128), (40, 96, 32), (24, 1024, 64)]:
+        split = tg.Config(block_n=8, block_k=128, split_k=2, num_warps=4)
+        def check(name, y, ref):
+            assert y.shape == ref.shape and y.dtype == torch.bfloat16, (name, y.shape, y.dtype)
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            assert err < 6e-3, (name, err)  # bf16 output rounding is ~3e-3
+        for n, k, g in [(24, 384, 128), (40, 320, 32), (8, 512, 64)]:
             w = torch.randn(n, k)
-            q, s, z = quantize_int4_groupwise(w, g)
-            x = torch.randn(1, k).to(torch.bfloat16)
-            y = int4_gemv(x, pack_int4(q), s, z, g)
-            ref = x.float() @ dequantize_int4_groupwise(q, s, z).t()
-            assert y.shape == (1, n) and y.dtype == torch.bfloat16
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            assert err < 1e-2, (n, k, g, err)
+            for m in (1, 3):
+                x = torch.randn(m, k).to(torch.bfloat16)
+                q, s, z = quantize_int4_groupwise(w, g)
+                ref = x.double() @ dequantize_int4_groupwise(q, s, z).double().t()
+                check("int4", tg.int4_gemv_triton(x, pack_int4(q), s, z, g), ref)
+                t4 = (pack_int4(q), s, z)
+                check("int4 split", tg._finish(tg._launch("int4", x, t4, n, k, split, g), x.dtype), ref)
+                q8, s8 = quantize_int8_per_channel(w)
+                s8 = s8.to(torch.bfloat16)
+                ref = x.double() @ (q8.double() * s8.double()[:, None]).t()
+                check("int8", tg.int8_gemv_triton(x, q8, s8), ref)
+                t8 = (q8, s8)
+                check("int8 split", tg._finish(tg._launch("int8", x, t8, n, k, split, 0), x.dtype), ref)
+                wf, sf = quantize_fp8(w, "row")  # [N, K] e4m3, [N, 1] fp32
+                sf = sf.reshape(-1)
+                ref = x.double() @ (wf.double() * sf.double()[:, None]).t()
+                check("fp8", tg.fp8_gemv_triton(x, wf, sf), ref)
+        # what the kernels refuse, with the reason
+        for bad, msg in [(lambda: tg.int8_gemv_triton(torch.randn(9, 64), torch.zeros(8, 64, dtype=torch.int8),
+                                                      torch.ones(8)), "at most 8 rows"),
+                         (lambda: tg.int8_gemv_triton(torch.randn(1, 60), torch.zeros(8, 64, dtype=torch.int8),
+                                                      torch.ones(8)), "x must be [M, 64]")]:
+            try:
+                bad()
+            except ValueError as e:
+                assert msg in str(e), e
+            else:
+                raise AssertionError("no error for " + msg)
     """)

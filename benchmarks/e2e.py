@@ -1,0 +1,303 @@
+"""End to end: bf16 (eager, compiled), every uniform autoao plan, autoao's searched plan and torchao's
+autoquant on Llama-shaped stacks with random weights (speed only).
+
+    source benchmarks/device_env.sh; python3 benchmarks/e2e.py --out $OUT [--models llama8,smollm2]
+        [--tokens 1,2048] [--budget 40] [--torchao] [--only-torchao]
+    python benchmarks/e2e.py --cpu-smoke --out /tmp/e2e_smoke    # tiny model on the CPU, no torchao
+
+Every row runs input tokens [1, M] through autoao's measure_model (CUDA: graph replay, L2 flushed
+before each repeat; median and p20/p80) and records the speed-up against the *compiled* bf16 model,
+the search's wall time, the bytes of the model's parameters and buffers (the tensors its kernels
+read; tied storage once) and, at M=1, the fraction of the bandwidth roofline: bytes read per forward
+/ measured time / peak copy bandwidth (measured at start-up). $OUT/e2e.md and $OUT/e2e.json are
+rewritten after every row, so a timeout keeps what finished; a failing row is recorded, not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import datetime
+import gc
+import importlib.metadata
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+sys.path.insert(0, str(Path(__file__).parent))
+import llama_stack  # noqa: E402
+
+import autoao  # noqa: E402
+from autoao import search_space  # noqa: E402
+from autoao.evaluators.timing import Timing, device_name, kernel_names, measure_model  # noqa: E402
+
+SHAPES = {"llama8": llama_stack.LlamaShape(), "smollm2": llama_stack.LlamaShape.smollm2(),
+          "tiny": llama_stack.LlamaShape.tiny()}
+Row = dict[str, Any]
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Peak memory bandwidth in bytes/s: (read + write bytes) of one large copy_ / its time, median of
+    10 after 2 warm-ups (1 GiB on CUDA, timed with events; 64 MiB with wall clocks on the CPU)."""
+    n = 2**30 if device.type == "cuda" else 2**26
+    src = torch.ones(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    return 2 * n / statistics.median(times[2:])
+
+
+def weight_bytes(model: nn.Module) -> tuple[int, int]:
+    """(stored, read per forward) bytes of the model's parameters and buffers, each storage once (a
+    tied lm_head and embedding count once). Unlike autoao.api.weight_bytes (the saved state) this
+    counts the runtime tensors the kernels read, and looks inside tensor subclasses (torchao's
+    quantized weights) at their inner tensors. `read` leaves out what only an nn.Embedding holds:
+    a forward reads M of its rows, not the table."""
+    size: dict[tuple, int] = {}
+    read: set[tuple] = set()
+
+    def leaves(t: torch.Tensor):
+        if is_traceable_wrapper_subclass(t):
+            for name in t.__tensor_flatten__()[0]:
+                yield from leaves(getattr(t, name))
+        elif t.numel():
+            yield (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)), t.numel() * t.element_size()
+
+    for mod in model.modules():
+        for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]:
+            for key, n in leaves(t):
+                size[key] = n
+                if not isinstance(mod, nn.Embedding):
+                    read.add(key)
+    return sum(size.values()), sum(size[k] for k in read)
+
+
+class Report:
+    """The rows so far, rewritten to out/e2e.md (one table per model) and out/e2e.json on every add."""
+
+    def __init__(self, out: Path, header: str, start: float) -> None:
+        self.out, self.header, self.start, self.rows = out, header, start, []
+
+    def add(self, r: Row) -> None:
+        r["elapsed_s"] = round(time.perf_counter() - self.start, 1)
+        self.rows.append(r)
+        print(f"[{r['elapsed_s']:.0f} s] {r['model']} {self._line(r)}", flush=True)
+        (self.out / "e2e.json").write_text(json.dumps(self.rows, indent=1))
+        md = [self.header]
+        for model in dict.fromkeys(r["model"] for r in self.rows):
+            md += [f"\n## {model}\n", "| M | plan | median ms | p20-p80 ms | speed-up vs compiled bf16 | search s | "
+                   "weights MB | roofline | notes |", "|---|---|---|---|---|---|---|---|---|"]
+            md += [self._line(r) for r in self.rows if r["model"] == model]
+        (self.out / "e2e.md").write_text("\n".join(md) + "\n")
+
+    @staticmethod
+    def _line(r: Row) -> str:
+        f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+        notes = [r["error"] and f"**error**: {r['error']}", r["note"],
+                 r["details"] and ", ".join(f"{k}: {v}" for k, v in r["details"].items())]
+        notes_s = "; ".join(n for n in notes if n).replace("|", "\\|").replace("\n", " ")
+        spread = "-" if r["ms"] is None else f"{r['p20_ms']:.3f}-{r['p80_ms']:.3f}"
+        return (f"| {r['m']} | {r['plan']} | {f(r['ms'], '.3f')} | {spread} | {f(r['speedup'], '.2f')} | "
+                f"{r['search_s']:.0f} | {f(r['weight_bytes'] and r['weight_bytes'] / 1e6, '.1f')} | "
+                f"{f(r['roofline'], '.1%')} | {notes_s} |")
+
+
+def measure_row(report: Report, ctx: dict[str, Any], plan: str, make: Callable[[Row], nn.Module],
+                timer: Callable[[nn.Module, Row], Timing] | None = None, reference: bool = False) -> None:
+    """One row: make(row) builds the model (and may fill search_s, note, details), timer(model, row)
+    times it (default: compiled, CUDA graph). reference: this row's time becomes ctx["ref_us"], which
+    the speed-ups divide. Any failure becomes the row's error; memory is freed afterwards."""
+    torch._dynamo.reset()  # fresh compile caches: every plan's forward is the same code object
+    r: Row = {"model": ctx["model"], "m": ctx["m"], "plan": plan, "ms": None, "p20_ms": None, "p80_ms": None,
+              "speedup": None, "search_s": 0.0, "weight_bytes": None, "read_bytes": None, "roofline": None,
+              "note": "", "details": None, "error": None}
+    model = None
+    try:
+        model = make(r)
+        r["weight_bytes"], r["read_bytes"] = weight_bytes(model)
+        t = (timer or (lambda mod, _: measure_model(mod, ctx["x"], compile=True)))(model, r)
+        if not t.ok:
+            raise RuntimeError(t.error)
+        r.update(ms=t.median_us / 1e3, p20_ms=t.p20_us / 1e3, p80_ms=t.p80_us / 1e3)
+        if reference:
+            ctx["ref_us"] = t.median_us
+        r["speedup"] = ctx["ref_us"] / t.median_us if ctx["ref_us"] else None
+        if ctx["m"] == 1:
+            r["roofline"] = r["read_bytes"] / (t.median_us * 1e-6) / ctx["bw"]
+    except Exception as e:  # noqa: BLE001 - one failing plan is a row, not the end of the run
+        r["error"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    report.add(r)
+    del model
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def uniform(base: nn.Module, cand: search_space.Candidate, device: torch.device, r: Row,
+            kernel: str | None = None) -> nn.Module:
+    """A copy of `base` with `cand` (and its CUDA kernel `kernel`, None: the default) on every linear
+    layer that supports it (Plan.uniform leaves the others in bf16 and says why; apply raises
+    PlanError if the plan does not fit)."""
+    q = copy.deepcopy(base)
+    plan = autoao.Plan.uniform(q, cand)
+    if kernel is not None:
+        plan.kernels = {fqn: kernel for fqn in plan.layers}
+    skipped = plan.metadata.get("skipped", {})
+    if not plan.layers:
+        raise ValueError(f"no layer supports it: {next(iter(skipped.values()), 'no linear layers')}")
+    autoao.apply(q, plan)
+    notes = [f"{len(skipped)} layers left bf16 ({next(iter(skipped.values()))})" if skipped else "",
+             f"emulated on {device.type}: {cand.emulated(device)}" if cand.emulated(device) else ""]
+    r["note"], r["details"] = "; ".join(n for n in notes if n), plan.summary()
+    return q
+
+
+def searched(base: nn.Module, x: torch.Tensor, held: list[torch.Tensor], budget: str | int, out: Path,
+             tag: str, r: Row) -> nn.Module:
+    """autoao.optimize on a copy (as gpu_search.py: pure speed search, accuracy drop allowed up to 1);
+    search_s = its wall time; its summary.json is copied to out/search_<tag>_summary.json."""
+    work = Path(tempfile.gettempdir()) / "autoao_e2e" / tag
+    shutil.rmtree(work, ignore_errors=True)  # a fresh study, not a continuation of an earlier run's
+    t0 = time.perf_counter()
+    res = autoao.optimize(copy.deepcopy(base), x, budget=budget, eval_inputs=held, max_accuracy_drop=1.0,
+                          out_dir=work, progress=False)
+    r["search_s"] = time.perf_counter() - t0
+    shutil.copy(work / "summary.json", out / f"search_{tag}_summary.json")
+    shutil.rmtree(work / "model", ignore_errors=True)  # the saved quantized model: GBs for llama8
+    s = res.summary
+    r["note"] = (f"{s['trials']} trials; autoao's own check vs eager bf16: predicted "
+                 f"{s['speedup']['predicted']:.2f}x, measured {s['speedup']['measured']:.2f}x")
+    r["details"] = res.plan.summary() or {"bf16 (no change)": 0}
+    return res.model
+
+
+def autoquant(base: nn.Module, x: torch.Tensor, r: Row) -> nn.Module:
+    """torchao 0.16's documented use: autoquant(torch.compile(model, mode="max-autotune")), then one
+    call, which logs the shapes, benchmarks each layer's candidates, swaps the weights and compiles
+    (manual=False: no finalize_autoquant needed). search_s = that call's wall time; details = the
+    weight classes it chose, counted over the linear layers."""
+    import torchao
+
+    t0 = time.perf_counter()
+    model = torchao.autoquant(torch.compile(copy.deepcopy(base), mode="max-autotune"))
+    with torch.no_grad():  # as measure_model runs it: no recompile for grad mode later
+        model(x)
+    torch.cuda.synchronize()
+    r["search_s"] = time.perf_counter() - t0
+    r["details"] = dict(collections.Counter(type(mod.weight).__name__ for mod in model.modules()
+                                            if isinstance(mod, nn.Linear)))
+    return model
+
+
+def autoquant_timer(model: nn.Module, x: torch.Tensor, r: Row) -> Timing:
+    """Already compiled: time it as is; max-autotune replays its own CUDA graphs, which may refuse
+    capture inside ours, so fall back to timing launches (graph=False) and say so."""
+    t = measure_model(model, x)
+    if not t.ok:
+        r["note"] = f"our CUDA graph capture failed ({t.error}): timed without it (graph=False)"
+        t = measure_model(model, x, graph=False)
+    return t
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n")[:2]))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="llama8,smollm2", help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--tokens", default=None, help="comma-separated M (default 1,2048; cpu-smoke 1,8)")
+    ap.add_argument("--budget", default=None, help="optimize's budget: trials (default 40) or time (5s, 2m)")
+    ap.add_argument("--candidates", default=None,
+                    help="';'-separated candidate names for the uniform rows (default: all)")
+    ap.add_argument("--no-search", action="store_true", help="skip the searched-plan row")
+    ap.add_argument("--torchao", action="store_true", help="add torchao autoquant rows")
+    ap.add_argument("--only-torchao", action="store_true", help="only compiled bf16 and torchao autoquant")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU, no CUDA graphs, no torchao")
+    args = ap.parse_args()
+    if args.cpu_smoke and (args.torchao or args.only_torchao):
+        ap.error("--cpu-smoke runs without torchao")
+    device = torch.device("cpu" if args.cpu_smoke else "cuda")
+    models = ["tiny"] if args.cpu_smoke else args.models.split(",")
+    tokens = [int(t) for t in (args.tokens or ("1,8" if args.cpu_smoke else "1,2048")).split(",")]
+    budget = args.budget or ("5s" if args.cpu_smoke else "40")
+    budget = int(budget) if budget.isdigit() else budget  # a bare number is a trial count
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    bw = copy_bandwidth(device)
+    header = (f"# End-to-end latency: bf16, uniform autoao plans, searched plan"
+              f"{', torchao autoquant' if args.torchao or args.only_torchao else ''}\n\n"
+              f"command: python {' '.join(sys.argv)}\n\n"
+              f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
+              f"device: {device_name(device)}; torch {torch.__version__}, triton {_version('triton')}, "
+              f"torchao {_version('torchao')}; peak copy bandwidth {bw / 1e9:.0f} GB/s\n\n"
+              f"Random weights (speed only), tokens [1, M]; median of autoao's measure_model "
+              f"({'CUDA graph replay, L2 flushed' if device.type == 'cuda' else 'CPU wall clock'}); "
+              "speed-up vs compiled bf16; weights = parameters + buffers (tied once); roofline (M=1) = "
+              "bytes read (all but embedding-only tables) / median time / peak copy bandwidth.")
+    print(header, flush=True)
+    report = Report(out, header, start)
+    for name in models:
+        shape = SHAPES[name]
+        base = llama_stack.build(shape, device=device).requires_grad_(False)
+        gen = torch.Generator(device=device).manual_seed(1)
+        for m in tokens:
+            x = torch.randint(0, shape.vocab, (1, m), device=device, generator=gen)
+            held = [torch.randint(0, shape.vocab, (1, 256), device=device, generator=gen)]
+            ctx: dict[str, Any] = {"model": name, "m": m, "x": x, "bw": bw, "ref_us": None}
+            measure_row(report, ctx, "bf16 compiled", lambda r: base, reference=True)
+            if not args.only_torchao:
+                measure_row(report, ctx, "bf16 eager", lambda r: base, lambda mod, r: measure_model(mod, x))
+                cands = ([search_space.get(c) for c in args.candidates.split(";")] if args.candidates
+                         else search_space.all_candidates())
+                for cand in cands:
+                    for kern in kernel_names(cand, device):  # each CUDA kernel of the candidate
+                        label = f"uniform {cand.name}" + (f"@{kern}" if kern else "")
+                        measure_row(report, ctx, label, lambda r, c=cand, k=kern: uniform(base, c, device, r, k))
+                if not args.no_search:
+                    measure_row(report, ctx, "searched (autoao.optimize)",
+                                lambda r: searched(base, x, held, budget, out, f"{name}_m{m}", r))
+            if args.torchao or args.only_torchao:
+                # autoquant sets global inductor options (coordinate descent tuning, ...): undo them after
+                saved, precision = torch._inductor.config.get_config_copy(), torch.get_float32_matmul_precision()
+                try:
+                    measure_row(report, ctx, "torchao autoquant (max-autotune)", lambda r: autoquant(base, x, r),
+                                lambda mod, r: autoquant_timer(mod, x, r))
+                finally:
+                    torch._inductor.config.load_config(saved)
+                    torch.set_float32_matmul_precision(precision)
+        del base
+        gc.collect()
+    print(f"done in {time.perf_counter() - start:.0f} s: {out}/e2e.md, {out}/e2e.json", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Weight-only GEMV / skinny GEMM (M <= 8 rows) in Triton: int4 group-wise, int8 and fp8 per-channel.
+
+Why: at decode (M = 1) a linear layer's only job is to stream its weights once; torch's kernels
+do not: tinygemm reaches ~45% of the H200's bandwidth roofline at M=1, and int8 weight-only through
+`F.linear(x, w.to(bf16))` reads 5 bytes per weight instead of 1 (benchmarks/NOTES.md).
+
+Two numbers per layer N x K at M rows: bytes = N*K*b (b = 1/2 int4, 1 int8/fp8) + scales (+ zeros)
++ 2*M*(K + N); FLOPs = 2*M*N*K. Memory-bound by ~100x at M = 1.
+
+Design (what the H200 measurements in benchmarks/NOTES.md kept): plain tiles. Each program loads
+a [BLOCK_N, BLOCK_K] weight tile straight from the canonical layout (int4: [N, K/2] uint8 read as
+[BLOCK_N, groups, G/2] bytes; int8/fp8: [N, K]), converts in registers, multiplies by the
+activation (shared by all rows) and reduces along K. int4 applies scales and zeros once per group
+and row: sum_k w x = s * (sum q x - 8 sum x) + z * sum x. Split-K: SPLIT_K programs per column
+block write fp32 partials [SPLIT_K, M, N], summed by one torch reduction, for layers whose
+N / BLOCK_N programs alone cannot fill 132 SMs. (A first version re-viewed the bytes as int32 words
+and built floats with exponent-bit tricks to save conversion instructions; its 3-D/4-D register
+shuffles made it 2-6x slower than these plain tiles.)
+
+Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
+or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
+(`autoao::int4_gemv`, `autoao::int8_gemv`, `autoao::fp8_gemv`) so torch.compile and CUDA graphs
+treat each as one opaque, shape-known call. Tested on CPU with TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
+
+
+
+@triton.jit
+def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
+                 GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    # x [M, K]; q [N, K/2] uint8 (byte j: k=2j in the high nibble, k=2j+1 in the low one);
+    # s, z [N, K/G] bf16; y [SPLIT_K, M, N] fp32 partial sums. A step is NG whole groups, loaded
+    # as a 3-D tile [BN, NG, G/2] so the per-group sums are a reduction over the last axis.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    mask_n = offs_n < N
+    n64 = offs_n.to(tl.int64)
+    NG: tl.constexpr = BLOCK_K // GROUP
+    HB: tl.constexpr = GROUP // 2  # bytes per group and row
+    g_off = tl.arange(0, NG)
+    b_off = tl.arange(0, HB)
+    rows = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        g = k0 // GROUP + g_off  # [NG] group index
+        mask_g = g < K // GROUP
+        byte = g[:, None] * HB + b_off[None, :]  # [NG, HB] byte index within a row
+        p = tl.load(q_ptr + n64[:, None, None] * stride_qn + byte[None, :, :],
+                    mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)  # [BN, NG, HB] uint8
+        hi = (p >> 4).to(tl.float32)  # k even
+        lo = (p & 15).to(tl.float32)  # k odd
+        sz = n64[:, None] * stride_sn + g[None, :]
+        mask_sz = mask_n[:, None] & mask_g[None, :]
+        s = tl.load(s_ptr + sz, mask=mask_sz, other=0.0).to(tl.float32)  # [BN, NG]
+        z = tl.load(z_ptr + sz, mask=mask_sz, other=0.0).to(tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            k_even = 2 * byte  # [NG, HB]
+            kmask = k_even < K * (M > m)  # rows past M (BLOCK_M is a power of 2) read nothing
+            xe = tl.load(x_ptr + m * stride_xm + k_even, mask=kmask, other=0.0).to(tl.float32)
+            xo = tl.load(x_ptr + m * stride_xm + k_even + 1, mask=kmask, other=0.0).to(tl.float32)
+            t = tl.sum(hi * xe[None, :, :] + lo * xo[None, :, :], axis=2)  # [BN, NG]: sum q x per group
+            xs = tl.sum(xe + xo, axis=1)  # [NG]
+            part = tl.sum(s * (t - 8.0 * xs[None, :]) + z * xs[None, :], axis=1)  # [BN]
+            acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
+    tl.store(y, acc, mask=(rows[:, None] < M) & mask_n[None, :])
+
+
+@triton.jit
+def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SPLIT_K: tl.constexpr):
+    # x [M, K]; w [N, K] int8 or float8_e4m3fn (e4m3 pairs are converted by the hardware on
+    # sm_90); s [N]; y [SPLIT_K, M, N] fp32 partials = (x @ w^T) * s per split.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    n64 = offs_n.to(tl.int64)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        k = k0 + offs_k
+        w = tl.load(w_ptr + n64[:, None] * stride_wn + k[None, :], mask=mask_n[:, None] & (k < K)[None, :],
+                    other=0.0).to(tl.float32)  # [BN, BK]
+        for m in tl.static_range(BLOCK_M):
+            x = tl.load(x_ptr + m * stride_xm + k, mask=k < K * (M > m), other=0.0).to(tl.float32)
+            t = tl.sum(w * x[None, :], axis=1)
+            acc = tl.where(rows[:, None] == m, acc + t[None, :], acc)
+    s = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
+    tl.store(y, acc * s[None, :], mask=(rows[:, None] < M) & mask_n[None, :])
+
+
+##### launch configurations #####################################################################
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+
+
+# Candidates for the per-shape sweep (the H200 sweep in benchmarks/results/2026-11-30-h200/ ranked
+# these): 2-16 KB of weights per step; split-K for long K and narrow N (4096 x 14336, whose
+# 4096 / BLOCK_N programs cannot fill 132 SMs).
+CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
+    (4, 512, 2), (8, 512, 4), (16, 256, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4), (32, 512, 8),
+    (16, 2048, 8)] for sk in (1, 2, 4))
+_DEFAULT = Config(16, 256, 1, 4)
+_TUNED: dict[tuple, Config] = {}
+
+
+def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Config, group: int) -> torch.Tensor:
+    """Run one kernel with cfg; returns fp32 partials [split_k, M, N]."""
+    m = x.shape[0]
+    y = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    block_m = triton.next_power_of_2(m)
+    meta = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                num_warps=cfg.num_warps)
+    if kind == "int4":
+        q, s, z = tensors
+        _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
+    else:  # int8, fp8: the same kernel, the element type comes with the pointer
+        w, s = tensors
+        _per_channel_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), **meta)
+    return y
+
+
+def _fits(cfg: Config, k: int, group: int) -> bool:
+    # int4 steps hold whole groups (group 0: per-channel kernels); every split gets >= 1 step.
+    whole = group == 0 or cfg.block_k % group == 0
+    return whole and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
+
+
+def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int) -> Config:
+    """The fastest config for (kind, N, K, M, group), timed once per process on a CUDA device."""
+    key = (kind, n, k, triton.next_power_of_2(x.shape[0]), group, x.dtype, x.device.index)
+    cfg = _TUNED.get(key)
+    if cfg is not None:
+        return cfg
+    if os.environ.get("TRITON_INTERPRET") == "1" or not x.is_cuda or torch.cuda.is_current_stream_capturing():
+        return _DEFAULT if _fits(_DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
+    from triton.testing import do_bench
+
+    best, best_ms = None, float("inf")
+    for cfg in CONFIGS:
+        if not _fits(cfg, k, group):
+            continue
+        try:
+            ms = do_bench(lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype),
+                          warmup=5, rep=20)
+        except Exception:  # noqa: BLE001 - a config that does not compile (registers) is skipped
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"no {kind} GEMV configuration ran for N={n}, K={k}")
+    _TUNED[key] = best
+    return best
+
+
+def _finish(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[S, M, N] fp32 -> [M, N] dtype (a view-cast when S == 1, one reduction otherwise)."""
+    if partials.shape[0] == 1:
+        return partials[0].to(dtype)
+    return partials.sum(0, dtype=torch.float32).to(dtype)
+
+
+def _check_rows(x: torch.Tensor, k: int, name: str) -> torch.Tensor:
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"{name}: x must be [M, {k}], got {tuple(x.shape)}")
+    if x.shape[0] > MAX_ROWS:
+        raise ValueError(f"{name}: handles at most {MAX_ROWS} rows, got M={x.shape[0]}; use the GEMM kernel")
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def int4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                     group_size: int) -> torch.Tensor:
+    """x [M <= 8, K] -> [M, N] in x.dtype for autoao's canonical int4 weights: qweight [N, K/2] uint8
+    (even k in the high nibble), scales/zeros [N, K/g] with w = (q - 8) * scale + zero."""
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    x = _check_rows(x, k, "int4_gemv")
+    if scales.shape != (n, k // group_size) or zeros.shape != scales.shape or group_size % 8:
+        raise ValueError(f"int4_gemv: qweight {tuple(qweight.shape)}, scales {tuple(scales.shape)}, "
+                         f"zeros {tuple(zeros.shape)}, group_size {group_size}: shapes do not match")
+    tensors = (qweight.contiguous(), scales.contiguous(), zeros.contiguous())
+    cfg = _tune("int4", x, tensors, n, k, group_size)
+    return _finish(_launch("int4", x, tensors, n, k, cfg, group_size), x.dtype)
+
+
+def int8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M <= 8, K] -> [M, N] = x @ (qweight * scale[:, None])^T in x.dtype; qweight [N, K] int8,
+    scale [N]."""
+    n, k = qweight.shape
+    x = _check_rows(x, k, "int8_gemv")
+    if scale.shape != (n,):
+        raise ValueError(f"int8_gemv: scale {tuple(scale.shape)}, expected ({n},)")
+    tensors = (qweight.contiguous(), scale)
+    cfg = _tune("int8", x, tensors, n, k, 0)
+    return _finish(_launch("int8", x, tensors, n, k, cfg, 0), x.dtype)
+
+
+def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M <= 8, K] -> [M, N] = x @ (weight * scale[:, None])^T in x.dtype; weight [N, K]
+    float8_e4m3fn, scale [N]."""
+    n, k = weight.shape
+    x = _check_rows(x, k, "fp8_gemv")
+    if scale.shape != (n,):
+        raise ValueError(f"fp8_gemv: scale {tuple(scale.shape)}, expected ({n},)")
+    tensors = (weight.contiguous(), scale)
+    cfg = _tune("fp8", x, tensors, n, k, 0)
+    return _finish(_launch("fp8", x, tensors, n, k, cfg, 0), x.dtype)
+
+
+##### custom ops (opaque to torch.compile, capturable in CUDA graphs) ###########################
+
+@torch.library.custom_op("autoao::int4_gemv", mutates_args=())
+def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              group_size: int) -> torch.Tensor:
+    """Custom-op wrapper of int4_gemv_triton."""
+    return int4_gemv_triton(x, qweight, scales, zeros, group_size)
+
+
+@int4_gemv.register_fake
+def _(x, qweight, scales, zeros, group_size):
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+@torch.library.custom_op("autoao::int8_gemv", mutates_args=())
+def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Custom-op wrapper of int8_gemv_triton."""
+    return int8_gemv_triton(x, qweight, scale)
+
+
+@int8_gemv.register_fake
+def _(x, qweight, scale):
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+@torch.library.custom_op("autoao::fp8_gemv", mutates_args=())
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Custom-op wrapper of fp8_gemv_triton."""
+    return fp8_gemv_triton(x, weight, scale)
+
+
+@fp8_gemv.register_fake
+def _(x, weight, scale):
+    return x.new_empty((x.shape[0], weight.shape[0]))
