@@ -266,8 +266,16 @@ def _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, d
                     emulated.append(c.name)
             else:
                 errors[c.name] = next(t.error for t in ts if not t.ok)
+        kernels = {}  # candidate -> {"chosen": kernel, "us": {kernel: time over this layer's calls}}
+        for c in cands:
+            by_kernel = table.kernel_timings.get((c.name, lay.in_features, lay.out_features))
+            if by_kernel:
+                kernels[c.name] = {"chosen": table.kernel_for(c.name, lay.in_features, lay.out_features),
+                                   "us": {kern: sum(n * ts[m].median_us for m, n in calls.items())
+                                          for kern, ts in by_kernel.items()}}
         layers.append({"fqn": lay.fqn, "in_features": lay.in_features, "out_features": lay.out_features,
                        "tokens": lay.tokens, "calls": calls, "time_us": times, "timing_error": errors,
+                       "kernels": kernels,
                        "emulated": emulated, "sqnr_db": sqnr.get(lay.fqn, {}), "choices": choices[lay.fqn],
                        "excluded": excluded[lay.fqn], "tied": lay.tied})
     cand_rows = []

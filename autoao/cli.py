@@ -123,7 +123,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 def format_kernel_table(table, shapes, tokens, candidates) -> str:
     """One block per shape: median time per candidate and M, speed-up vs bf16, and a notes column
-    with why a candidate is unsupported or emulated (emulated times are never shown as a speed-up)."""
+    with why a candidate is unsupported or emulated (emulated times are never shown as a speed-up)
+    and, for candidates with several CUDA kernels, which one timing chose."""
     lines = []
     for n, k in shapes:
         lines.append(f"\n{n}x{k} (N x K), {table.dtype} on {table.device}, mode {table.mode}")
@@ -134,6 +135,8 @@ def format_kernel_table(table, shapes, tokens, candidates) -> str:
             for m in tokens:
                 t = table.get(cand.name, m, k, n)
                 base = table.get("bf16", m, k, n)
+                if t.kernel is not None:
+                    notes.add(f"kernel {t.kernel}")
                 if not t.ok:
                     cells.append("n/a" if (t.error or "").startswith("unsupported") else "failed")
                     notes.add(t.error or "")
@@ -159,12 +162,12 @@ def write_kernel_csv(table, path: str) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["device", "dtype", "mode", "candidate", "m", "k", "n", "median_us", "p20_us", "p80_us",
-                "emulated", "error", "cached"])
+                "emulated", "error", "cached", "kernel"])
     for r in table.rows:
         t = r.timing
         w.writerow([table.device, table.dtype, table.mode, r.candidate, r.m, r.k, r.n,
                     *(v if math.isfinite(v) else "" for v in (t.median_us, t.p20_us, t.p80_us)),
-                    t.emulated or "", t.error or "", int(r.cached)])
+                    t.emulated or "", t.error or "", int(r.cached), t.kernel or ""])
     atomic_write(Path(path), lambda f: f.write(buf.getvalue().encode()))
 
 
@@ -350,8 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--candidates", default=None,
                    help="comma-separated candidate names, e.g. 'int8_dyn,int4_wo(group_size=64)' (default: all)")
     k.add_argument("--mode", default=None, choices=["eager", "graph", "compile"],
-                   help="how kernels run while timed: graph = CUDA graphs (CUDA default), "
-                        "eager (CPU default), compile = torch.compile")
+                   help="how kernels run while timed: compile = torch.compile(fullgraph) replayed in a "
+                        "CUDA graph (CUDA default: how a plan runs), graph = eager modules in a CUDA graph, "
+                        "eager (CPU default)")
     k.add_argument("--cache-dir", default=None, help="timing cache directory (default: $AUTOAO_CACHE_DIR "
                    "or ~/.cache/autoao)")
     k.add_argument("--csv", default=None, help="also write every timing to this CSV file")

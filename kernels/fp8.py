@@ -104,7 +104,7 @@ class Fp8WeightOnlyLinear(QuantizedLinear):
     def forward(self, x):
         x2 = flatten_tokens(x)
         if self._gemv and x2.shape[0] <= GEMV_MAX_ROWS:
-            y = torch.ops.autoao.fp8_gemv(x2, self.w_q, self.w_scale)
+            y = torch.ops.autoao.per_channel_gemv(x2, self.w_q, self.w_scale)
         else:
             y = F.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
         return unflatten_tokens(self._add_bias(y), x)

@@ -141,7 +141,7 @@ def load_triton_ops() -> bool:
     """Import (once) the Triton custom ops; False where Triton is missing or unusable.
 
     Registers torch.ops.autoao.{per_token_quant, scaled_epilogue} (triton_quant) and
-    {int4_gemv, int8_gemv, fp8_gemv} (triton_gemv). Called when a module is packed for CUDA, so
+    {int4_gemv, per_channel_gemv} (triton_gemv). Called when a module is packed for CUDA, so
     forward never imports anything (torch.compile-safe).
     """
     global _TRITON_OPS

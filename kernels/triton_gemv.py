@@ -13,15 +13,16 @@ a [BLOCK_N, BLOCK_K] weight tile straight from the canonical layout (int4: [N, K
 activation (shared by all rows) and reduces along K. int4 applies scales and zeros once per group
 and row: sum_k w x = s * sum (q - 8) x + z * sum x. Integers become floats by bit tricks, not
 int->float conversions (a quarter-rate instruction on Hopper, which capped the first int8 kernel
-at ~85% and the int4 one at ~36% of the roofline): `0x4B000000 | q` is the fp32 2**23 + q. Split-K: SPLIT_K programs per column
-block write fp32 partials [SPLIT_K, M, N], summed by one torch reduction, for layers whose
-N / BLOCK_N programs alone cannot fill 132 SMs. (A first version re-viewed the bytes as int32 words
+at ~85% and the int4 one at ~36% of the roofline): `0x4B000000 | q` is the fp32 2**23 + q. Without split-K the kernel writes the
+output in the activation dtype (one launch per layer); with it, SPLIT_K programs per column block
+write fp32 partials [SPLIT_K, M, N], summed by torch, for layers whose N / BLOCK_N programs alone
+cannot fill 132 SMs. (A first version re-viewed the bytes as int32 words
 and built floats with exponent-bit tricks to save conversion instructions; its 3-D/4-D register
 shuffles made it 2-6x slower than these plain tiles.)
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
 or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
-(`autoao::int4_gemv`, `autoao::int8_gemv`, `autoao::fp8_gemv`) so torch.compile and CUDA graphs
+(`autoao::int4_gemv`, `autoao::per_channel_gemv` for int8 and fp8) so torch.compile and CUDA graphs
 treat each as one opaque, shape-known call. Tested on CPU with TRITON_INTERPRET=1.
 """
 
@@ -42,7 +43,7 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_q
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # x [M, K]; q [N, K/2] uint8 (byte j: k=2j in the high nibble, k=2j+1 in the low one);
-    # s, z [N, K/G] bf16; y [SPLIT_K, M, N] fp32 partial sums. A step is NG whole groups, loaded
+    # s, z [N, K/G] bf16; y: [M, N] in x's dtype (SPLIT_K = 1) or [SPLIT_K, M, N] fp32 partial sums. A step is NG whole groups, loaded
     # as a 3-D tile [BN, NG, G/2] so the per-group sums are a reduction over the last axis.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -80,7 +81,7 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_q
             part = tl.sum(s * t + z * xs[None, :], axis=1)  # [BN]
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
-    tl.store(y, acc, mask=(rows[:, None] < M) & mask_n[None, :])
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & mask_n[None, :])
 
 
 @triton.jit
@@ -88,7 +89,7 @@ def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_w
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, IS_INT8: tl.constexpr):
     # x [M, K]; w [N, K] int8 or float8_e4m3fn (e4m3 pairs are converted by the hardware on
-    # sm_90); s [N]; y [SPLIT_K, M, N] fp32 partials = (x @ w^T) * s per split.
+    # sm_90); s [N]; y: [M, N] in x's dtype (SPLIT_K = 1) or [SPLIT_K, M, N] fp32 partials.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -111,7 +112,7 @@ def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_w
             acc = tl.where(rows[:, None] == m, acc + t[None, :], acc)
     s = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
-    tl.store(y, acc * s[None, :], mask=(rows[:, None] < M) & mask_n[None, :])
+    tl.store(y, (acc * s[None, :]).to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & mask_n[None, :])
 
 
 ##### launch configurations #####################################################################
@@ -135,9 +136,11 @@ _TUNED: dict[tuple, Config] = {}
 
 
 def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Config, group: int) -> torch.Tensor:
-    """Run one kernel with cfg; returns fp32 partials [split_k, M, N]."""
+    """Run one kernel with cfg: the result [M, N] in x.dtype when cfg.split_k == 1 (the kernel
+    writes it: no second launch), else fp32 partials [split_k, M, N] for _finish to sum."""
     m = x.shape[0]
-    y = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
+    shape, dtype = ((m, n), x.dtype) if cfg.split_k == 1 else ((cfg.split_k, m, n), torch.float32)
+    y = torch.empty(shape, dtype=dtype, device=x.device)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     block_m = triton.next_power_of_2(m)
     meta = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
@@ -184,11 +187,9 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
     return best
 
 
-def _finish(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[S, M, N] fp32 -> [M, N] dtype (a view-cast when S == 1, one reduction otherwise)."""
-    if partials.shape[0] == 1:
-        return partials[0].to(dtype)
-    return partials.sum(0, dtype=torch.float32).to(dtype)
+def _finish(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """_launch's result -> [M, N] in dtype: as is without split-K, else the partials summed in fp32."""
+    return y if y.dim() == 2 else y.sum(0).to(dtype)
 
 
 def _check_rows(x: torch.Tensor, k: int, name: str) -> torch.Tensor:
@@ -213,28 +214,19 @@ def int4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     return _finish(_launch("int4", x, tensors, n, k, cfg, group_size), x.dtype)
 
 
-def int8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M <= 8, K] -> [M, N] = x @ (qweight * scale[:, None])^T in x.dtype; qweight [N, K] int8,
-    scale [N]."""
-    n, k = qweight.shape
-    x = _check_rows(x, k, "int8_gemv")
-    if scale.shape != (n,):
-        raise ValueError(f"int8_gemv: scale {tuple(scale.shape)}, expected ({n},)")
-    tensors = (qweight.contiguous(), scale)
-    cfg = _tune("int8", x, tensors, n, k, 0)
-    return _finish(_launch("int8", x, tensors, n, k, cfg, 0), x.dtype)
-
-
-def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M <= 8, K] -> [M, N] = x @ (weight * scale[:, None])^T in x.dtype; weight [N, K]
-    float8_e4m3fn, scale [N]."""
+def per_channel_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M <= 8, K] -> [M, N] = x @ (weight * scale[:, None])^T in x.dtype; weight [N, K] int8 or
+    float8_e4m3fn (per-output-channel symmetric), scale [N]."""
+    kinds = {torch.int8: "int8", torch.float8_e4m3fn: "fp8"}
+    if weight.dtype not in kinds:
+        raise ValueError(f"per_channel_gemv: weight dtype {weight.dtype}, expected torch.int8 or torch.float8_e4m3fn")
     n, k = weight.shape
-    x = _check_rows(x, k, "fp8_gemv")
+    x = _check_rows(x, k, "per_channel_gemv")
     if scale.shape != (n,):
-        raise ValueError(f"fp8_gemv: scale {tuple(scale.shape)}, expected ({n},)")
-    tensors = (weight.contiguous(), scale)
-    cfg = _tune("fp8", x, tensors, n, k, 0)
-    return _finish(_launch("fp8", x, tensors, n, k, cfg, 0), x.dtype)
+        raise ValueError(f"per_channel_gemv: scale {tuple(scale.shape)}, expected ({n},)")
+    kind, tensors = kinds[weight.dtype], (weight.contiguous(), scale)
+    cfg = _tune(kind, x, tensors, n, k, 0)
+    return _finish(_launch(kind, x, tensors, n, k, cfg, 0), x.dtype)
 
 
 ##### custom ops (opaque to torch.compile, capturable in CUDA graphs) ###########################
@@ -251,23 +243,12 @@ def _(x, qweight, scales, zeros, group_size):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
-@torch.library.custom_op("autoao::int8_gemv", mutates_args=())
-def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Custom-op wrapper of int8_gemv_triton."""
-    return int8_gemv_triton(x, qweight, scale)
+@torch.library.custom_op("autoao::per_channel_gemv", mutates_args=())
+def per_channel_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Custom-op wrapper of per_channel_gemv_triton (int8 and fp8 weights)."""
+    return per_channel_gemv_triton(x, weight, scale)
 
 
-@int8_gemv.register_fake
-def _(x, qweight, scale):
-    return x.new_empty((x.shape[0], qweight.shape[0]))
-
-
-@torch.library.custom_op("autoao::fp8_gemv", mutates_args=())
-def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Custom-op wrapper of fp8_gemv_triton."""
-    return fp8_gemv_triton(x, weight, scale)
-
-
-@fp8_gemv.register_fake
+@per_channel_gemv.register_fake
 def _(x, weight, scale):
     return x.new_empty((x.shape[0], weight.shape[0]))

@@ -74,6 +74,8 @@ class Choice:
     emulated: bool  # no fast kernel here: the time is real but never a speed-up
     sqnr_db: float | None  # tier 0: output SQNR of the layer alone (higher is better; inf = exact)
     reason: str  # one short sentence
+    kernel: str | None = None  # the CUDA kernel timing chose, where the candidate has several
+    kernel_note: str = ""  # e.g. "tinygemm; triton 1.52x slower here"
 
 
 @dataclass
@@ -333,12 +335,26 @@ def _layer(lay: dict[str, Any], chosen: str, groups: list[tuple[str, list[str], 
                 reason = f"less accurate: SQNR {fmt_db(s)} vs {fmt_db(s_chosen)}"
             else:
                 reason = "not picked by the search (Pareto trade-off)"
-        choices.append(Choice(c, status, times.get(c), c in emulated, sqnr.get(c), reason))
+        kern, note = _kernel(lay.get("kernels", {}).get(c))
+        choices.append(Choice(c, status, times.get(c), c in emulated, sqnr.get(c), reason, kern, note))
     order = {"chosen": 0, "allowed": 1, "excluded": 2}
     choices.sort(key=lambda ch: order[ch.status])  # stable: the candidates' registry order within
     return Layer(lay["fqn"], group, len(members), lay["in_features"], lay["out_features"], lay["tokens"],
                  {int(m): n for m, n in lay["calls"].items()}, list(lay.get("tied") or []), chosen,
                  choices[0].reason if choices and choices[0].status == "chosen" else "", choices)
+
+
+def _kernel(info: dict[str, Any] | None) -> tuple[str | None, str]:
+    """context.json's per-candidate kernel timings -> (chosen kernel, "kernel; other 1.52x slower")."""
+    if not info or info.get("chosen") is None:
+        return None, ""
+    chosen, us = info["chosen"], info["us"]
+    others = []
+    for kern, t in us.items():
+        if kern != chosen:
+            ratio = t / us[chosen] if us[chosen] and math.isfinite(t) else math.inf
+            others.append(f"{kern} {'failed' if not math.isfinite(ratio) else f'{ratio:.2f}x slower'}")
+    return chosen, "; ".join([chosen, *others])
 
 
 def _why_chosen(chosen: str, lay: dict[str, Any], members: list[str]) -> str:

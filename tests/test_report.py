@@ -259,3 +259,14 @@ def test_browser_check_catches_console_errors(tmp_path):
         page = browser.open(bad)
     joined = "\n".join(page.errors)
     assert "console.error: boom" in joined and "kaput" in joined and "missing.png" in joined
+
+
+def test_kernel_choice_is_explained():
+    from autoao.reports.load import _kernel
+
+    assert _kernel(None) == (None, "")
+    assert _kernel({"chosen": None, "us": {}}) == (None, "")
+    assert _kernel({"chosen": "tinygemm", "us": {"tinygemm": 10.0, "triton": 15.0}}) == (
+        "tinygemm", "tinygemm; triton 1.50x slower")
+    assert _kernel({"chosen": "triton", "us": {"tinygemm": math.inf, "triton": 4.0}}) == (
+        "triton", "triton; tinygemm failed")

@@ -113,17 +113,26 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
                 q8, s8 = quantize_int8_per_channel(w)
                 s8 = s8.to(torch.bfloat16)
                 ref = x.double() @ (q8.double() * s8.double()[:, None]).t()
-                check("int8", tg.int8_gemv_triton(x, q8, s8), ref)
+                check("int8", tg.per_channel_gemv_triton(x, q8, s8), ref)
                 t8 = (q8, s8)
                 check("int8 split", tg._finish(tg._launch("int8", x, t8, n, k, split, 0), x.dtype), ref)
                 wf, sf = quantize_fp8(w, "row")  # [N, K] e4m3, [N, 1] fp32
                 sf = sf.reshape(-1)
                 ref = x.double() @ (wf.double() * sf.double()[:, None]).t()
-                check("fp8", tg.fp8_gemv_triton(x, wf, sf), ref)
+                check("fp8", tg.per_channel_gemv_triton(x, wf, sf), ref)
+        # the custom ops (what the modules call) give the same numbers, also under torch.compile
+        x = torch.randn(2, 512).to(torch.bfloat16)
+        w = torch.randn(8, 512)
+        q, s, z = quantize_int4_groupwise(w, 64)
+        direct = tg.int4_gemv_triton(x, pack_int4(q), s, z, 64)
+        assert torch.equal(torch.ops.autoao.int4_gemv(x, pack_int4(q), s, z, 64), direct)
+        q8, s8 = quantize_int8_per_channel(w)
+        f = torch.compile(lambda x: torch.ops.autoao.per_channel_gemv(x, q8, s8), fullgraph=True)
+        assert torch.equal(f(x), tg.per_channel_gemv_triton(x, q8, s8))
         # what the kernels refuse, with the reason
-        for bad, msg in [(lambda: tg.int8_gemv_triton(torch.randn(9, 64), torch.zeros(8, 64, dtype=torch.int8),
+        for bad, msg in [(lambda: tg.per_channel_gemv_triton(torch.randn(9, 64), torch.zeros(8, 64, dtype=torch.int8),
                                                       torch.ones(8)), "at most 8 rows"),
-                         (lambda: tg.int8_gemv_triton(torch.randn(1, 60), torch.zeros(8, 64, dtype=torch.int8),
+                         (lambda: tg.per_channel_gemv_triton(torch.randn(1, 60), torch.zeros(8, 64, dtype=torch.int8),
                                                       torch.ones(8)), "x must be [M, 64]")]:
             try:
                 bad()
