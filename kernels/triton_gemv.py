@@ -28,6 +28,7 @@ treat each as one opaque, shape-known call. Tested on CPU with TRITON_INTERPRET=
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -41,10 +42,13 @@ from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; lar
 @triton.jit
 def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PAIRS: tl.constexpr):
     # x [M, K]; q [N, K/2] uint8 (byte j: k=2j in the high nibble, k=2j+1 in the low one);
-    # s, z [N, K/G] bf16; y: [M, N] in x's dtype (SPLIT_K = 1) or [SPLIT_K, M, N] fp32 partial sums. A step is NG whole groups, loaded
-    # as a 3-D tile [BN, NG, G/2] so the per-group sums are a reduction over the last axis.
+    # s, z [N, K/G] bf16; y: [M, N] in x's dtype (SPLIT_K = 1) or [SPLIT_K, M, N] fp32 partials.
+    # A step is NG whole groups, loaded as a 3-D tile [BN, NG, G/2] so the per-group sums are a
+    # reduction over the last axis. PAIRS=False reads the activations as two stride-2 gathers (even
+    # k, odd k); PAIRS=True joins the two nibbles into [BN, NG, G/2, 2] (k order) and reads the
+    # activations contiguously as [NG, G/2, 2] (H200 v3: the gathers are the suspected int4 limit).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
@@ -71,13 +75,21 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_q
         mask_sz = mask_n[:, None] & mask_g[None, :]
         s = tl.load(s_ptr + sz, mask=mask_sz, other=0.0).to(tl.float32)  # [BN, NG]
         z = tl.load(z_ptr + sz, mask=mask_sz, other=0.0).to(tl.float32)
+        k_even = 2 * byte  # [NG, HB]
+        if PAIRS:
+            w = tl.join(hi, lo)  # [BN, NG, HB, 2]: k = 2 * byte + e
+            kk = k_even[:, :, None] + tl.arange(0, 2)[None, None, :]  # [NG, HB, 2], contiguous in k
         for m in tl.static_range(BLOCK_M):
-            k_even = 2 * byte  # [NG, HB]
-            kmask = k_even < K * (M > m)  # rows past M (BLOCK_M is a power of 2) read nothing
-            xe = tl.load(x_ptr + m * stride_xm + k_even, mask=kmask, other=0.0).to(tl.float32)
-            xo = tl.load(x_ptr + m * stride_xm + k_even + 1, mask=kmask, other=0.0).to(tl.float32)
-            t = tl.sum(hi * xe[None, :, :] + lo * xo[None, :, :], axis=2)  # [BN, NG]: sum (q-8) x per group
-            xs = tl.sum(xe + xo, axis=1)  # [NG]
+            k_end = K * (M > m)  # rows past M (BLOCK_M is a power of 2) read nothing
+            if PAIRS:
+                xp = tl.load(x_ptr + m * stride_xm + kk, mask=kk < k_end, other=0.0).to(tl.float32)
+                t = tl.sum(tl.sum(w * xp[None, :, :, :], axis=3), axis=2)  # [BN, NG]: sum (q-8) x per group
+                xs = tl.sum(tl.sum(xp, axis=2), axis=1)  # [NG]
+            else:
+                xe = tl.load(x_ptr + m * stride_xm + k_even, mask=k_even < k_end, other=0.0).to(tl.float32)
+                xo = tl.load(x_ptr + m * stride_xm + k_even + 1, mask=k_even < k_end, other=0.0).to(tl.float32)
+                t = tl.sum(hi * xe[None, :, :] + lo * xo[None, :, :], axis=2)  # [BN, NG]
+                xs = tl.sum(xe + xo, axis=1)  # [NG]
             part = tl.sum(s * t + z * xs[None, :], axis=1)  # [BN]
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
@@ -123,6 +135,7 @@ class Config:
     block_k: int
     split_k: int
     num_warps: int
+    pairs: bool = False  # int4 only: the PAIRS variant of _int4_kernel
 
 
 # Candidates for the per-shape sweep (the H200 sweep in benchmarks/results/2026-11-30-h200/ ranked
@@ -131,6 +144,8 @@ class Config:
 CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
     (4, 512, 2), (8, 512, 4), (16, 256, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4), (32, 512, 8),
     (16, 2048, 8)] for sk in (1, 2, 4))
+# int4 also tries the contiguous-activation variant (not yet measured on a GPU: _tune decides).
+INT4_CONFIGS = CONFIGS + tuple(dataclasses.replace(c, pairs=True) for c in CONFIGS if c.split_k == 1)
 _DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
@@ -147,7 +162,8 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
                 num_warps=cfg.num_warps)
     if kind == "int4":
         q, s, z = tensors
-        _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
+        _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group,
+                           PAIRS=cfg.pairs, **meta)
     else:  # int8, fp8: the same kernel, the element type comes with the pointer
         w, s = tensors
         _per_channel_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), IS_INT8=kind == "int8", **meta)
@@ -171,7 +187,7 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
     from triton.testing import do_bench
 
     best, best_ms = None, float("inf")
-    for cfg in CONFIGS:
+    for cfg in INT4_CONFIGS if kind == "int4" else CONFIGS:
         if not _fits(cfg, k, group):
             continue
         try:

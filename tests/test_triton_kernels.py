@@ -110,6 +110,8 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
                 check("int4", tg.int4_gemv_triton(x, pack_int4(q), s, z, g), ref)
                 t4 = (pack_int4(q), s, z)
                 check("int4 split", tg._finish(tg._launch("int4", x, t4, n, k, split, g), x.dtype), ref)
+                pairs = tg.Config(block_n=16, block_k=256, split_k=1, num_warps=4, pairs=True)
+                check("int4 pairs", tg._finish(tg._launch("int4", x, t4, n, k, pairs, g), x.dtype), ref)
                 q8, s8 = quantize_int8_per_channel(w)
                 s8 = s8.to(torch.bfloat16)
                 ref = x.double() @ (q8.double() * s8.double()[:, None]).t()
