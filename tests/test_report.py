@@ -261,12 +261,21 @@ def test_browser_check_catches_console_errors(tmp_path):
     assert "console.error: boom" in joined and "kaput" in joined and "missing.png" in joined
 
 
-def test_kernel_choice_is_explained():
-    from autoao.reports.load import _kernel
-
-    assert _kernel(None) == (None, "")
-    assert _kernel({"chosen": None, "us": {}}) == (None, "")
-    assert _kernel({"chosen": "tinygemm", "us": {"tinygemm": 10.0, "triton": 15.0}}) == (
-        "tinygemm", "tinygemm; triton 1.50x slower")
-    assert _kernel({"chosen": "triton", "us": {"tinygemm": math.inf, "triton": 4.0}}) == (
-        "triton", "triton; tinygemm failed")
+def test_kernel_choices_reach_the_report(search, tmp_path):
+    """Where timing chose among a candidate's CUDA kernels (context.json "kernels"), the layer table
+    names the kernel and how much slower the others were; failed kernels say so."""
+    out = tmp_path / "kernels"
+    shutil.copytree(search[0], out, ignore=shutil.ignore_patterns("report*"))
+    ctx = json.loads((out / "context.json").read_text())
+    lay = ctx["layers"][0]
+    first, second = list(lay["time_us"])[:2]
+    lay["kernels"] = {first: {"chosen": "triton", "us": {"tinygemm": 15.0, "triton": 10.0}},
+                      second: {"chosen": "triton", "us": {"tinygemm": math.inf, "triton": 4.0}}}
+    (out / "context.json").write_text(json.dumps(ctx))  # inf as Infinity, as autoao writes it
+    layer = next(x for x in load(out).layers if x.fqn == lay["fqn"])
+    by_name = {c.candidate: c for c in layer.choices}
+    assert (by_name[first].kernel, by_name[first].kernel_note) == ("triton", "triton; tinygemm 1.50x slower")
+    assert by_name[second].kernel_note == "triton; tinygemm failed"
+    assert all(c.kernel is None for n, c in by_name.items() if n not in (first, second))
+    html = render(out).read_text()
+    assert 'title="CUDA kernel chosen by timing: triton; tinygemm 1.50x slower">triton</span>' in html
