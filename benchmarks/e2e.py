@@ -190,6 +190,8 @@ def searched(base: nn.Module, x: torch.Tensor, held: list[torch.Tensor], budget:
     r["note"] = (f"{s['trials']} trials; autoao's own check vs eager bf16: predicted "
                  f"{s['speedup']['predicted']:.2f}x, measured {s['speedup']['measured']:.2f}x")
     r["details"] = res.plan.summary() or {"bf16 (no change)": 0}
+    if res.plan.kernels:  # which CUDA kernel timing chose, counted over the layers
+        r["details"].update({f"kernel {k}": n for k, n in collections.Counter(res.plan.kernels.values()).items()})
     return res.model
 
 
