@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from autoao.evaluators.cache import TimingCache
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
-# Part of every cache key: bump it when the measurement method changes, so old timings are not reused.
-HARNESS_VERSION = 3
+# Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
+# are not reused. 4: compiled modules replayed in CUDA graphs, per-kernel timings, Triton GEMVs.
+HARNESS_VERSION = 4
 
 
 @dataclass(frozen=True)

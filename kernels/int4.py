@@ -69,10 +69,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         for name in ("w_packed", "scales_and_zeros", "qweight_rt", "scales_rt", "zeros_rt"):
             self._buffers.pop(name, None)  # the other kernel's layout, if any
         if device.type == "cuda" and self.kernel == "triton" and load_triton_ops():
-            # the canonical layout itself: qweight [N, K/2] uint8, scales/zeros [N, K/g] bf16
-            self.register_buffer("qweight_rt", c["qweight"].to(device), persistent=False)
-            self.register_buffer("scales_rt", c["scales"].to(device), persistent=False)
-            self.register_buffer("zeros_rt", c["zeros"].to(device), persistent=False)
+            self._pack_canonical(device)
             return
         # tinygemm wants scales and zeros interleaved: [K/g, N, 2]
         sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).contiguous()
@@ -87,9 +84,15 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         self.register_buffer("w_packed", packed, persistent=False)
         self.register_buffer("scales_and_zeros", sz, persistent=False)
 
+    def _pack_canonical(self, device: torch.device) -> None:
+        """The "triton" kernel's runtime tensors: the canonical layout itself (qweight [N, K/2]
+        uint8, scales/zeros [N, K/g] bf16) on `device`; forward then takes the Triton path."""
+        for name in ("qweight", "scales", "zeros"):
+            self.register_buffer(f"{name}_rt", self._canon[name].to(device), persistent=False)
+
     def forward(self, x):
         x2 = flatten_tokens(x)
-        if "qweight_rt" in self._buffers:  # CUDA, kernel "triton"
+        if "qweight_rt" in self._buffers:  # kernel "triton" (on CUDA; tests also pack it on CPU)
             xb = x2.to(torch.bfloat16)
             if x2.shape[0] <= GEMV_MAX_ROWS:
                 y = torch.ops.autoao.int4_gemv(xb, self.qweight_rt, self.scales_rt, self.zeros_rt, self.group_size)

@@ -143,3 +143,29 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
             else:
                 raise AssertionError("no error for " + msg)
     """)
+
+
+def test_weight_only_modules_take_their_triton_paths_correctly():
+    # The modules' CUDA "triton" branches (GEMV for <= 8 rows, dequantize + matmul above), run on the
+    # CPU through the interpreter by packing the Triton layout / enabling the GEMV by hand.
+    run_interpreted("""
+        import torch
+        from autoao import search_space
+        from autoao.kernels.quant import load_triton_ops
+        assert load_triton_ops()
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(256, 48, bias=True).to(torch.bfloat16)
+        torch.nn.init.normal_(lin.bias, std=0.5)
+        int4 = search_space.get("int4_wo", group_size=64).build(lin)
+        int4._pack_canonical(torch.device("cpu"))  # what set_kernel("triton") packs on CUDA
+        int8 = search_space.get("int8_wo").build(lin)
+        fp8 = search_space.get("fp8_wo").build(lin)
+        int8._gemv = fp8._gemv = True  # what _pack sets on CUDA
+        for mod in (int4, int8, fp8):
+            for shape in [(1, 256), (2, 3, 256), (12, 256)]:  # GEMV (1 and 6 rows), and 12 > 8 rows
+                x = torch.randn(*shape).to(torch.bfloat16)
+                y, ref = mod(x), mod.reference(x)
+                assert y.shape == ref.shape and y.dtype == torch.bfloat16, (type(mod).__name__, y.shape)
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, (type(mod).__name__, shape, err)
+    """)
