@@ -280,13 +280,14 @@ def apply(
 
 
 def plan_of(model: nn.Module) -> Plan:
-    """The plan a model carries: every autoao module's candidate, read back from the modules."""
+    """The plan a model carries: every autoao module's candidate (and kernel, where not the
+    default), read back from the modules."""
     layers, kernels = {}, {}
     for fqn, m in model.named_modules():
         cand = search_space.candidate_of(m)
         if cand is not None:
             layers[fqn] = cand
-            if isinstance(m, QuantizedLinear) and len(m.kernels) > 1:
+            if isinstance(m, QuantizedLinear) and m.kernel != m.kernels[0]:  # the default needs no entry
                 kernels[fqn] = m.kernel
     return Plan.for_model(model, layers, kernels)
 
