@@ -241,8 +241,13 @@ class LatencyTable:
             raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}") from None
 
     def kernel_for(self, candidate: str, k: int, n: int) -> str | None:
-        """The kernel chosen for `candidate` on the (N, K) shape (None: the candidate has one)."""
-        return next((r.timing.kernel for r in self.rows if r.candidate == candidate and r.k == k and r.n == n), None)
+        """The kernel chosen for `candidate` on the (N, K) shape (None: the candidate has one; the
+        same kernel serves every M, see pick_kernel)."""
+        m = next((r.m for r in self.rows), None)
+        try:
+            return self.get(candidate, m, k, n).kernel if m is not None else None
+        except KeyError:
+            return None
 
 
 def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...]:
@@ -335,13 +340,13 @@ def measure_latencies(
     bar = _progress(len(work) * len(tokens), progress, f"timing on {dev_name}")
     for n, k, cand in work:
         by_kernel: dict[str | None, dict[int, Timing]] = {}
-        cached_all = True
+        measured_now: set[int] = set()  # token counts timed now (for any kernel), not read from the cache
         for kern in kernel_names(cand, device):
             label = cand.name if kern is None else f"{cand.name}@{kern}"
             keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, **base) for m in tokens}
             found = {m: cache.get(key) for m, key in keys.items()}
             missing = [m for m, t in found.items() if t is None]
-            cached_all &= not missing
+            measured_now.update(missing)
             if missing:
                 fresh = _time_missing(cand, kern, n, k, missing, dtype, device, mode)
                 measured += len(missing)
@@ -353,7 +358,7 @@ def measure_latencies(
         if chosen is not None:
             kernel_timings[(cand.name, k, n)] = by_kernel  # type: ignore[assignment]
         for m in tokens:
-            rows.append(LatencyRow(cand.name, m, k, n, by_kernel[chosen][m], cached=cached_all))
+            rows.append(LatencyRow(cand.name, m, k, n, by_kernel[chosen][m], cached=m not in measured_now))
             bar.update(1)
     bar.close()
     return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings)

@@ -159,3 +159,13 @@ def test_kernel_names_only_on_cuda_and_only_with_a_choice():
     assert timing.kernel_names(int4, torch.device("cuda")) == ("tinygemm", "triton")
     assert timing.kernel_names(search_space.get("fp8_wo"), torch.device("cuda")) == (None,)
     assert timing.kernel_names(search_space.get("bf16"), torch.device("cuda")) == (None,)
+
+
+def test_latency_table_reports_the_chosen_kernel_per_shape():
+    t = lambda us, kern: timing.Timing(us, us, us, 5, kernel=kern)  # noqa: E731
+    rows = [timing.LatencyRow("int4_wo(group_size=128)", m, 4096, 1024, t(9.0 * m, "tinygemm"), False)
+            for m in (1, 2048)] + [timing.LatencyRow("bf16", m, 4096, 1024, t(10.0, None), False) for m in (1, 2048)]
+    table = timing.LatencyTable("gpu", "bfloat16", "compile", rows, 4, 0.0)
+    assert table.kernel_for("int4_wo(group_size=128)", 4096, 1024) == "tinygemm"
+    assert table.kernel_for("bf16", 4096, 1024) is None
+    assert table.kernel_for("int4_wo(group_size=128)", 4096, 4096) is None  # shape not timed
