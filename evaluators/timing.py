@@ -257,13 +257,19 @@ def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...
     return tuple(kernels) if device.type == "cuda" and len(kernels) > 1 else (None,)
 
 
+KERNEL_MARGIN = 0.02  # a kernel listed later must be this much faster to be chosen (noise, memory)
+
+
 def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]]) -> str | None:
-    """The kernel with the least total median time over the workload's token counts: one module
-    serves every M of the model, so the choice is per layer shape, not per M. Failed timings count
-    as inf; ties go to the first (default) kernel."""
+    """The kernel with the least total median time over the workload's token counts (one module
+    serves every M of the model: kernels that switch implementation by M, like int4's
+    "tinygemm_dequant", are how a layer gets one kernel at decode and another at prefill). The
+    first-listed kernel within KERNEL_MARGIN of the fastest wins, so timing noise does not flip
+    plans and the default (and leaner) kernels are kept on near ties. Failed timings count as inf."""
     def total(times: dict[int, Timing]) -> float:
         return sum(t.median_us if t.ok else math.inf for t in times.values())
-    return min(by_kernel, key=lambda kern: total(by_kernel[kern]))
+    best = min(total(times) for times in by_kernel.values())
+    return next(kern for kern, times in by_kernel.items() if total(times) <= best * (1 + KERNEL_MARGIN))
 
 
 def device_name(device: torch.device) -> str:

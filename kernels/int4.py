@@ -1,11 +1,14 @@
 """int4 weight-only linear, group-wise asymmetric (tinygemm's format).
 
-CUDA has two kernels (timing picks per layer): "tinygemm" (torch._weight_int4pack_mm, bf16
-activations only: other dtypes are cast to bf16 and back), which reads a tiled layout made at pack
-time, and "triton", which reads the canonical nibble-packed weight directly: autoao's Triton GEMV
-for M <= 8 rows (kernels/triton_gemv.py) and, for more rows, a dequantized bf16 weight into
-F.linear (tinygemm's large-M kernel is ~20x slower than bf16 at M=2048). The CPU runs
-torch._weight_int4pack_mm_for_cpu on its own tiled layout.
+CUDA has three kernels (timing picks per layer):
+- "tinygemm": torch._weight_int4pack_mm (bf16 activations only: other dtypes are cast to bf16 and
+  back) on a tiled layout made at pack time, for every M;
+- "triton": the canonical nibble-packed weight read directly, by autoao's Triton GEMV for M <= 8
+  rows (kernels/triton_gemv.py) and, for more rows, dequantized to bf16 for one F.linear
+  (tinygemm's large-M kernel is ~20x slower than bf16 at M=2048);
+- "tinygemm_dequant": tinygemm for M <= 8 rows and the dequantizing F.linear above, for workloads
+  with both decode and prefill; it keeps both layouts (1 byte per weight instead of 0.5).
+The CPU runs torch._weight_int4pack_mm_for_cpu on its own tiled layout.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
     with w ~ (q - 8) * scale + zero."""
 
-    kernels = ("tinygemm", "triton")
+    kernels = ("tinygemm", "triton", "tinygemm_dequant")
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -68,9 +71,11 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         c = self._canon
         for name in ("w_packed", "scales_and_zeros", "qweight_rt", "scales_rt", "zeros_rt"):
             self._buffers.pop(name, None)  # the other kernel's layout, if any
-        if device.type == "cuda" and self.kernel == "triton" and load_triton_ops():
+        if device.type == "cuda" and (self.kernel == "tinygemm_dequant"
+                                      or (self.kernel == "triton" and load_triton_ops())):
             self._pack_canonical(device)
-            return
+            if self.kernel == "triton":
+                return
         # tinygemm wants scales and zeros interleaved: [K/g, N, 2]
         sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).contiguous()
         if device.type == "cuda":
@@ -85,16 +90,18 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         self.register_buffer("scales_and_zeros", sz, persistent=False)
 
     def _pack_canonical(self, device: torch.device) -> None:
-        """The "triton" kernel's runtime tensors: the canonical layout itself (qweight [N, K/2]
-        uint8, scales/zeros [N, K/g] bf16) on `device`; forward then takes the Triton path."""
+        """The canonical layout itself (qweight [N, K/2] uint8, scales/zeros [N, K/g] bf16) on
+        `device`, read by the Triton GEMV and the dequantizing path (on CUDA; tests also pack it
+        on the CPU)."""
         for name in ("qweight", "scales", "zeros"):
             self.register_buffer(f"{name}_rt", self._canon[name].to(device), persistent=False)
 
     def forward(self, x):
         x2 = flatten_tokens(x)
-        if "qweight_rt" in self._buffers:  # kernel "triton" (on CUDA; tests also pack it on CPU)
+        small = x2.shape[0] <= GEMV_MAX_ROWS
+        if "qweight_rt" in self._buffers and not (small and self.kernel == "tinygemm_dequant"):
             xb = x2.to(torch.bfloat16)
-            if x2.shape[0] <= GEMV_MAX_ROWS:
+            if small:
                 y = torch.ops.autoao.int4_gemv(xb, self.qweight_rt, self.scales_rt, self.zeros_rt, self.group_size)
             else:  # [N, K] bf16 weight made on the fly, then one bf16 GEMM
                 w = dequantize_int4_groupwise(unpack_int4(self.qweight_rt), self.scales_rt, self.zeros_rt)

@@ -150,13 +150,16 @@ def test_pick_kernel_minimises_total_time_over_the_workload():
     assert timing.pick_kernel({"a": {1: t(10)}, "b": {1: t(5)}}) == "b"
     assert timing.pick_kernel({"a": {1: failed}, "b": {1: t(50)}}) == "b"  # a failure never wins
     assert timing.pick_kernel({"a": {1: t(7)}, "b": {1: t(7)}}) == "a"  # ties: the default (first)
+    assert timing.pick_kernel({"a": {1: t(10.1)}, "b": {1: t(10)}}) == "a"  # within 2%: still the first
+    assert timing.pick_kernel({"a": {1: t(10.5)}, "b": {1: t(10)}}) == "b"
+    assert timing.pick_kernel({"a": {1: failed}, "b": {1: failed}}) == "a"  # nothing ran: the default
     assert timing.pick_kernel({None: {1: t(3)}}) is None
 
 
 def test_kernel_names_only_on_cuda_and_only_with_a_choice():
     int4 = search_space.get("int4_wo", group_size=128)
     assert timing.kernel_names(int4, torch.device("cpu")) == (None,)
-    assert timing.kernel_names(int4, torch.device("cuda")) == ("tinygemm", "triton")
+    assert timing.kernel_names(int4, torch.device("cuda")) == ("tinygemm", "triton", "tinygemm_dequant")
     assert timing.kernel_names(search_space.get("fp8_wo"), torch.device("cuda")) == (None,)
     assert timing.kernel_names(search_space.get("bf16"), torch.device("cuda")) == (None,)
 

@@ -161,11 +161,19 @@ def test_weight_only_modules_take_their_triton_paths_correctly():
         int8 = search_space.get("int8_wo").build(lin)
         fp8 = search_space.get("fp8_wo").build(lin)
         int8._gemv = fp8._gemv = True  # what _pack sets on CUDA
-        for mod in (int4, int8, fp8):
+        # "tinygemm_dequant": the tiled kernel (here the CPU's) up to 8 rows, the dequantizing path above
+        both = search_space.get("int4_wo", group_size=64).build(lin).set_kernel("tinygemm_dequant")
+        both._pack_canonical(torch.device("cpu"))
+        assert "w_packed" in both._buffers and "qweight_rt" in both._buffers
+        tiled = []  # calls of the tiled int4 kernel, to see which path each module takes
+        orig = torch._weight_int4pack_mm_for_cpu
+        torch._weight_int4pack_mm_for_cpu = lambda *a: (tiled.append(a[0].shape[0]), orig(*a))[1]
+        for mod in (int4, int8, fp8, both):
             for shape in [(1, 256), (2, 3, 256), (12, 256)]:  # GEMV (1 and 6 rows), and 12 > 8 rows
                 x = torch.randn(*shape).to(torch.bfloat16)
                 y, ref = mod(x), mod.reference(x)
                 assert y.shape == ref.shape and y.dtype == torch.bfloat16, (type(mod).__name__, y.shape)
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 assert err < 1e-2, (type(mod).__name__, shape, err)
+        assert tiled == [1, 6], tiled  # only "tinygemm_dequant" at <= 8 rows took the tiled kernel
     """)
