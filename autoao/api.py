@@ -110,7 +110,7 @@ def optimize(
     prof = profile(model, example_inputs)
     say(f"{len(prof.layers)} linear layers, token counts {token_counts(prof)}; timing candidates on {device}")
     table = measure_latencies(_unique_shapes(prof), token_counts(prof), cands, device=device, dtype=_dtype(prof),
-                              cache=TimingCache(rcache.path), progress=progress)
+                              cache=TimingCache(rcache.path), progress=progress, calls=_shape_calls(prof))
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     bf16_e2e = _measure_examples(model, examples)
     cost = CostModel.build(prof, table).with_rest_from(bf16_e2e)
@@ -430,6 +430,18 @@ def _resolve_candidates(candidates) -> list[Candidate]:
 
 def _plan_key(plan: Plan) -> str:
     return digest(sorted((f, c.name) for f, c in plan.layers.items()))
+
+
+def _shape_calls(prof: ModelProfile) -> dict[tuple[int, int], dict[int, int]]:
+    """(N, K) -> {M: calls per forward, summed over the layers of that shape}: how the workload
+    weighs each token count when timing chooses among a candidate's kernels."""
+    out: dict[tuple[int, int], dict[int, int]] = {}
+    calls = layer_calls(prof)
+    for lay in prof.layers:
+        shape = out.setdefault((lay.out_features, lay.in_features), {})
+        for m, n in calls[lay.fqn].items():
+            shape[m] = shape.get(m, 0) + n
+    return out
 
 
 def _unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:

@@ -260,14 +260,15 @@ def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...
 KERNEL_MARGIN = 0.02  # a kernel listed later must be this much faster to be chosen (noise, memory)
 
 
-def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]]) -> str | None:
-    """The kernel with the least total median time over the workload's token counts (one module
-    serves every M of the model: kernels that switch implementation by M, like int4's
-    "tinygemm_dequant", are how a layer gets one kernel at decode and another at prefill). The
-    first-listed kernel within KERNEL_MARGIN of the fastest wins, so timing noise does not flip
-    plans and the default (and leaner) kernels are kept on near ties. Failed timings count as inf."""
+def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, int] | None = None) -> str | None:
+    """The kernel with the least total time over the workload: sum over M of calls[M] x median
+    (calls: how often the layer runs with M rows; default once each). One module serves every M
+    of the model; kernels that switch implementation by M, like int4's "tinygemm_dequant", are how
+    a layer gets one kernel at decode and another at prefill. The first-listed kernel within
+    KERNEL_MARGIN of the fastest wins, so timing noise does not flip plans and the default (and
+    leaner) kernels are kept on near ties. Failed timings count as inf."""
     def total(times: dict[int, Timing]) -> float:
-        return sum(t.median_us if t.ok else math.inf for t in times.values())
+        return sum((calls or {}).get(m, 1) * (t.median_us if t.ok else math.inf) for m, t in times.items())
     best = min(total(times) for times in by_kernel.values())
     return next(kern for kern, times in by_kernel.items() if total(times) <= best * (1 + KERNEL_MARGIN))
 
@@ -304,6 +305,7 @@ def measure_latencies(
     mode: str | None = None,
     cache: TimingCache | None = None,
     progress: bool = True,
+    calls: dict[tuple[int, int], dict[int, int]] | None = None,
 ) -> LatencyTable:
     """Time every candidate on every (N, K) shape at every M in `tokens`, reusing cached timings.
 
@@ -314,6 +316,8 @@ def measure_latencies(
     Candidates with several CUDA kernels (QuantizedLinear.kernels) have each timed; the rows hold
     the kernel that pick_kernel chooses for the shape (Timing.kernel), kernel_timings all of them.
     cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
+    calls: (N, K) -> {M: calls per forward}, the workload's weights for choosing a kernel (default:
+    each M once).
     Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
     """
     import autoao
@@ -360,7 +364,7 @@ def measure_latencies(
                     cache.put(keys[m], t)
                     found[m] = t
             by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
-        chosen = pick_kernel(by_kernel)
+        chosen = pick_kernel(by_kernel, (calls or {}).get((n, k)))
         if chosen is not None:
             kernel_timings[(cand.name, k, n)] = by_kernel  # type: ignore[assignment]
         for m in tokens:

@@ -148,6 +148,9 @@ def test_pick_kernel_minimises_total_time_over_the_workload():
     # faster at M=1, much slower at M=2048: the total decides (one module serves both)
     assert timing.pick_kernel({"a": {1: t(10), 2048: t(100)}, "b": {1: t(5), 2048: t(300)}}) == "a"
     assert timing.pick_kernel({"a": {1: t(10)}, "b": {1: t(5)}}) == "b"
+    # weighted by the workload: 32 decode steps and one prefill favour the decode-fast kernel
+    two = {"a": {1: t(10), 2048: t(100)}, "b": {1: t(5), 2048: t(130)}}
+    assert timing.pick_kernel(two) == "a" and timing.pick_kernel(two, {1: 32, 2048: 1}) == "b"
     assert timing.pick_kernel({"a": {1: failed}, "b": {1: t(50)}}) == "b"  # a failure never wins
     assert timing.pick_kernel({"a": {1: t(7)}, "b": {1: t(7)}}) == "a"  # ties: the default (first)
     assert timing.pick_kernel({"a": {1: t(10.1)}, "b": {1: t(10)}}) == "a"  # within 2%: still the first
