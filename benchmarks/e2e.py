@@ -2,7 +2,8 @@
 autoquant on Llama-shaped stacks with random weights (speed only).
 
     source benchmarks/device_env.sh; python3 benchmarks/e2e.py --out $OUT [--models llama8,smollm2]
-        [--tokens 1,2048] [--budget 40] [--torchao] [--only-torchao]
+        [--tokens 1,2048,2048+32x1] [--candidates "int4_wo(group_size=128);int8_wo"] [--no-search]
+        [--budget 40] [--torchao] [--only-torchao]
     python benchmarks/e2e.py --cpu-smoke --out /tmp/e2e_smoke    # tiny model on the CPU, no torchao
 
 Every row runs input tokens [1, M] through autoao's measure_model (CUDA: graph replay, L2 flushed
@@ -136,14 +137,14 @@ def measure_row(report: Report, ctx: dict[str, Any], plan: str, make: Callable[[
     try:
         model = make(r)
         r["weight_bytes"], r["read_bytes"] = weight_bytes(model)
-        t = (timer or (lambda mod, _: measure_model(mod, ctx["x"], compile=True)))(model, r)
+        t = (timer or (lambda mod, _: timed(mod, ctx["inputs"], compile=True)))(model, r)
         if not t.ok:
             raise RuntimeError(t.error)
         r.update(ms=t.median_us / 1e3, p20_ms=t.p20_us / 1e3, p80_ms=t.p80_us / 1e3)
         if reference:
             ctx["ref_us"] = t.median_us
         r["speedup"] = ctx["ref_us"] / t.median_us if ctx["ref_us"] else None
-        if ctx["m"] == 1:
+        if ctx["m"] == "1":  # one decode step: the weights are read once
             r["roofline"] = r["read_bytes"] / (t.median_us * 1e-6) / ctx["bw"]
     except Exception as e:  # noqa: BLE001 - one failing plan is a row, not the end of the run
         r["error"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
@@ -174,10 +175,13 @@ def uniform(base: nn.Module, cand: search_space.Candidate, device: torch.device,
     return q
 
 
-def searched(base: nn.Module, x: torch.Tensor, held: list[torch.Tensor], budget: str | int, out: Path,
-             tag: str, r: Row) -> nn.Module:
-    """autoao.optimize on a copy (as gpu_search.py: pure speed search, accuracy drop allowed up to 1);
-    search_s = its wall time; its summary.json is copied to out/search_<tag>_summary.json."""
+def searched(base: nn.Module, inputs: list[tuple[torch.Tensor, int]], held: list[torch.Tensor],
+             budget: str | int, out: Path, tag: str, r: Row) -> nn.Module:
+    """autoao.optimize on a copy for the workload (each input repeated by its call count; pure speed
+    search: accuracy drop allowed up to 1); search_s = its wall time; its summary.json is copied
+    to out/search_<tag>_summary.json."""
+    x = [t for t, n in inputs for _ in range(n)]
+    x = x[0] if len(x) == 1 else x
     work = Path(tempfile.gettempdir()) / "autoao_e2e" / tag
     shutil.rmtree(work, ignore_errors=True)  # a fresh study, not a continuation of an earlier run's
     t0 = time.perf_counter()
@@ -195,7 +199,7 @@ def searched(base: nn.Module, x: torch.Tensor, held: list[torch.Tensor], budget:
     return res.model
 
 
-def autoquant(base: nn.Module, x: torch.Tensor, r: Row) -> nn.Module:
+def autoquant(base: nn.Module, inputs: list[tuple[torch.Tensor, int]], r: Row) -> nn.Module:
     """torchao 0.16's documented use: autoquant(torch.compile(model, mode="max-autotune")), then one
     call, which logs the shapes, benchmarks each layer's candidates, swaps the weights and compiles
     (manual=False: no finalize_autoquant needed). search_s = that call's wall time; details = the
@@ -205,7 +209,8 @@ def autoquant(base: nn.Module, x: torch.Tensor, r: Row) -> nn.Module:
     t0 = time.perf_counter()
     model = torchao.autoquant(torch.compile(copy.deepcopy(base), mode="max-autotune"))
     with torch.no_grad():  # as measure_model runs it: no recompile for grad mode later
-        model(x)
+        for x, _ in inputs:  # every shape of the workload is logged, benchmarked and compiled
+            model(x)
     torch.cuda.synchronize()
     r["search_s"] = time.perf_counter() - t0
     r["details"] = dict(collections.Counter(type(mod.weight).__name__ for mod in model.modules()
@@ -213,14 +218,39 @@ def autoquant(base: nn.Module, x: torch.Tensor, r: Row) -> nn.Module:
     return model
 
 
-def autoquant_timer(model: nn.Module, x: torch.Tensor, r: Row) -> Timing:
+def autoquant_timer(model: nn.Module, inputs: list[tuple[torch.Tensor, int]], r: Row) -> Timing:
     """Already compiled: time it as is; max-autotune replays its own CUDA graphs, which may refuse
     capture inside ours, so fall back to timing launches (graph=False) and say so."""
-    t = measure_model(model, x)
+    t = timed(model, inputs)
     if not t.ok:
         r["note"] = f"our CUDA graph capture failed ({t.error}): timed without it (graph=False)"
-        t = measure_model(model, x, graph=False)
+        t = timed(model, inputs, graph=False)
     return t
+
+
+def parse_workload(spec: str) -> list[tuple[int, int]]:
+    """"2048" -> [(2048, 1)]; "2048+32x1" (one 2048-token prefill and 32 one-token steps) ->
+    [(2048, 1), (1, 32)]: (M, calls) pairs; a bad spec raises ValueError naming it."""
+    out = []
+    for part in spec.split("+"):
+        count, _, m = part.rpartition("x")
+        try:
+            out.append((int(m), int(count) if count else 1))
+        except ValueError:
+            raise ValueError(f"bad workload {spec!r}: expected M or COUNTxM terms joined by '+', "
+                             "e.g. 1, 2048 or 2048+32x1") from None
+    return out
+
+
+def timed(model: nn.Module, inputs: list[tuple[torch.Tensor, int]], **kw: Any) -> Timing:
+    """measure_model over a workload: each distinct input timed once, times summed with its call
+    count (median and p20/p80 alike); the first failure fails the whole."""
+    parts = [(measure_model(model, x, **kw), n) for x, n in inputs]
+    bad = next((t for t, _ in parts if not t.ok), None)
+    if bad is not None:
+        return bad
+    return Timing(*(sum(getattr(t, f) * n for t, n in parts) for f in ("median_us", "p20_us", "p80_us")),
+                  min(t.reps for t, _ in parts))
 
 
 def _version(pkg: str) -> str:
@@ -234,7 +264,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n")[:2]))
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="llama8,smollm2", help=f"comma-separated, of {', '.join(SHAPES)}")
-    ap.add_argument("--tokens", default=None, help="comma-separated M (default 1,2048; cpu-smoke 1,8)")
+    ap.add_argument("--tokens", default=None,
+                    help="comma-separated workloads, each M or COUNTxM terms joined by '+' (e.g. "
+                         "2048+32x1: one 2048-token prefill and 32 one-token steps); default 1,2048 "
+                         "(cpu-smoke 1,8)")
     ap.add_argument("--budget", default=None, help="optimize's budget: trials (default 40) or time (5s, 2m)")
     ap.add_argument("--candidates", default=None,
                     help="';'-separated candidate names for the uniform rows (default: all)")
@@ -247,7 +280,11 @@ def main() -> int:
         ap.error("--cpu-smoke runs without torchao")
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     models = ["tiny"] if args.cpu_smoke else args.models.split(",")
-    tokens = [int(t) for t in (args.tokens or ("1,8" if args.cpu_smoke else "1,2048")).split(",")]
+    specs = (args.tokens or ("1,8" if args.cpu_smoke else "1,2048")).split(",")
+    try:
+        workloads = {spec: parse_workload(spec) for spec in specs}
+    except ValueError as e:
+        ap.error(str(e))
     budget = args.budget or ("5s" if args.cpu_smoke else "40")
     budget = int(budget) if budget.isdigit() else budget  # a bare number is a trial count
     out = Path(args.out)
@@ -260,7 +297,8 @@ def main() -> int:
               f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
               f"device: {device_name(device)}; torch {torch.__version__}, triton {_version('triton')}, "
               f"torchao {_version('torchao')}; peak copy bandwidth {bw / 1e9:.0f} GB/s\n\n"
-              f"Random weights (speed only), tokens [1, M]; median of autoao's measure_model "
+              f"Random weights (speed only), tokens [1, M] (M column: the workload, e.g. 2048+32x1 = one "
+              f"2048-token forward + 32 one-token forwards, times summed); median of autoao's measure_model "
               f"({'CUDA graph replay, L2 flushed' if device.type == 'cuda' else 'CPU wall clock'}); "
               "speed-up vs compiled bf16; weights = parameters + buffers (tied once); roofline (M=1) = "
               "bytes read (all but embedding-only tables) / median time / peak copy bandwidth.")
@@ -270,13 +308,14 @@ def main() -> int:
         shape = SHAPES[name]
         base = llama_stack.build(shape, device=device).requires_grad_(False)
         gen = torch.Generator(device=device).manual_seed(1)
-        for m in tokens:
-            x = torch.randint(0, shape.vocab, (1, m), device=device, generator=gen)
+        for spec, workload in workloads.items():
+            inputs = [(torch.randint(0, shape.vocab, (1, m), device=device, generator=gen), n) for m, n in workload]
             held = [torch.randint(0, shape.vocab, (1, 256), device=device, generator=gen)]
-            ctx: dict[str, Any] = {"model": name, "m": m, "x": x, "bw": bw, "ref_us": None}
+            ctx: dict[str, Any] = {"model": name, "m": spec, "inputs": inputs, "bw": bw, "ref_us": None}
+            tag = f"{name}_m{spec.replace('+', '_')}"
             measure_row(report, ctx, "bf16 compiled", lambda r: base, reference=True)
             if not args.only_torchao:
-                measure_row(report, ctx, "bf16 eager", lambda r: base, lambda mod, r: measure_model(mod, x))
+                measure_row(report, ctx, "bf16 eager", lambda r: base, lambda mod, r: timed(mod, inputs))
                 cands = ([search_space.get(c) for c in args.candidates.split(";")] if args.candidates
                          else search_space.all_candidates())
                 for cand in cands:
@@ -285,13 +324,13 @@ def main() -> int:
                         measure_row(report, ctx, label, lambda r, c=cand, k=kern: uniform(base, c, device, r, k))
                 if not args.no_search:
                     measure_row(report, ctx, "searched (autoao.optimize)",
-                                lambda r: searched(base, x, held, budget, out, f"{name}_m{m}", r))
+                                lambda r: searched(base, inputs, held, budget, out, tag, r))
             if args.torchao or args.only_torchao:
                 # autoquant sets global inductor options (coordinate descent tuning, ...): undo them after
                 saved, precision = torch._inductor.config.get_config_copy(), torch.get_float32_matmul_precision()
                 try:
-                    measure_row(report, ctx, "torchao autoquant (max-autotune)", lambda r: autoquant(base, x, r),
-                                lambda mod, r: autoquant_timer(mod, x, r))
+                    measure_row(report, ctx, "torchao autoquant (max-autotune)", lambda r: autoquant(base, inputs, r),
+                                lambda mod, r: autoquant_timer(mod, inputs, r))
                 finally:
                     torch._inductor.config.load_config(saved)
                     torch.set_float32_matmul_precision(precision)
