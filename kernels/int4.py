@@ -14,7 +14,6 @@ The CPU runs torch._weight_int4pack_mm_for_cpu on its own tiled layout.
 from __future__ import annotations
 
 import torch
-
 import torch.nn.functional as F
 
 from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens

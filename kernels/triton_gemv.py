@@ -11,14 +11,13 @@ Design (what the H200 measurements in benchmarks/NOTES.md kept): plain tiles. Ea
 a [BLOCK_N, BLOCK_K] weight tile straight from the canonical layout (int4: [N, K/2] uint8 read as
 [BLOCK_N, groups, G/2] bytes; int8/fp8: [N, K]), converts in registers, multiplies by the
 activation (shared by all rows) and reduces along K. int4 applies scales and zeros once per group
-and row: sum_k w x = s * sum (q - 8) x + z * sum x. Integers become floats by bit tricks, not
-int->float conversions (a quarter-rate instruction on Hopper, which capped the first int8 kernel
-at ~85% and the int4 one at ~36% of the roofline): `0x4B000000 | q` is the fp32 2**23 + q. Without split-K the kernel writes the
-output in the activation dtype (one launch per layer); with it, SPLIT_K programs per column block
-write fp32 partials [SPLIT_K, M, N], summed by torch, for layers whose N / BLOCK_N programs alone
-cannot fill 132 SMs. (A first version re-viewed the bytes as int32 words
-and built floats with exponent-bit tricks to save conversion instructions; its 3-D/4-D register
-shuffles made it 2-6x slower than these plain tiles.)
+and row: sum_k w x = s * sum (q - 8) x + z * sum x. Integers become floats by a bit trick, not by
+int->float conversions (quarter rate on Hopper; they capped the plain int8 kernel at 85% of the
+roofline): `0x4B000000 | q` are the bits of the fp32 2**23 + q. (A first version applied the trick
+to whole int32 words with 3-D/4-D register shapes; the shuffles made it 2-6x slower.)
+Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
+it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed by torch, for
+layers whose N / BLOCK_N programs alone cannot fill 132 SMs.
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
 or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
@@ -35,8 +34,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
 
+from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
 
 
 @triton.jit
