@@ -175,3 +175,23 @@ def test_latency_table_reports_the_chosen_kernel_per_shape():
     assert table.kernel_for("int4_wo(group_size=128)", 4096, 1024) == "tinygemm"
     assert table.kernel_for("bf16", 4096, 1024) is None
     assert table.kernel_for("int4_wo(group_size=128)", 4096, 4096) is None  # shape not timed
+
+
+def test_optimize_puts_the_timed_kernels_in_the_plan():
+    # api._kernels maps each planned layer to the kernel timing chose for its shape (CUDA tables
+    # carry kernels; here a hand-made table stands in for one)
+    from torch import nn
+
+    from autoao.api import _kernels, _shape_calls
+    from autoao.profile import profile
+
+    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
+    prof = profile(model, [torch.randn(1, 3, 64), torch.randn(1, 1, 64)])
+    assert _shape_calls(prof) == {(128, 64): {3: 1, 1: 1}, (64, 128): {3: 1, 1: 1}}
+    int4 = search_space.get("int4_wo", group_size=32)
+    t = lambda kern: timing.Timing(5.0, 5.0, 5.0, 5, kernel=kern)  # noqa: E731
+    rows = [timing.LatencyRow(int4.name, m, 64, 128, t("triton"), False) for m in (1, 3)]
+    rows += [timing.LatencyRow(int4.name, m, 128, 64, t("tinygemm"), False) for m in (1, 3)]
+    table = timing.LatencyTable("gpu", "bfloat16", "compile", rows, 0, 0.0)
+    assert _kernels({"0": int4, "2": int4}, prof, table) == {"0": "triton", "2": "tinygemm"}
+    assert _kernels({"0": search_space.get("bf16")}, prof, table) == {}  # no timing, no kernel
