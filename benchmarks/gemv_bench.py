@@ -116,7 +116,7 @@ def main() -> int:
                     alt_name, alt_us = min(alts.items(), key=lambda t: t[1]) if alts else ("-", float("nan"))
                     mb = (nbytes + 2 * m * (k + n)) / 1e6
                     roof = 100 * mb * 1e6 / bw / (us * 1e-6)
-                    c = f"{cfg.block_n}/{cfg.block_k}/{cfg.split_k}/{cfg.num_warps}" + ("/pairs" if cfg.pairs else "")
+                    c = f"{cfg.block_n}/{cfg.block_k}/{cfg.split_k}/{cfg.num_warps}" + (f"/{cfg.variant}" if cfg.variant else "")
                     lines.append(f"| {n}x{k} | {m} | {kind} | {mb:.1f} | {alt_name} | {alt_us:.1f} | {us:.1f} | "
                                  f"{c} | {alt_us / us:.2f}x | {t_bf16 / us:.2f}x | {roof:.0f}% | {err:.1e} |")
                     print(lines[-1], f"(bf16 {t_bf16:.1f} us; torch: "
@@ -130,11 +130,11 @@ def main() -> int:
             "BLOCK_N/BLOCK_K/SPLIT_K/warps; int4 = g128 (g64 where K = 576)\n\n" + "\n".join(lines) + "\n")
         with open(out / "gemv_sweep.csv", "w", newline="") as f:
             wr = csv.writer(f)
-            wr.writerow(["kind", "n", "k", "m", "block_n", "block_k", "split_k", "num_warps", "pairs", "us"])
+            wr.writerow(["kind", "n", "k", "m", "block_n", "block_k", "split_k", "num_warps", "variant", "us"])
             for r in sweep_rows:
                 c = r["cfg"]
                 wr.writerow([r["kind"], r["n"], r["k"], r["m"], c.block_n, c.block_k, c.split_k, c.num_warps,
-                             int(c.pairs), f"{r['us']:.2f}"])
+                             c.variant, f"{r['us']:.2f}"])
     return 0
 
 

@@ -27,7 +27,6 @@ treat each as one opaque, shape-known call. Tested on CPU with TRITON_INTERPRET=
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -41,13 +40,11 @@ from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; lar
 @triton.jit
 def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PAIRS: tl.constexpr):
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # x [M, K]; q [N, K/2] uint8 (byte j: k=2j in the high nibble, k=2j+1 in the low one);
     # s, z [N, K/G] bf16; y: [M, N] in x's dtype (SPLIT_K = 1) or [SPLIT_K, M, N] fp32 partials.
     # A step is NG whole groups, loaded as a 3-D tile [BN, NG, G/2] so the per-group sums are a
-    # reduction over the last axis. PAIRS=False reads the activations as two stride-2 gathers (even
-    # k, odd k); PAIRS=True joins the two nibbles into [BN, NG, G/2, 2] (k order) and reads the
-    # activations contiguously as [NG, G/2, 2] (H200 v3: the gathers are the suspected int4 limit).
+    # reduction over the last axis.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
@@ -75,24 +72,76 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_q
         s = tl.load(s_ptr + sz, mask=mask_sz, other=0.0).to(tl.float32)  # [BN, NG]
         z = tl.load(z_ptr + sz, mask=mask_sz, other=0.0).to(tl.float32)
         k_even = 2 * byte  # [NG, HB]
-        if PAIRS:
-            w = tl.join(hi, lo)  # [BN, NG, HB, 2]: k = 2 * byte + e
-            kk = k_even[:, :, None] + tl.arange(0, 2)[None, None, :]  # [NG, HB, 2], contiguous in k
         for m in tl.static_range(BLOCK_M):
             k_end = K * (M > m)  # rows past M (BLOCK_M is a power of 2) read nothing
-            if PAIRS:
-                xp = tl.load(x_ptr + m * stride_xm + kk, mask=kk < k_end, other=0.0).to(tl.float32)
-                t = tl.sum(tl.sum(w * xp[None, :, :, :], axis=3), axis=2)  # [BN, NG]: sum (q-8) x per group
-                xs = tl.sum(tl.sum(xp, axis=2), axis=1)  # [NG]
-            else:
-                xe = tl.load(x_ptr + m * stride_xm + k_even, mask=k_even < k_end, other=0.0).to(tl.float32)
-                xo = tl.load(x_ptr + m * stride_xm + k_even + 1, mask=k_even < k_end, other=0.0).to(tl.float32)
-                t = tl.sum(hi * xe[None, :, :] + lo * xo[None, :, :], axis=2)  # [BN, NG]
-                xs = tl.sum(xe + xo, axis=1)  # [NG]
+            xe = tl.load(x_ptr + m * stride_xm + k_even, mask=k_even < k_end, other=0.0).to(tl.float32)
+            xo = tl.load(x_ptr + m * stride_xm + k_even + 1, mask=k_even < k_end, other=0.0).to(tl.float32)
+            t = tl.sum(hi * xe[None, :, :] + lo * xo[None, :, :], axis=2)  # [BN, NG]: sum (q-8) x per group
+            xs = tl.sum(xe + xo, axis=1)  # [NG]
             part = tl.sum(s * t + z * xs[None, :], axis=1)  # [BN]
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & mask_n[None, :])
+
+
+@triton.jit
+def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
+                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    # Same contract as _int4_kernel except: q is the same bytes viewed as int32 [N, K/8] (stride_qn
+    # in words), and K must be a multiple of BLOCK_K (no masks along K, so loads are 16 bytes wide).
+    # Fewer instructions per byte (benchmarks/sass_stats.py): 8 nibbles per word (k = 8w + j; nibble
+    # j at bit 8*(j//2) + 4*(1 - j%2), j >= 4 in the upper half, brought down by `p >> 16`) become
+    # fp32 by one LOP3 and one FADD each, with a magic number whose exponent makes the nibble's bit
+    # position count units (the bits of 2**(23 - s) | (q << s) are the fp32 2**(23 - s) + q); the
+    # activations are loaded as [W, 8] and split in registers; scales and zeros apply per group and
+    # the group sums stay per program until the end.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    mask_n = offs_n < N
+    n64 = offs_n.to(tl.int64)
+    W: tl.constexpr = BLOCK_K // 8
+    offs_w = tl.arange(0, W)
+    rows = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // GROUP], dtype=tl.float32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        # K is a multiple of BLOCK_K here (_fits): no mask along K, so the loads are 16 bytes wide
+        kw = k0 + 8 * offs_w  # [W] first k of each word
+        mask = mask_n[:, None] & (offs_w < W)[None, :]
+        w0 = tl.multiple_of(k0 // 8, W)
+        p = tl.load(q_ptr + n64[:, None] * stride_qn + (w0 + offs_w)[None, :], mask=mask, other=0)  # [BN, W]
+        ph = p >> 16
+        NG: tl.constexpr = BLOCK_K // GROUP
+        g = n64[:, None] * stride_sn + (k0 // GROUP + tl.arange(0, NG))[None, :]  # [BN, NG]
+        s = tl.load(s_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        # nibble j of each word as q - 8; in a 16-bit half the nibbles sit at bits 4, 0, 12, 8
+        q0 = ((p & 0xf0) | 0x49000000).to(tl.float32, bitcast=True) - 524296.0
+        q1 = ((p & 0xf) | 0x4b000000).to(tl.float32, bitcast=True) - 8388616.0
+        q2 = ((p & 0xf000) | 0x45000000).to(tl.float32, bitcast=True) - 2056.0
+        q3 = ((p & 0xf00) | 0x47000000).to(tl.float32, bitcast=True) - 32776.0
+        q4 = ((ph & 0xf0) | 0x49000000).to(tl.float32, bitcast=True) - 524296.0
+        q5 = ((ph & 0xf) | 0x4b000000).to(tl.float32, bitcast=True) - 8388616.0
+        q6 = ((ph & 0xf000) | 0x45000000).to(tl.float32, bitcast=True) - 2056.0
+        q7 = ((ph & 0xf00) | 0x47000000).to(tl.float32, bitcast=True) - 32776.0
+        for m in tl.static_range(BLOCK_M):
+            xk = kw[:, None] + tl.arange(0, 8)[None, :]  # [W, 8], contiguous in k
+            x = tl.load(x_ptr + m * stride_xm + xk, mask=(xk < K * (M > m)), other=0.0).to(tl.float32)
+            xa, xb = tl.split(tl.reshape(x, [W, 4, 2]))  # j even / odd: [W, 4]
+            x0, x2 = tl.split(tl.reshape(xa, [W, 2, 2]))  # j = 0, 4 / 2, 6
+            x1, x3 = tl.split(tl.reshape(xb, [W, 2, 2]))  # j = 1, 5 / 3, 7
+            x0, x4 = tl.split(x0)
+            x2, x6 = tl.split(x2)
+            x1, x5 = tl.split(x1)
+            x3, x7 = tl.split(x3)
+            t = (q0 * x0[None, :] + q1 * x1[None, :] + q2 * x2[None, :] + q3 * x3[None, :]
+                 + q4 * x4[None, :] + q5 * x5[None, :] + q6 * x6[None, :] + q7 * x7[None, :])  # [BN, W]
+            tg = tl.sum(tl.reshape(t, [BLOCK_N, NG, GROUP // 8]), axis=2)  # [BN, NG]
+            xg = tl.sum(tl.reshape(x, [NG, GROUP]), axis=1)  # [NG]
+            acc += tl.where(rows[:, None, None] == m, (s * tg + z * xg[None, :])[None, :, :], 0.0)
+    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
+    tl.store(y, tl.sum(acc, axis=2).to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & mask_n[None, :])
 
 
 @triton.jit
@@ -134,7 +183,7 @@ class Config:
     block_k: int
     split_k: int
     num_warps: int
-    pairs: bool = False  # int4 only: the PAIRS variant of _int4_kernel
+    variant: str = ""  # int4 only: "" (_int4_kernel) or "words" (_int4_words_kernel)
 
 
 # Candidates for the per-shape sweep (the H200 sweep in benchmarks/results/2026-11-30-h200/ ranked
@@ -143,8 +192,11 @@ class Config:
 CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
     (4, 512, 2), (8, 512, 4), (16, 256, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4), (32, 512, 8),
     (16, 2048, 8)] for sk in (1, 2, 4))
-# int4 also tries the contiguous-activation variant (not yet measured on a GPU: _tune decides).
-INT4_CONFIGS = CONFIGS + tuple(dataclasses.replace(c, pairs=True) for c in CONFIGS if c.split_k == 1)
+# int4 also tries the words kernel (22-33% fewer instructions per byte than _int4_kernel in
+# benchmarks/sass_stats.py; not yet timed on a GPU: _tune decides per shape), on the tiles with the
+# fewest instructions per byte there.
+INT4_CONFIGS = CONFIGS + tuple(Config(bn, bk, sk, w, "words") for bn, bk, w in [
+    (16, 512, 4), (32, 512, 4), (64, 256, 4), (16, 1024, 4), (32, 1024, 8), (64, 512, 8)] for sk in (1, 2, 4))
 _DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
@@ -161,8 +213,12 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
                 num_warps=cfg.num_warps)
     if kind == "int4":
         q, s, z = tensors
-        _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group,
-                           PAIRS=cfg.pairs, **meta)
+        if cfg.variant == "words":
+            q32 = q.view(torch.int32)  # [N, K/8]: 8 nibbles a word
+            _int4_words_kernel[grid](x, q32, s, z, y, m, n, k, x.stride(0), q32.stride(0), s.stride(0),
+                                     GROUP=group, **meta)
+        else:
+            _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
     else:  # int8, fp8: the same kernel, the element type comes with the pointer
         w, s = tensors
         _per_channel_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), IS_INT8=kind == "int8", **meta)
@@ -172,7 +228,8 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
 def _fits(cfg: Config, k: int, group: int) -> bool:
     # int4 steps hold whole groups (group 0: per-channel kernels); every split gets >= 1 step.
     whole = group == 0 or cfg.block_k % group == 0
-    return whole and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
+    even = cfg.variant != "words" or k % cfg.block_k == 0  # the words kernel has no K masks
+    return whole and even and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
 
 
 def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int) -> Config:
