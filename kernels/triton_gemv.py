@@ -192,11 +192,13 @@ class Config:
 CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
     (4, 512, 2), (8, 512, 4), (16, 256, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4), (32, 512, 8),
     (16, 2048, 8)] for sk in (1, 2, 4))
-# int4 also tries the words kernel (22-33% fewer instructions per byte than _int4_kernel in
-# benchmarks/sass_stats.py; not yet timed on a GPU: _tune decides per shape), on the tiles with the
-# fewest instructions per byte there.
-INT4_CONFIGS = CONFIGS + tuple(Config(bn, bk, sk, w, "words") for bn, bk, w in [
-    (16, 512, 4), (32, 512, 4), (64, 256, 4), (16, 1024, 4), (32, 1024, 8), (64, 512, 8)] for sk in (1, 2, 4))
+# int4: the byte kernel on the tiles that won its H200 sweep (gemv_v3), and the words kernel
+# (22-33% fewer SASS instructions per byte, benchmarks/sass_stats.py; not yet timed on a GPU) on its
+# leanest tiles; kept short because every group size compiles its own set on first use.
+INT4_CONFIGS = tuple(Config(bn, bk, sk, w, variant) for bn, bk, w, variant in [
+    (16, 512, 4, ""), (16, 1024, 8, ""), (16, 2048, 8, ""), (32, 256, 4, ""),
+    (16, 512, 4, "words"), (32, 512, 4, "words"), (64, 256, 4, "words"), (16, 1024, 4, "words")]
+    for sk in (1, 4))
 _DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
