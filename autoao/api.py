@@ -25,7 +25,7 @@ from autoao.cost import BASELINE, CostModel, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, TimingCache, cache_dir, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
-from autoao.evaluators.timing import LatencyTable, measure_latencies, measure_model
+from autoao.evaluators.timing import LatencyTable, measure_latencies, measure_model, workload_us
 from autoao.plan import Plan, apply, atomic_write, save
 from autoao.profile import ModelProfile, profile
 from autoao.search import (Budget, Group, SearchConfig, SearchOutcome, TrialResult, make_groups,
@@ -271,8 +271,7 @@ def _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, d
             by_kernel = table.kernel_timings.get((c.name, lay.in_features, lay.out_features))
             if by_kernel:
                 kernels[c.name] = {"chosen": table.kernel_for(c.name, lay.in_features, lay.out_features),
-                                   "us": {kern: sum(n * ts[m].median_us for m, n in calls.items())
-                                          for kern, ts in by_kernel.items()}}
+                                   "us": {kern: workload_us(ts, calls) for kern, ts in by_kernel.items()}}
         layers.append({"fqn": lay.fqn, "in_features": lay.in_features, "out_features": lay.out_features,
                        "tokens": lay.tokens, "calls": calls, "time_us": times, "timing_error": errors,
                        "kernels": kernels,

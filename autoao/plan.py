@@ -16,7 +16,6 @@ and read `plan.json` + `model.safetensors` (the canonical quantized tensors), ea
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -222,13 +221,10 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
                             f"{torch.device(dev).type}: {reason}")
     for fqn, kernel in plan.kernels.items():
         cand = plan.layers.get(fqn)
-        known = getattr(cand.module_cls, "kernels", ("default",)) if cand is not None and cand.module_cls else ()
-        if cand is None:
+        if cand is None or cand.module_cls is None:
             problems.append(f"  {fqn}: has a kernel ({kernel!r}) but no candidate in the plan")
-        elif kernel not in known:
-            close = difflib.get_close_matches(kernel, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            problems.append(f"  {fqn}: {cand.name} has no kernel {kernel!r} (has: {', '.join(known)}){hint}")
+        elif problem := cand.module_cls.unknown_kernel(kernel):
+            problems.append(f"  {fqn}: {cand.name} has {problem}")
     if problems:
         fp = fingerprint(model)
         note = ""

@@ -33,7 +33,7 @@ import torch
 
 from autoao import search_space
 from autoao.evaluators.sensitivity import sqnr_db as sqnr
-from autoao.evaluators.timing import build_layer, time_cuda, time_module
+from autoao.evaluators.timing import build_layer, copy_bandwidth, time_cuda, time_module
 from autoao.kernels.quant import prune_24_mask
 from autoao.search_space import LayerSpec
 
@@ -56,11 +56,7 @@ def weight_bytes(family: str, params: dict, n: int, k: int) -> float:
 
 def measure_ceilings() -> tuple[float, float]:
     """(copy bandwidth bytes/s counting read + write, bf16 matmul FLOP/s) on random data."""
-    a = torch.randn(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda")  # 2 GiB
-    b = torch.empty_like(a)
-    med, *_ = time_cuda(lambda: b.copy_(a), reps=20, graph=False, flush_l2=False)
-    bw = 2 * a.numel() * 2 / (med * 1e-6)
-    del a, b
+    bw = copy_bandwidth("cuda", 2 * 1024**3)
     x = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     med, *_ = time_cuda(lambda: x @ w, reps=20, graph=False, flush_l2=False)

@@ -24,7 +24,6 @@ import gc
 import importlib.metadata
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -40,33 +39,12 @@ import llama_stack  # noqa: E402
 
 import autoao  # noqa: E402
 from autoao import search_space  # noqa: E402
-from autoao.evaluators.timing import Timing, device_name, kernel_names, measure_model  # noqa: E402
+from autoao.evaluators.timing import (Timing, copy_bandwidth, device_name, kernel_names,  # noqa: E402
+                                     measure_model)
 
 SHAPES = {"llama8": llama_stack.LlamaShape(), "smollm2": llama_stack.LlamaShape.smollm2(),
           "tiny": llama_stack.LlamaShape.tiny()}
 Row = dict[str, Any]
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Peak memory bandwidth in bytes/s: (read + write bytes) of one large copy_ / its time, median of
-    10 after 2 warm-ups (1 GiB on CUDA, timed with events; 64 MiB with wall clocks on the CPU)."""
-    n = 2**30 if device.type == "cuda" else 2**26
-    src = torch.ones(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t0)
-    return 2 * n / statistics.median(times[2:])
 
 
 def weight_bytes(model: nn.Module) -> tuple[int, int]:

@@ -22,20 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from autoao import search_space
-from autoao.evaluators.timing import time_cuda
+from autoao.evaluators.timing import copy_bandwidth, time_cuda
 from autoao.kernels import triton_gemv as tg
 from autoao.kernels.quant import (dequantize_int4_groupwise, quantize_fp8, quantize_int4_groupwise,
                                   quantize_int8_per_channel, pack_int4)
 
 SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096),
           (576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]  # (N, K): Llama-3-8B, SmolLM2
-
-
-def copy_bandwidth() -> float:
-    a = torch.empty(1024**3 // 2, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    med, *_ = time_cuda(lambda: b.copy_(a), reps=20, graph=False, flush_l2=False)
-    return 2 * a.numel() * 2 / (med * 1e-6)
 
 
 def main() -> int:
@@ -47,7 +40,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
-    bw = copy_bandwidth()
+    bw = copy_bandwidth("cuda")
     sweep_rows, lines = [], []
     head = ("| N x K | M | kernel | bytes MB | torch best | torch us | triton us | config | vs torch | "
             "vs bf16 | % roofline | rel err |")

@@ -205,6 +205,21 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
+def copy_bandwidth(device: torch.device | str, nbytes: int | None = None) -> float:
+    """Measured peak memory bandwidth of `device` in bytes/s: (bytes read + written) by one large
+    copy_ over its median time (default 1 GiB on CUDA, timed with events and no L2 flush; 64 MiB
+    with wall clocks on the CPU). The roofline that benchmarks compare kernels against."""
+    device = torch.device(device)
+    n = nbytes or (2**30 if device.type == "cuda" else 2**26)
+    src = torch.ones(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    if device.type == "cuda":
+        med, *_ = time_cuda(lambda: dst.copy_(src), reps=20, graph=False, flush_l2=False)
+    else:
+        med, *_ = time_cpu(lambda: dst.copy_(src), reps=10)
+    return 2 * n / (med * 1e-6)
+
+
 ##### many (shape, candidate, M) at once, through the on-disk cache ##############################
 
 @dataclass(frozen=True)
@@ -253,8 +268,13 @@ class LatencyTable:
 def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...]:
     """The kernels to time for `cand` on `device`: its module's CUDA kernels when it has several,
     else (None,) (one implementation; the CPU always has one)."""
-    kernels = getattr(cand.module_cls, "kernels", ("default",)) if cand.module_cls is not None else ("default",)
+    kernels = cand.module_cls.kernels if cand.module_cls is not None else ("default",)
     return tuple(kernels) if device.type == "cuda" and len(kernels) > 1 else (None,)
+
+
+def workload_us(times: dict[int, Timing], calls: dict[int, int] | None = None) -> float:
+    """Sum over M of calls[M] x median time (calls default to once each; a failure counts inf)."""
+    return sum((calls or {}).get(m, 1) * (t.median_us if t.ok else math.inf) for m, t in times.items())
 
 
 KERNEL_MARGIN = 0.02  # a kernel listed later must be this much faster to be chosen (noise, memory)
@@ -267,10 +287,9 @@ def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int,
     a layer gets one kernel at decode and another at prefill. The first-listed kernel within
     KERNEL_MARGIN of the fastest wins, so timing noise does not flip plans and the default (and
     leaner) kernels are kept on near ties. Failed timings count as inf."""
-    def total(times: dict[int, Timing]) -> float:
-        return sum((calls or {}).get(m, 1) * (t.median_us if t.ok else math.inf) for m, t in times.items())
-    best = min(total(times) for times in by_kernel.values())
-    return next(kern for kern, times in by_kernel.items() if total(times) <= best * (1 + KERNEL_MARGIN))
+    totals = {kern: workload_us(times, calls) for kern, times in by_kernel.items()}
+    best = min(totals.values())
+    return next(kern for kern, total in totals.items() if total <= best * (1 + KERNEL_MARGIN))
 
 
 def device_name(device: torch.device) -> str:

@@ -108,15 +108,23 @@ class QuantizedLinear(nn.Module):
         return m
 
     # ---- shared machinery ----------------------------------------------------------------------
+    @classmethod
+    def unknown_kernel(cls, kernel: str) -> str | None:
+        """None if `kernel` is one of `kernels`, else "no kernel 'x' (has: ...); did you mean ...?"."""
+        if kernel in cls.kernels:
+            return None
+        import difflib
+
+        close = difflib.get_close_matches(kernel, cls.kernels, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"no kernel {kernel!r} (has: {', '.join(cls.kernels)}){hint}"
+
     def set_kernel(self, kernel: str) -> QuantizedLinear:
         """Use the CUDA implementation `kernel` (one of `kernels`); re-packs the runtime tensors.
         Raises ValueError naming the choices (and the closest one) for an unknown name."""
-        if kernel not in self.kernels:
-            import difflib
-
-            close = difflib.get_close_matches(kernel, self.kernels, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{type(self).__name__} has no kernel {kernel!r} (has: {', '.join(self.kernels)}){hint}")
+        problem = self.unknown_kernel(kernel)
+        if problem:
+            raise ValueError(f"{type(self).__name__} has {problem}")
         if kernel != self.kernel:
             self.kernel = kernel
             self._pack(self.device)

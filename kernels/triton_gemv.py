@@ -38,6 +38,14 @@ from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; lar
 
 
 @triton.jit
+def _store_rows(y_ptr, out, pid_k, M, N, offs_n, BLOCK_M: tl.constexpr):
+    # out [BLOCK_M, BN] fp32 -> y[pid_k] rows < M, columns offs_n < N (y: [M, N] or [SPLIT_K, M, N])
+    rows = tl.arange(0, BLOCK_M)
+    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (offs_n < N)[None, :])
+
+
+@triton.jit
 def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
@@ -80,8 +88,7 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_q
             xs = tl.sum(xe + xo, axis=1)  # [NG]
             part = tl.sum(s * t + z * xs[None, :], axis=1)  # [BN]
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
-    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & mask_n[None, :])
+    _store_rows(y_ptr, acc, pid_k, M, N, offs_n, BLOCK_M)
 
 
 @triton.jit
@@ -140,8 +147,7 @@ def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, st
             tg = tl.sum(tl.reshape(t, [BLOCK_N, NG, GROUP // 8]), axis=2)  # [BN, NG]
             xg = tl.sum(tl.reshape(x, [NG, GROUP]), axis=1)  # [NG]
             acc += tl.where(rows[:, None, None] == m, (s * tg + z * xg[None, :])[None, :, :], 0.0)
-    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
-    tl.store(y, tl.sum(acc, axis=2).to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & mask_n[None, :])
+    _store_rows(y_ptr, tl.sum(acc, axis=2), pid_k, M, N, offs_n, BLOCK_M)
 
 
 @triton.jit
@@ -171,8 +177,7 @@ def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_w
             t = tl.sum(w * x[None, :], axis=1)
             acc = tl.where(rows[:, None] == m, acc + t[None, :], acc)
     s = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
-    tl.store(y, (acc * s[None, :]).to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & mask_n[None, :])
+    _store_rows(y_ptr, acc * s[None, :], pid_k, M, N, offs_n, BLOCK_M)
 
 
 ##### launch configurations #####################################################################

@@ -1,4 +1,4 @@
-"""`int4_wo(group_size)`: int4 group-wise asymmetric weight-only (tinygemm on CUDA and CPU)."""
+"""`int4_wo(group_size)`: int4 group-wise asymmetric weight-only (tinygemm or autoao's Triton GEMV on CUDA, timing picks; the CPU int4 kernel)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from autoao.search_space._registry import register
 class Int4WO(Candidate):
     family: ClassVar[str] = "int4_wo"
     module_cls: ClassVar = Int4WeightOnlyLinear
-    summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations; tinygemm"
+    summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations; tinygemm or Triton GEMV"
     sqnr_bound_db: ClassVar[float] = 18
     variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g} for g in GROUP_SIZES)
 

@@ -37,7 +37,7 @@ class Int8Dyn(Candidate):
 class Int8WO(Candidate):
     family: ClassVar[str] = "int8_wo"
     module_cls: ClassVar = Int8WeightOnlyLinear
-    summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype; dequant matmul"
+    summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype; Triton GEMV or dequant matmul"
     sqnr_bound_db: ClassVar[float] = 38
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
