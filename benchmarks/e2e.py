@@ -3,7 +3,7 @@ autoquant on Llama-shaped stacks with random weights (speed only).
 
     source benchmarks/device_env.sh; python3 benchmarks/e2e.py --out $OUT [--models llama8,smollm2]
         [--tokens 1,2048,2048+32x1] [--candidates "int4_wo(group_size=128);int8_wo"] [--no-search]
-        [--budget 40] [--torchao] [--only-torchao]
+        [--budget 40] [--torchao] [--only-torchao] [--profile]
     python benchmarks/e2e.py --cpu-smoke --out /tmp/e2e_smoke    # tiny model on the CPU, no torchao
 
 Every row runs input tokens [1, M] through autoao's measure_model (CUDA: graph replay, L2 flushed
@@ -23,6 +23,7 @@ import datetime
 import gc
 import importlib.metadata
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -124,6 +126,9 @@ def measure_row(report: Report, ctx: dict[str, Any], plan: str, make: Callable[[
         r["speedup"] = ctx["ref_us"] / t.median_us if ctx["ref_us"] else None
         if ctx["m"] == "1":  # one decode step: the weights are read once
             r["roofline"] = r["read_bytes"] / (t.median_us * 1e-6) / ctx["bw"]
+        if ctx.get("profile") and timer is None and ctx["inputs"][0][0].is_cuda:
+            write_profile(ctx["out"], f"{ctx['model']} M={ctx['m']} {plan}", kernel_profile(model, ctx["inputs"]),
+                          r["ms"])
     except Exception as e:  # noqa: BLE001 - one failing plan is a row, not the end of the run
         r["error"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     report.add(r)
@@ -231,6 +236,50 @@ def timed(model: nn.Module, inputs: list[tuple[torch.Tensor, int]], **kw: Any) -
                   min(t.reps for t, _ in parts))
 
 
+# GPU kernels that do a linear layer's work (names as the profiler shows them): cuBLAS/CUTLASS/
+# cuSPARSELt GEMMs, tinygemm, torch's int8 mm, autoao's Triton GEMVs. Everything else is "rest".
+LINEAR_KERNELS = re.compile(r"gemm|gemv|cutlass|cublas|nvjet|sm90_|cusparse|sp_|tinygemm|int4|int8|"
+                            r"_per_channel|scaled_mm|xmma|splitK", re.I)
+
+
+def kernel_profile(model: nn.Module, inputs: list[tuple[torch.Tensor, int]]) -> list[tuple[str, float, float]]:
+    """GPU time per workload of each kernel of the compiled model (no CUDA graph, so launch gaps are
+    not in it; kernel durations are): [(kernel name, us, launches)], longest first."""
+    fn = torch.compile(model)
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    reps = 5
+    with torch.no_grad():
+        for x, n in inputs:
+            fn(x)
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    fn(x)
+                torch.cuda.synchronize()
+            for e in prof.key_averages():
+                if e.device_type != DeviceType.CUDA:  # CPU-side op records would count kernels twice
+                    continue
+                us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+                if us > 0:
+                    totals[e.key][0] += us * n / reps
+                    totals[e.key][1] += e.count * n / reps
+    return sorted(((k, us, c) for k, (us, c) in totals.items()), key=lambda t: -t[1])
+
+
+def write_profile(out: Path, title: str, rows: list[tuple[str, float, float]], measured_ms: float | None) -> None:
+    """Append one model's kernel breakdown to out/profile.md: linear vs rest, then the top kernels."""
+    lin = sum(us for k, us, _ in rows if LINEAR_KERNELS.search(k))
+    total = sum(us for _, us, _ in rows)
+    lines = [f"## {title}", "",
+             f"kernel time {total / 1e3:.3f} ms = linear {lin / 1e3:.3f} ms + rest {(total - lin) / 1e3:.3f} ms"
+             f" ({sum(c for _, _, c in rows):.0f} launches); measured in a CUDA graph: "
+             f"{'-' if measured_ms is None else f'{measured_ms:.3f} ms'}", "",
+             "| kernel | linear | us | launches |", "|---|---|---|---|"]
+    lines += [f"| `{k[:90]}` | {'y' if LINEAR_KERNELS.search(k) else ''} | {us:.1f} | {c:.0f} |" for k, us, c in rows[:25]]
+    with open(out / "profile.md", "a") as f:
+        f.write("\n".join(lines) + "\n\n")
+
+
 def _version(pkg: str) -> str:
     try:
         return importlib.metadata.version(pkg)
@@ -253,6 +302,8 @@ def main() -> int:
     ap.add_argument("--torchao", action="store_true", help="add torchao autoquant rows")
     ap.add_argument("--only-torchao", action="store_true", help="only compiled bf16 and torchao autoquant")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU, no CUDA graphs, no torchao")
+    ap.add_argument("--profile", action="store_true",
+                    help="CUDA: also write each compiled row's kernel breakdown (linear vs rest) to $OUT/profile.md")
     args = ap.parse_args()
     if args.cpu_smoke and (args.torchao or args.only_torchao):
         ap.error("--cpu-smoke runs without torchao")
@@ -289,7 +340,8 @@ def main() -> int:
         for spec, workload in workloads.items():
             inputs = [(torch.randint(0, shape.vocab, (1, m), device=device, generator=gen), n) for m, n in workload]
             held = [torch.randint(0, shape.vocab, (1, 256), device=device, generator=gen)]
-            ctx: dict[str, Any] = {"model": name, "m": spec, "inputs": inputs, "bw": bw, "ref_us": None}
+            ctx: dict[str, Any] = {"model": name, "m": spec, "inputs": inputs, "bw": bw, "ref_us": None,
+                                   "profile": args.profile, "out": out}
             tag = f"{name}_m{spec.replace('+', '_')}"
             measure_row(report, ctx, "bf16 compiled", lambda r: base, reference=True)
             if not args.only_torchao:

@@ -164,9 +164,11 @@ def dequantize_output(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.T
                       bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """acc [M, N] (int32 or float) -> acc * x_scale [M, 1] (* w_scale [N]) (+ bias [N]) in out_dtype.
 
-    On CUDA with Triton: one fused pass (autoao::scaled_epilogue, bias added in fp32 before the
-    cast). Elsewhere: plain torch (fp32 math, cast, then bias in out_dtype)."""
-    if acc.is_cuda and _TRITON_OPS:
+    On CUDA with Triton, run eagerly: one fused pass (autoao::scaled_epilogue, bias added in fp32
+    before the cast). Elsewhere, and while torch.compile traces: plain torch (fp32 math, cast, then
+    bias in out_dtype), which inductor fuses into the ops that consume the output (an activation,
+    a residual add), saving a write and a read of [M, N]."""
+    if acc.is_cuda and _TRITON_OPS and not torch.compiler.is_compiling():
         return torch.ops.autoao.scaled_epilogue(acc, x_scale, w_scale, bias, out_dtype)
     y = acc.float() * x_scale
     if w_scale is not None:
@@ -178,10 +180,12 @@ def dequantize_output(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.T
 def quantize_per_token(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] -> (q [M, K] qdtype, scale [M, 1] float32); qdtype int8 or float8_e4m3fn.
 
-    On CUDA with Triton: one fused kernel (autoao::per_token_quant). Elsewhere: the plain-torch
-    functions above, which torch.compile fuses on CPU. Both compute the same numbers.
+    On CUDA with Triton, run eagerly: one fused kernel (autoao::per_token_quant). Elsewhere, and
+    while torch.compile traces: the plain-torch functions above, which inductor fuses into one
+    kernel together with the op that produced x (e.g. the RMSNorm before a projection). Both
+    compute the same numbers.
     """
-    if x.is_cuda and _TRITON_OPS:
+    if x.is_cuda and _TRITON_OPS and not torch.compiler.is_compiling():
         return torch.ops.autoao.per_token_quant(x, qdtype)
     if qdtype == torch.int8:
         return quantize_int8_per_token(x)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
 from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
-from autoao.kernels.quant import FP8_DTYPE, dequantize_output, prune_24_mask, quantize_per_token
+from autoao.kernels.quant import FP8_DTYPE, dequantize_output, load_triton_ops, prune_24_mask, quantize_per_token
 
 # cuSPARSELt's dense operand needs its row count (our M) aligned: 16 covers bf16/fp16, int8, fp8.
 _CSLT_ROW_MULTIPLE = 16
@@ -30,12 +30,62 @@ def _prune(weight: torch.Tensor, act_norm: torch.Tensor | None) -> tuple[torch.T
 
 
 def _cslt_linear(w_compressed: torch.Tensor, x2: torch.Tensor, alpha: torch.Tensor | None,
-                 out_dtype: torch.dtype | None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None, n: int) -> torch.Tensor:
     """x2 [M, K] -> [M, N] = x2 @ W^T through cuSPARSELt (W compressed, 2:4 along K)."""
     m = x2.shape[0]
     xp = pad_rows(x2, _CSLT_ROW_MULTIPLE)
-    y = torch._cslt_sparse_mm(w_compressed, xp.t(), alpha=alpha, out_dtype=out_dtype)  # [N, Mp]
+    y = torch.ops.autoao.cslt_mm(w_compressed, xp.t(), alpha, out_dtype, n)  # [N, Mp]
     return y.t()[:m]
+
+
+##### cuSPARSELt algorithm choice ##############################################################
+# cuSPARSELt offers several algorithms (alg_id 0..max) per problem; torch uses 0 unless told.
+# Which one is fastest depends on the shape and dtype (torch's own search op is deprecated), so
+# each (N, K, M, dtype) problem is timed once per process on first use, as the Triton GEMVs are.
+
+_ALG: dict[tuple, int] = {}
+
+
+def _alg_count() -> int:
+    get = getattr(torch.backends.cusparselt, "get_max_alg_id", None)
+    return (get() if get is not None else None) or 1
+
+
+def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
+              out_dtype: torch.dtype | None) -> int:
+    key = (w_c.numel(), tuple(xt.shape), xt.dtype, out_dtype, alpha is not None, xt.device.index)
+    if key in _ALG:
+        return _ALG[key]
+    if torch.cuda.is_current_stream_capturing() or not load_triton_ops():
+        return 0  # no timing inside a graph capture; without Triton no timer: torch's default
+    from triton.testing import do_bench
+
+    best, best_ms = 0, float("inf")
+    for alg in range(_alg_count()):
+        try:
+            ms = do_bench(lambda: torch._cslt_sparse_mm(w_c, xt, alpha=alpha, out_dtype=out_dtype, alg_id=alg),
+                          warmup=5, rep=20)
+        except RuntimeError:  # an algorithm this problem does not support
+            continue
+        if ms < best_ms:
+            best, best_ms = alg, ms
+    _ALG[key] = best
+    return best
+
+
+@torch.library.custom_op("autoao::cslt_mm", mutates_args=())
+def cslt_mm(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype | None,
+            n: int) -> torch.Tensor:
+    """W (compressed by torch._cslt_compress, [N, K] dense) @ xt [K, Mp] -> [N, Mp], with the
+    fastest cuSPARSELt algorithm for this problem (timed on first use). Opaque to torch.compile,
+    so the choice happens at run time, not at trace time."""
+    return torch._cslt_sparse_mm(w_c, xt, alpha=alpha, out_dtype=out_dtype,
+                                 alg_id=_pick_alg(w_c, xt, alpha, out_dtype))
+
+
+@cslt_mm.register_fake
+def _(w_c, xt, alpha, out_dtype, n):
+    return xt.new_empty((n, xt.shape[1]), dtype=out_dtype or xt.dtype)
 
 
 class Sparse24Linear(QuantizedLinear):
@@ -72,7 +122,7 @@ class Sparse24Linear(QuantizedLinear):
     def forward(self, x):
         x2 = flatten_tokens(x)
         if x2.is_cuda:
-            y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None)
+            y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None, self.out_features)
         else:
             y = F.linear(x2, self.w_c.to(x2.dtype))
         return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
@@ -106,7 +156,7 @@ class Sparse24Int8DynLinear(Int8DynLinear):
         if not x2.is_cuda:
             return super().forward(x)
         xq, xs = quantize_per_token(x2, torch.int8)
-        y = _cslt_linear(self.w_q, xq, self.w_scale, torch.bfloat16)  # [M, N] = (xq @ qw^T) * s_w
+        y = _cslt_linear(self.w_q, xq, self.w_scale, torch.bfloat16, self.out_features)  # [M, N] = (xq @ qw^T) * s_w
         return unflatten_tokens(dequantize_output(y, xs, None, self.bias, x.dtype), x)
 
 
@@ -142,5 +192,5 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
         xq, xs = quantize_per_token(x2, FP8_DTYPE)
         # cuSPARSELt 0.8 refuses alpha-vector scaling for fp8 (measured on the H200):
         # both scales go in the (fused) epilogue.
-        y = _cslt_linear(self.w_q, xq, None, torch.bfloat16)
+        y = _cslt_linear(self.w_q, xq, None, torch.bfloat16, self.out_features)
         return unflatten_tokens(dequantize_output(y, xs, self.w_scale, self.bias, x.dtype), x)

@@ -3,8 +3,10 @@
 Unfused, `quantize_int8_per_token` is ~6 element-wise/reduction kernels over x [M, K] (abs, amax,
 div, round, clamp, cast), each a launch and a full read (+ write) of x. This kernel reads each row
 once (the second sweep of a row hits L1/L2) and writes q [M, K] and scale [M, 1]: bytes = M*K*2
-read + M*K written + 4*M. It is registered as the custom op `autoao::per_token_quant` so that
-torch.compile and CUDA graphs treat it as one opaque, shape-known call.
+read + M*K written + 4*M. It is registered as the custom op `autoao::per_token_quant` (capturable
+in CUDA graphs). Modules call it when they run eagerly; under torch.compile they hand inductor the
+plain-torch ops instead, which it fuses the same way and also into the neighbouring ops
+(`kernels.quant.quantize_per_token`); the same holds for the epilogue below.
 
 It computes exactly `kernels.quant.quantize_int8_per_token` / `quantize_fp8(x, "row")`: the same
 scale (amax / qmax, clamped at EPS) and round-half-to-even (the 1.5 * 2**23 trick is exact for
