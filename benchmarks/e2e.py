@@ -237,9 +237,14 @@ def timed(model: nn.Module, inputs: list[tuple[torch.Tensor, int]], **kw: Any) -
 
 
 # GPU kernels that do a linear layer's work (names as the profiler shows them): cuBLAS/CUTLASS/
-# cuSPARSELt GEMMs, tinygemm, torch's int8 mm, autoao's Triton GEMVs. Everything else is "rest".
-LINEAR_KERNELS = re.compile(r"gemm|gemv|cutlass|cublas|nvjet|sm90_|cusparse|sp_|tinygemm|int4|int8|"
-                            r"_per_channel|scaled_mm|xmma|splitK", re.I)
+# cuSPARSELt GEMMs, tinygemm, torch's int8 mm, autoao's Triton GEMVs. Everything else is "rest",
+# including inductor's fused kernels (named triton_*, even when a GEMV's name is in theirs) and
+# flash attention (a CUTLASS template).
+_LINEAR = re.compile(r"gemm|gemv|cutlass|cublas|nvjet|sm90_|cusparse|tinygemm|_int4|_per_channel|xmma|splitK", re.I)
+
+
+def is_linear_kernel(name: str) -> bool:
+    return not name.startswith("triton_") and "flash" not in name and bool(_LINEAR.search(name))
 
 
 def kernel_profile(model: nn.Module, inputs: list[tuple[torch.Tensor, int]]) -> list[tuple[str, float, float]]:
@@ -268,14 +273,14 @@ def kernel_profile(model: nn.Module, inputs: list[tuple[torch.Tensor, int]]) -> 
 
 def write_profile(out: Path, title: str, rows: list[tuple[str, float, float]], measured_ms: float | None) -> None:
     """Append one model's kernel breakdown to out/profile.md: linear vs rest, then the top kernels."""
-    lin = sum(us for k, us, _ in rows if LINEAR_KERNELS.search(k))
+    lin = sum(us for k, us, _ in rows if is_linear_kernel(k))
     total = sum(us for _, us, _ in rows)
     lines = [f"## {title}", "",
              f"kernel time {total / 1e3:.3f} ms = linear {lin / 1e3:.3f} ms + rest {(total - lin) / 1e3:.3f} ms"
              f" ({sum(c for _, _, c in rows):.0f} launches); measured in a CUDA graph: "
              f"{'-' if measured_ms is None else f'{measured_ms:.3f} ms'}", "",
              "| kernel | linear | us | launches |", "|---|---|---|---|"]
-    lines += [f"| `{k[:90]}` | {'y' if LINEAR_KERNELS.search(k) else ''} | {us:.1f} | {c:.0f} |" for k, us, c in rows[:25]]
+    lines += [f"| `{k[:90]}` | {'y' if is_linear_kernel(k) else ''} | {us:.1f} | {c:.0f} |" for k, us, c in rows[:25]]
     with open(out / "profile.md", "a") as f:
         f.write("\n".join(lines) + "\n\n")
 

@@ -34,7 +34,7 @@ def _cslt_linear(w_compressed: torch.Tensor, x2: torch.Tensor, alpha: torch.Tens
     """x2 [M, K] -> [M, N] = x2 @ W^T through cuSPARSELt (W compressed, 2:4 along K)."""
     m = x2.shape[0]
     xp = pad_rows(x2, _CSLT_ROW_MULTIPLE)
-    y = torch.ops.autoao.cslt_mm(w_compressed, xp.t(), alpha, out_dtype, n)  # [N, Mp]
+    y = torch.ops.autoao.cslt_mm(w_compressed, xp, alpha, out_dtype, n)  # [N, Mp]
     return y.t()[:m]
 
 
@@ -74,18 +74,22 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
 
 
 @torch.library.custom_op("autoao::cslt_mm", mutates_args=())
-def cslt_mm(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype | None,
+def cslt_mm(w_c: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype | None,
             n: int) -> torch.Tensor:
-    """W (compressed by torch._cslt_compress, [N, K] dense) @ xt [K, Mp] -> [N, Mp], with the
-    fastest cuSPARSELt algorithm for this problem (timed on first use). Opaque to torch.compile,
-    so the choice happens at run time, not at trace time."""
+    """W (compressed by torch._cslt_compress from [N, K]) @ x [Mp, K]^T -> [N, Mp], with the fastest
+    cuSPARSELt algorithm for this problem (timed on first use). Opaque to torch.compile, so the
+    choice happens at run time, not at trace time."""
+    # cuSPARSELt takes the dense operand column-major (x^T of a row-major x); inductor may hand a
+    # custom op its inputs in other strides than eager code would (measured: "operation not
+    # supported" for a row-major [K, Mp]), so the layout is fixed here.
+    xt = x.contiguous().t()  # [K, Mp]
     return torch._cslt_sparse_mm(w_c, xt, alpha=alpha, out_dtype=out_dtype,
                                  alg_id=_pick_alg(w_c, xt, alpha, out_dtype))
 
 
 @cslt_mm.register_fake
-def _(w_c, xt, alpha, out_dtype, n):
-    return xt.new_empty((n, xt.shape[1]), dtype=out_dtype or xt.dtype)
+def _(w_c, x, alpha, out_dtype, n):
+    return x.new_empty((n, x.shape[0]), dtype=out_dtype or x.dtype)
 
 
 class Sparse24Linear(QuantizedLinear):
