@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--shapes", default="all", help="'all' or indices into SHAPES, e.g. 0,4")
     ap.add_argument("--tokens", default="1,4,8", help="M values (the sweep runs at the first)")
+    ap.add_argument("--kinds", default="int4,int8,fp8", help="comma-separated, of int4, int8, fp8")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -79,6 +80,8 @@ def main() -> int:
                     "fp8": {"dequant eager": lambda: F.linear(x, f8.to(x.dtype)) * sf.to(x.dtype)},
                 }
                 for kind, (tensors, g, wd, nbytes) in kinds.items():
+                    if kind not in args.kinds.split(","):
+                        continue
                     alts = {}
                     for name, fn in torch_alts[kind].items():
                         try:
@@ -123,11 +126,12 @@ def main() -> int:
             "BLOCK_N/BLOCK_K/SPLIT_K/warps; int4 = g128 (g64 where K = 576)\n\n" + "\n".join(lines) + "\n")
         with open(out / "gemv_sweep.csv", "w", newline="") as f:
             wr = csv.writer(f)
-            wr.writerow(["kind", "n", "k", "m", "block_n", "block_k", "split_k", "num_warps", "variant", "us"])
+            wr.writerow(["kind", "n", "k", "m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "variant",
+                         "us"])
             for r in sweep_rows:
                 c = r["cfg"]
                 wr.writerow([r["kind"], r["n"], r["k"], r["m"], c.block_n, c.block_k, c.split_k, c.num_warps,
-                             c.variant, f"{r['us']:.2f}"])
+                         c.num_stages, c.variant, f"{r['us']:.2f}"])
     return 0
 
 

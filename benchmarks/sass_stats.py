@@ -3,6 +3,9 @@ cuobjdump; no GPU needed) and count the SASS of the main loop per byte of weight
 
     python benchmarks/sass_stats.py [--configs 16/512/4,16/1024/8]
 
+(The tensor-core int4 kernel ("mma") needs BLOCK_K % 128 == 0 here and BLOCK_N >= 64 per 4 warps to
+get Hopper's wgmma (HGMMA); narrower tiles fall back to HMMA and are slow.)
+
 A GEMV is memory-bound only if the loop issues few instructions per byte: at 4.24 TB/s over 132
 SMs at 1.98 GHz each SM must take in 16.2 bytes per clock, and its 4 schedulers issue at most 4
 warp-instructions per clock, so above ~0.25 warp-instructions per byte of weights the kernel is
@@ -42,12 +45,15 @@ def compile_kernel(fn, sig: dict[str, str], consts: dict, num_warps: int):
 
 
 def int4(bn: int, bk: int, warps: int, variant: str = "", g: int = 128):
-    sig = {"x_ptr": "*bf16", "q_ptr": "*i32" if variant == "words" else "*u8", "s_ptr": "*bf16", "z_ptr": "*bf16",
+    q_ty = {"words": "*i32", "mma": "*i16"}.get(variant, "*u8")
+    sig = {"x_ptr": "*bf16", "q_ptr": q_ty, "s_ptr": "*bf16", "z_ptr": "*bf16",
            "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_qn": "i32",
            "stride_sn": "i32"}
     consts = dict(GROUP=g, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1)
     if variant == "words":
         return compile_kernel(tg._int4_words_kernel, sig, consts, warps), bn * bk // 2
+    if variant == "mma":  # compiled with Triton's default num_stages = 3, Config's default
+        return compile_kernel(tg._int4_mma_kernel, sig, consts, warps), bn * bk // 2
     return compile_kernel(tg._int4_kernel, sig, consts, warps), bn * bk // 2
 
 
@@ -59,7 +65,9 @@ def per_channel(bn: int, bk: int, warps: int, int8: bool):
 
 
 def loop_stats(kernel) -> dict:
-    """Registers, and the instruction mix of the longest backward-branch loop in the SASS."""
+    """Registers, the instruction mix of the longest backward-branch loop in the SASS, and in that
+    loop the shared-memory accesses (LDS/STS/LDSM/STSM, without the never-executed `@!PT LDS`
+    ptxas pads fences with) and the tensor-core instructions (HMMA, HGMMA)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -73,10 +81,15 @@ def loop_stats(kernel) -> dict:
         if t and int(t.group(1), 16) < a:
             loops.append((int(t.group(1), 16), a))
     lo, hi = max(loops, key=lambda t: t[1] - t[0]) if loops else (0, max(addr))
-    ops = collections.Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln).group(1)
-                              for a, ln in zip(addr, lines) if lo <= a <= hi)
+    loop = [re.search(r"\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln).groups()  # (predicate, opcode)
+            for a, ln in zip(addr, lines) if lo <= a <= hi]
+    ops = collections.Counter(op for _, op in loop)
+    smem = sum(1 for pred, op in loop
+               if op.split(".")[0] in ("LDS", "STS", "LDSM", "STSM") and not (pred or "").startswith("@!PT"))
+    mma = sum(n for op, n in ops.items() if op.startswith(("HMMA", "HGMMA")))
     regs = re.search(r"REG:(\d+)", res)
-    return {"regs": int(regs.group(1)) if regs else None, "loop_instr": sum(ops.values()), "ops": ops}
+    return {"regs": int(regs.group(1)) if regs else None, "loop_instr": sum(ops.values()), "ops": ops,
+            "smem": smem, "mma": mma}
 
 
 def main() -> int:
@@ -88,12 +101,14 @@ def main() -> int:
     for cfg in args.configs.split(","):
         bn, bk, warps = (int(v) for v in cfg.split("/"))
         for name, (k, nbytes) in [("int4 g128", int4(bn, bk, warps)), ("int4 g128 words", int4(bn, bk, warps, "words")),
+                                  ("int4 g128 mma", int4(bn, bk, warps, "mma")),
                                   ("int8", per_channel(bn, bk, warps, True)), ("fp8", per_channel(bn, bk, warps, False))]:
             s = loop_stats(k)
             per_byte = s["loop_instr"] * warps / nbytes
             top = ", ".join(f"{op} {n}" for op, n in s["ops"].most_common(8))
             print(f"{cfg:>10} {name:<16} regs {s['regs']:>3}  loop {s['loop_instr']:>5} instr/thread  "
-                  f"{per_byte:.3f} warp-instr/byte  | {top}")
+                  f"{per_byte:.3f} warp-instr/byte  smem {s['smem'] * warps / nbytes:.3f}/B  tensor {s['mma']:>2}"
+                  f"  | {top}")
     return 0
 
 

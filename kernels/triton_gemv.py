@@ -15,6 +15,10 @@ and row: sum_k w x = s * sum (q - 8) x + z * sum x. Integers become floats by a 
 int->float conversions (quarter rate on Hopper; they capped the plain int8 kernel at 85% of the
 roofline): `0x4B000000 | q` are the bits of the fp32 2**23 + q. (A first version applied the trick
 to whole int32 words with 3-D/4-D register shapes; the shuffles made it 2-6x slower.)
+A third int4 kernel (`_int4_mma_kernel`, Marlin's idea) multiplies on tensor cores instead: per
+group one tl.dot of the nibbles as bf16 128 + q (made 2 at a time by inline PTX) with x padded to
+16 rows: the ALUs only convert (0.12-0.15 warp-instructions per weight byte against the byte
+kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does.
 Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
 it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed by torch, for
 layers whose N / BLOCK_N programs alone cannot fill 132 SMs.
@@ -35,6 +39,9 @@ import triton
 import triton.language as tl
 
 from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
+
+# The interpreter (CPU tests) runs the kernels as Python and cannot run inline PTX.
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
@@ -151,6 +158,89 @@ def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, st
 
 
 @triton.jit
+def _bf16_nibbles(u):
+    # u int16 [BN, W]: element i holds bytes 2i, 2i+1 of a row, i.e. k = 4i..4i+3 with nibbles at
+    # bits 4 (k = 4i), 0 (4i + 1), 12 (4i + 2) and 8 (4i + 3). Returns four bf16 [BN, W] of 128 + q
+    # for k = 4i + 1, 4i, 4i + 3, 4i + 2: the bits 0x4300 | q are the bf16 128 + q, exactly. On the
+    # GPU each 32-bit register holds two elements (the dot operand's pairs), so all four come from
+    # 3 shifts and 4 LOP3s per register (Triton's own 16-bit ops unpack the lanes with PRMTs: ~2x the
+    # instructions); the interpreter cannot run PTX and computes the same per element.
+    if _INTERPRET:
+        return (((u & 15) | 0x4300).to(tl.bfloat16, bitcast=True),
+                (((u >> 4) & 15) | 0x4300).to(tl.bfloat16, bitcast=True),
+                (((u >> 8) & 15) | 0x4300).to(tl.bfloat16, bitcast=True),
+                (((u >> 12) & 15) | 0x4300).to(tl.bfloat16, bitcast=True))
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t;
+            lop3.b32 $0, $4, 0x000f000f, 0x43004300, 0xea;
+            shr.u32 t, $4, 4;
+            lop3.b32 $1, t, 0x000f000f, 0x43004300, 0xea;
+            shr.u32 t, $4, 8;
+            lop3.b32 $2, t, 0x000f000f, 0x43004300, 0xea;
+            shr.u32 t, $4, 12;
+            lop3.b32 $3, t, 0x000f000f, 0x43004300, 0xea;
+            }""", "=r,=r,=r,=r,r", [u], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=2)
+
+
+@triton.jit
+def _dot_bf16(a, b):
+    # tl.dot for bf16 a, b. The interpreter's dot multiplies bf16 operands as their raw 16-bit
+    # patterns (Triton 3.9), so it gets them as fp32 there (exact; products and sums in fp32 anyway).
+    if _INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
+                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    # Same contract as _int4_kernel except: q is the same bytes viewed as int16 [N, K/4] (stride_qn
+    # in int16 elements), K % BLOCK_K == 0 and GROUP >= 64 (_fits), and x is rounded to bf16 (the
+    # module passes bf16). The multiply-accumulate runs on tensor cores (Marlin's idea), one dot per
+    # group: y^T [BN, MP] += s * (W' @ x^T - 136 * xs) + z * xs, with W' = 128 + q [BN, G] from
+    # _bf16_nibbles, xs the sum of x over the group, MP = max(16, BLOCK_M) columns (tl.dot's
+    # minimum; rows of x past M are zeros).
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    # weight rows past N are clamped onto the last one, not masked: they only reach outputs that are
+    # never stored, and the loads need no predicates
+    n64 = tl.minimum(offs_n, N - 1).to(tl.int64)
+    MP: tl.constexpr = 16 if BLOCK_M < 16 else BLOCK_M
+    W: tl.constexpr = GROUP // 4
+    NG: tl.constexpr = BLOCK_K // GROUP
+    rows = tl.arange(0, MP)
+    acc = tl.zeros([BLOCK_N, MP], dtype=tl.float32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        for j in tl.static_range(NG):  # one group at a time: its scales multiply a whole dot
+            g = k0 // GROUP + j
+            u = tl.load(q_ptr + n64[:, None] * stride_qn + (g * W + tl.arange(0, W))[None, :])  # [BN, W]
+            kx = g * GROUP + tl.arange(0, GROUP)
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + kx[None, :], mask=(rows < M)[:, None],
+                        other=0.0).to(tl.bfloat16)  # [MP, G]
+            # The four nibble tiles side by side along K, x in the same order: the dot's K index is
+            # (k % 4) * W + k // 4 on both sides. The permute and reshape cost nothing: each thread
+            # already holds its A-operand registers (the four tiles are four runs of the operand's
+            # K), while x is reordered in registers on its way to shared memory.
+            w1, w0, w3, w2 = _bf16_nibbles(u)
+            wk = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [BN, W, 2, 2]: (n, i, a, b) is k = 4i + 2a + b
+            wk = tl.reshape(tl.permute(wk, (0, 2, 3, 1)), [BLOCK_N, GROUP])
+            xk = tl.reshape(tl.permute(tl.reshape(x, [MP, W, 2, 2]), (0, 2, 3, 1)), [MP, GROUP])
+            d = _dot_bf16(wk, tl.trans(xk))  # [BN, MP] fp32: sum (128 + q) x over the group
+            xs = tl.sum(x.to(tl.float32), axis=1)  # [MP]
+            s = tl.load(s_ptr + n64 * stride_sn + g).to(tl.float32)  # [BN]
+            z = tl.load(z_ptr + n64 * stride_sn + g).to(tl.float32)
+            acc += s[:, None] * d
+            acc += (z - 136.0 * s)[:, None] * xs[None, :]
+    _store_rows(y_ptr, tl.trans(acc), pid_k, M, N, offs_n, MP)
+
+
+@triton.jit
 def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, IS_INT8: tl.constexpr):
@@ -188,7 +278,8 @@ class Config:
     block_k: int
     split_k: int
     num_warps: int
-    variant: str = ""  # int4 only: "" (_int4_kernel) or "words" (_int4_words_kernel)
+    variant: str = ""  # int4 only: "" (_int4_kernel), "words" (_int4_words_kernel) or "mma" (_int4_mma_kernel)
+    num_stages: int = 3  # software-pipelining depth of the K loop (Triton's default)
 
 
 # Candidates for the per-shape sweep (the H200 sweep in benchmarks/results/2026-11-30-h200/ ranked
@@ -197,13 +288,15 @@ class Config:
 CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
     (4, 512, 2), (8, 512, 4), (16, 256, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4), (32, 512, 8),
     (16, 2048, 8)] for sk in (1, 2, 4))
-# int4: the byte kernel on the tiles that won its H200 sweep (gemv_v3), and the words kernel
-# (22-33% fewer SASS instructions per byte, benchmarks/sass_stats.py; not yet timed on a GPU) on its
-# leanest tiles; kept short because every group size compiles its own set on first use.
+# int4: the byte kernel on the tiles that won its H200 sweep (gemv_v3), the words kernel (22-33%
+# fewer SASS instructions per byte, benchmarks/sass_stats.py) on its leanest tiles, and the
+# tensor-core kernel on the tiles that won a first H200 sweep (64 wide for the 4096/14336 layers,
+# 256 wide for the 128256-wide lm_head); kept short because every group size compiles its own set
+# on first use.
 INT4_CONFIGS = tuple(Config(bn, bk, sk, w, variant) for bn, bk, w, variant in [
     (16, 512, 4, ""), (16, 1024, 8, ""), (16, 2048, 8, ""), (32, 256, 4, ""),
     (16, 512, 4, "words"), (32, 512, 4, "words"), (64, 256, 4, "words"), (16, 1024, 4, "words")]
-    for sk in (1, 4))
+    for sk in (1, 4)) + tuple(Config(bn, 128, sk, 4, "mma") for bn, sk in [(64, 1), (64, 8), (256, 1), (256, 4)])
 _DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
@@ -217,13 +310,17 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     block_m = triton.next_power_of_2(m)
     meta = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-                num_warps=cfg.num_warps)
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if kind == "int4":
         q, s, z = tensors
         if cfg.variant == "words":
             q32 = q.view(torch.int32)  # [N, K/8]: 8 nibbles a word
             _int4_words_kernel[grid](x, q32, s, z, y, m, n, k, x.stride(0), q32.stride(0), s.stride(0),
                                      GROUP=group, **meta)
+        elif cfg.variant == "mma":
+            q16 = q.view(torch.int16)  # [N, K/4]: 4 nibbles an element
+            _int4_mma_kernel[grid](x, q16, s, z, y, m, n, k, x.stride(0), q16.stride(0), s.stride(0),
+                                   GROUP=group, **meta)
         else:
             _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
     else:  # int8, fp8: the same kernel, the element type comes with the pointer
@@ -235,8 +332,9 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
 def _fits(cfg: Config, k: int, group: int) -> bool:
     # int4 steps hold whole groups (group 0: per-channel kernels); every split gets >= 1 step.
     whole = group == 0 or cfg.block_k % group == 0
-    even = cfg.variant != "words" or k % cfg.block_k == 0  # the words kernel has no K masks
-    return whole and even and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
+    even = cfg.variant not in ("words", "mma") or k % cfg.block_k == 0  # these two have no K masks
+    dot = cfg.variant != "mma" or group >= 64  # tl.dot needs K >= 16: a group's G/4 nibbles a position
+    return whole and even and dot and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
 
 
 def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int) -> Config:

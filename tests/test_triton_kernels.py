@@ -116,6 +116,13 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
                     if tg._fits(words, k, g):
                         check(f"int4 {words}", tg._finish(tg._launch("int4", x, t4, n, k, words, g), x.dtype), ref)
                 assert not tg._fits(tg.Config(8, 256, 1, 4, "words"), 320, 32)
+                # the tensor-core kernel: K % BLOCK_K == 0 and groups >= 64 (384 and 512 take 128-wide
+                # steps: one group of 128 or two of 64); 64-row tiles overhang N = 24 and 8, split 3 leaves
+                # one split of 512 with two steps
+                for mma in (tg.Config(64, 128, 1, 4, "mma"), tg.Config(16, 128, 3, 4, "mma")):
+                    if tg._fits(mma, k, g):
+                        check(f"int4 {mma}", tg._finish(tg._launch("int4", x, t4, n, k, mma, g), x.dtype), ref)
+                assert not tg._fits(tg.Config(64, 128, 1, 4, "mma"), 512, 32)
                 q8, s8 = quantize_int8_per_channel(w)
                 s8 = s8.to(torch.bfloat16)
                 ref = x.double() @ (q8.double() * s8.double()[:, None]).t()
@@ -126,6 +133,12 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
                 sf = sf.reshape(-1)
                 ref = x.double() @ (wf.double() * sf.double()[:, None]).t()
                 check("fp8", tg.per_channel_gemv_triton(x, wf, sf), ref)
+        # the tensor-core kernel pads x to 16 rows, so it takes up to 16 (the other kernels: MAX_ROWS)
+        x = torch.randn(16, 384).to(torch.bfloat16)
+        q, s, z = quantize_int4_groupwise(torch.randn(24, 384), 128)
+        ref = x.double() @ dequantize_int4_groupwise(q, s, z).double().t()
+        y = tg._launch("int4", x, (pack_int4(q), s, z), 24, 384, tg.Config(64, 128, 1, 4, "mma"), 128)
+        check("int4 mma M=16", y, ref)
         # the custom ops (what the modules call) give the same numbers, also under torch.compile
         x = torch.randn(2, 512).to(torch.bfloat16)
         w = torch.randn(8, 512)
