@@ -6,7 +6,7 @@ For each layer shape of Llama-3-8B and SmolLM2-135M: correctness of each Triton 
 fp64 product with the dequantized weight; at M=1 a sweep of every launch configuration (CSV), and
 the best one against bf16 `F.linear`, tinygemm (int4), `F.linear(x, w.to(bf16)) * s` eager and
 compiled and `torch._weight_int8pack_mm` (int8), the dequantizing F.linear (fp8); at M=4 and 8 the
-six best M=1 configurations. Timings: CUDA graphs, L2 flushed by reading 256 MB, median
+six best M=1 configurations and each kernel variant's best. Timings: CUDA graphs, L2 flushed by reading 256 MB, median
 (evaluators/timing.time_cuda). Roofline: the bytes each kernel must read over the measured copy
 bandwidth.
 """
@@ -94,7 +94,10 @@ def main() -> int:
                     else:
                         done = sorted((r for r in sweep_rows if r["kind"] == kind and r["n"] == n
                                        and r["k"] == k and r["m"] == 1), key=lambda r: r["us"])
-                        configs = [r["cfg"] for r in done[:6]]
+                        # the six best at M=1 and each variant's best (the mma kernel's time
+                        # hardly grows with M, so it can win here while losing at M=1)
+                        best_of = {r["cfg"].variant: r["cfg"] for r in reversed(done)}
+                        configs = list(dict.fromkeys([r["cfg"] for r in done[:6]] + list(best_of.values())))
                     best = (float("inf"), None)
                     for cfg in configs:
                         fn = lambda: tg._finish(tg._launch(kind, x, tensors, n, k, cfg, g), x.dtype)  # noqa: E731
