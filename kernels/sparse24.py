@@ -2,8 +2,8 @@
 
 Weights are pruned along K (2 of every 4 input channels kept; Wanda scores when activation norms
 are given, magnitudes otherwise) and compressed for cuSPARSELt (torch._cslt_compress), whose
-torch._cslt_sparse_mm computes W_sparse [N, K] @ B [K, M]; we pass B = x^T and transpose back,
-as torch's SparseSemiStructuredTensor does. The per-channel weight scale rides in cuSPARSELt's
+torch._cslt_sparse_mm computes W_sparse [N, K] @ B [K, M]; we pass B = x^T and take y back
+row-major (`cslt_mm`, below). The per-channel weight scale rides in cuSPARSELt's
 alpha vector. (torch's CUTLASS 2:4 backend refuses compute capability 9.0 in torch 2.11: measured.)
 
 The CPU has no 2:4 kernel: there forward multiplies the pruned dense weight (the same numbers),
@@ -31,19 +31,23 @@ def _prune(weight: torch.Tensor, act_norm: torch.Tensor | None) -> tuple[torch.T
 
 def _cslt_linear(w_compressed: torch.Tensor, x2: torch.Tensor, alpha: torch.Tensor | None,
                  out_dtype: torch.dtype | None, n: int) -> torch.Tensor:
-    """x2 [M, K] -> [M, N] = x2 @ W^T through cuSPARSELt (W compressed, 2:4 along K)."""
+    """x2 [M, K] -> [M, N] (row-major) = x2 @ W^T through cuSPARSELt (W compressed, 2:4 along K)."""
     m = x2.shape[0]
     xp = pad_rows(x2, _CSLT_ROW_MULTIPLE)
-    y = torch.ops.autoao.cslt_mm(w_compressed, xp, alpha, out_dtype, n)  # [N, Mp]
-    return y.t()[:m]
+    return torch.ops.autoao.cslt_mm(w_compressed, xp, alpha, out_dtype, n)[:m]  # [Mp, N] -> [M, N]
 
 
-##### cuSPARSELt algorithm choice ##############################################################
-# cuSPARSELt offers several algorithms (alg_id 0..max) per problem; torch uses 0 unless told.
-# Which one is fastest depends on the shape and dtype (torch's own search op is deprecated), so
-# each (N, K, M, dtype) problem is timed once per process on first use, as the Triton GEMVs are.
+##### cuSPARSELt: algorithm and output layout chosen per problem ################################
+# cuSPARSELt offers several algorithms (alg_id 0..max) per problem; torch uses 0 unless told, and
+# which is fastest depends on the shape and dtype (torch's own search op is deprecated). It also
+# computes W @ x^T, i.e. y^T [N, Mp]; y must reach the rest of the model row-major: a transposed
+# view makes everything downstream strided (measured on the H200: under torch.compile, attention
+# fell back to the fp32 math kernel, 0.56x bf16). cuSPARSELt can write y row-major itself
+# (transpose_result), which is free where supported; otherwise y^T is copied. Each (N, K, M,
+# dtype) problem tries every (algorithm, way) once per process on first use and keeps the fastest,
+# as the Triton GEMVs do.
 
-_ALG: dict[tuple, int] = {}
+_ALG: dict[tuple, tuple[int, bool]] = {}
 
 
 def _alg_count() -> int:
@@ -51,24 +55,40 @@ def _alg_count() -> int:
     return (get() if get is not None else None) or 1
 
 
+def _cslt_row_major(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
+                    out_dtype: torch.dtype | None, alg: int, transposed: bool) -> torch.Tensor:
+    # xt [K, Mp] column-major -> y [Mp, N] row-major
+    if transposed:
+        return torch._cslt_sparse_mm(w_c, xt, alpha=alpha, out_dtype=out_dtype, transpose_result=True, alg_id=alg)
+    return torch._cslt_sparse_mm(w_c, xt, alpha=alpha, out_dtype=out_dtype, alg_id=alg).t().contiguous()
+
+
 def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
-              out_dtype: torch.dtype | None) -> int:
+              out_dtype: torch.dtype | None) -> tuple[int, bool]:
     key = (w_c.numel(), tuple(xt.shape), xt.dtype, out_dtype, alpha is not None, xt.device.index)
     if key in _ALG:
         return _ALG[key]
     if torch.cuda.is_current_stream_capturing() or not load_triton_ops():
-        return 0  # no timing inside a graph capture; without Triton no timer: torch's default
+        return 0, False  # no timing inside a graph capture; without Triton no timer: torch's default
     from triton.testing import do_bench
 
-    best, best_ms = 0, float("inf")
+    ref = _cslt_row_major(w_c, xt, alpha, out_dtype, 0, False).float()  # torch's default way
+    tol = 1e-2 * ref.abs().max().item()
+    best, best_ms = (0, False), float("inf")
     for alg in range(_alg_count()):
-        try:
-            ms = do_bench(lambda: torch._cslt_sparse_mm(w_c, xt, alpha=alpha, out_dtype=out_dtype, alg_id=alg),
-                          warmup=5, rep=20)
-        except RuntimeError:  # an algorithm this problem does not support
-            continue
-        if ms < best_ms:
-            best, best_ms = alg, ms
+        for transposed in (True, False):
+            try:
+                y = _cslt_row_major(w_c, xt, alpha, out_dtype, alg, transposed)
+                # only ways that give the same numbers, row-major (a way that misreads a layout
+                # would be fast and wrong)
+                if not y.is_contiguous() or (y.float() - ref).abs().max().item() > tol:
+                    continue
+                ms = do_bench(lambda a=alg, t=transposed: _cslt_row_major(w_c, xt, alpha, out_dtype, a, t),
+                              warmup=5, rep=20)
+            except RuntimeError:  # an algorithm or layout this problem does not support
+                continue
+            if ms < best_ms:
+                best, best_ms = (alg, transposed), ms
     _ALG[key] = best
     return best
 
@@ -76,20 +96,19 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
 @torch.library.custom_op("autoao::cslt_mm", mutates_args=())
 def cslt_mm(w_c: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype | None,
             n: int) -> torch.Tensor:
-    """W (compressed by torch._cslt_compress from [N, K]) @ x [Mp, K]^T -> [N, Mp], with the fastest
-    cuSPARSELt algorithm for this problem (timed on first use). Opaque to torch.compile, so the
-    choice happens at run time, not at trace time."""
+    """x [Mp, K] @ W^T -> y [Mp, N] row-major, W compressed by torch._cslt_compress from [N, K],
+    with the fastest cuSPARSELt algorithm and output layout for this problem (timed on first use).
+    Opaque to torch.compile, so the choice happens at run time, not at trace time."""
     # cuSPARSELt takes the dense operand column-major (x^T of a row-major x); inductor may hand a
     # custom op its inputs in other strides than eager code would (measured: "operation not
     # supported" for a row-major [K, Mp]), so the layout is fixed here.
     xt = x.contiguous().t()  # [K, Mp]
-    return torch._cslt_sparse_mm(w_c, xt, alpha=alpha, out_dtype=out_dtype,
-                                 alg_id=_pick_alg(w_c, xt, alpha, out_dtype))
+    return _cslt_row_major(w_c, xt, alpha, out_dtype, *_pick_alg(w_c, xt, alpha, out_dtype))
 
 
 @cslt_mm.register_fake
 def _(w_c, x, alpha, out_dtype, n):
-    return x.new_empty((n, x.shape[0]), dtype=out_dtype or x.dtype)
+    return x.new_empty((x.shape[0], n), dtype=out_dtype or x.dtype)
 
 
 class Sparse24Linear(QuantizedLinear):
