@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
-# Rows (tokens) up to which the weight-only "triton" kernels run autoao's GEMV (triton_gemv.py);
-# beyond it they fall back to a dequantized weight in one bf16 GEMM.
+# Rows (tokens) up to which the weight-only "triton" kernels run autoao's GEMV (triton_gemv.py;
+# int4's tensor-core kernel takes up to 16 where it fits: triton_gemv.int4_max_rows); beyond it they
+# fall back to a dequantized weight in one bf16 GEMM.
 GEMV_MAX_ROWS = 8
 
 

@@ -70,10 +70,14 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         c = self._canon
         for name in ("w_packed", "scales_and_zeros", "qweight_rt", "scales_rt", "zeros_rt"):
             self._buffers.pop(name, None)  # the other kernel's layout, if any
+        self._gemv_rows = GEMV_MAX_ROWS  # rows up to which forward runs a GEMV (tinygemm or Triton)
         if device.type == "cuda" and (self.kernel == "tinygemm_dequant"
                                       or (self.kernel == "triton" and load_triton_ops())):
             self._pack_canonical(device)
             if self.kernel == "triton":
+                from autoao.kernels.triton_gemv import int4_max_rows
+
+                self._gemv_rows = int4_max_rows(self.in_features, self.group_size)
                 return
         # tinygemm wants scales and zeros interleaved: [K/g, N, 2]
         sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).contiguous()
@@ -97,7 +101,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def forward(self, x):
         x2 = flatten_tokens(x)
-        small = x2.shape[0] <= GEMV_MAX_ROWS
+        small = x2.shape[0] <= self._gemv_rows
         if "qweight_rt" in self._buffers and not (small and self.kernel == "tinygemm_dequant"):
             xb = x2.to(torch.bfloat16)
             if small:

@@ -89,7 +89,7 @@ def test_scaled_epilogue_matches_torch():
 
 def test_weight_only_gemv_kernels_match_dequantized_reference():
     # Every kernel on shapes no block divides (masks on N and K), M = 1 and a padded M = 3, in the
-    # default configuration and in a split-K one (partials summed), against fp64 x @ w_dq^T.
+    # default configuration and in a split-K one (partials summed in the kernel), against fp64 x @ w_dq^T.
     run_interpreted("""
         import torch
         from autoao.kernels.quant import (dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise,
@@ -109,30 +109,38 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
                 ref = x.double() @ dequantize_int4_groupwise(q, s, z).double().t()
                 check("int4", tg.int4_gemv_triton(x, pack_int4(q), s, z, g), ref)
                 t4 = (pack_int4(q), s, z)
-                check("int4 split", tg._finish(tg._launch("int4", x, t4, n, k, split, g), x.dtype), ref)
+                check("int4 split", tg._launch("int4", x, t4, n, k, split, g), ref)
                 # the words kernel needs K % BLOCK_K == 0 (no K masks); 384, 320 and 512 all take 64
                 for words in (tg.Config(8, 64 if g <= 64 else 128, 1, 4, "words"),
                               tg.Config(8, 64 if g <= 64 else 128, 2, 4, "words")):
                     if tg._fits(words, k, g):
-                        check(f"int4 {words}", tg._finish(tg._launch("int4", x, t4, n, k, words, g), x.dtype), ref)
+                        check(f"int4 {words}", tg._launch("int4", x, t4, n, k, words, g), ref)
                 assert not tg._fits(tg.Config(8, 256, 1, 4, "words"), 320, 32)
                 # the tensor-core kernel: K % BLOCK_K == 0 and groups >= 64 (384 and 512 take 128-wide
                 # steps: one group of 128 or two of 64); 64-row tiles overhang N = 24 and 8, split 3 leaves
                 # one split of 512 with two steps
                 for mma in (tg.Config(64, 128, 1, 4, "mma"), tg.Config(16, 128, 3, 4, "mma")):
                     if tg._fits(mma, k, g):
-                        check(f"int4 {mma}", tg._finish(tg._launch("int4", x, t4, n, k, mma, g), x.dtype), ref)
+                        check(f"int4 {mma}", tg._launch("int4", x, t4, n, k, mma, g), ref)
                 assert not tg._fits(tg.Config(64, 128, 1, 4, "mma"), 512, 32)
                 q8, s8 = quantize_int8_per_channel(w)
                 s8 = s8.to(torch.bfloat16)
                 ref = x.double() @ (q8.double() * s8.double()[:, None]).t()
                 check("int8", tg.per_channel_gemv_triton(x, q8, s8), ref)
                 t8 = (q8, s8)
-                check("int8 split", tg._finish(tg._launch("int8", x, t8, n, k, split, 0), x.dtype), ref)
+                check("int8 split", tg._launch("int8", x, t8, n, k, split, 0), ref)
                 wf, sf = quantize_fp8(w, "row")  # [N, K] e4m3, [N, 1] fp32
                 sf = sf.reshape(-1)
                 ref = x.double() @ (wf.double() * sf.double()[:, None]).t()
                 check("fp8", tg.per_channel_gemv_triton(x, wf, sf), ref)
+                check("fp8 split", tg._launch("fp8", x, (wf, sf), n, k, split, 0), ref)
+        # split-K: the last program of each column block summed the partials and reset its counter,
+        # so the counters are back at zero and a second launch computes the same output
+        assert not tg._counters(torch.device("cpu")).any()
+        x = torch.randn(2, 384).to(torch.bfloat16)
+        t8 = quantize_int8_per_channel(torch.randn(24, 384))
+        first = tg._launch("int8", x, t8, 24, 384, split, 0)
+        assert torch.equal(first, tg._launch("int8", x, t8, 24, 384, split, 0))
         # the tensor-core kernel pads x to 16 rows, so it takes up to 16 (the other kernels: MAX_ROWS)
         x = torch.randn(16, 384).to(torch.bfloat16)
         q, s, z = quantize_int4_groupwise(torch.randn(24, 384), 128)
@@ -152,7 +160,11 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
         for bad, msg in [(lambda: tg.per_channel_gemv_triton(torch.randn(9, 64), torch.zeros(8, 64, dtype=torch.int8),
                                                       torch.ones(8)), "at most 8 rows"),
                          (lambda: tg.per_channel_gemv_triton(torch.randn(1, 60), torch.zeros(8, 64, dtype=torch.int8),
-                                                      torch.ones(8)), "x must be [M, 64]")]:
+                                                      torch.ones(8)), "x must be [M, 64]"),
+                         (lambda: tg.int4_gemv_triton(torch.randn(17, 256), torch.zeros(8, 128, dtype=torch.uint8),
+                                                      torch.ones(8, 4), torch.ones(8, 4), 64), "at most 16 rows"),
+                         (lambda: tg.int4_gemv_triton(torch.randn(9, 256), torch.zeros(8, 128, dtype=torch.uint8),
+                                                      torch.ones(8, 8), torch.ones(8, 8), 32), "at most 8 rows")]:
             try:
                 bad()
             except ValueError as e:
@@ -163,7 +175,7 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
 
 
 def test_weight_only_modules_take_their_triton_paths_correctly():
-    # The modules' CUDA "triton" branches (GEMV for <= 8 rows, dequantize + matmul above), run on the
+    # The modules' CUDA "triton" branches (GEMV for <= 8 rows, int4 <= 16; dequantize + matmul above), run on the
     # CPU through the interpreter by packing the Triton layout / enabling the GEMV by hand.
     run_interpreted("""
         import torch
@@ -175,6 +187,9 @@ def test_weight_only_modules_take_their_triton_paths_correctly():
         torch.nn.init.normal_(lin.bias, std=0.5)
         int4 = search_space.get("int4_wo", group_size=64).build(lin)
         int4._pack_canonical(torch.device("cpu"))  # what set_kernel("triton") packs on CUDA
+        from autoao.kernels import triton_gemv as tg
+        int4._gemv_rows = tg.int4_max_rows(256, 64)  # ditto: 16, the tensor-core kernel fits K=256, g64
+        assert int4._gemv_rows == 16 and tg.int4_max_rows(256, 32) == 8 and tg.int4_max_rows(320, 64) == 8
         int8 = search_space.get("int8_wo").build(lin)
         fp8 = search_space.get("fp8_wo").build(lin)
         int8._gemv = fp8._gemv = True  # what _pack sets on CUDA
@@ -186,7 +201,9 @@ def test_weight_only_modules_take_their_triton_paths_correctly():
         orig = torch._weight_int4pack_mm_for_cpu
         torch._weight_int4pack_mm_for_cpu = lambda *a: (tiled.append(a[0].shape[0]), orig(*a))[1]
         for mod in (int4, int8, fp8, both):
-            for shape in [(1, 256), (2, 3, 256), (12, 256)]:  # GEMV (1 and 6 rows), and 12 > 8 rows
+            # GEMV (1 and 6 rows); 12 rows: int4's tensor-core GEMV, the others' dequantizing path;
+            # 20 rows: every module's dequantizing path
+            for shape in [(1, 256), (2, 3, 256), (12, 256), (20, 256)]:
                 x = torch.randn(*shape).to(torch.bfloat16)
                 y, ref = mod(x), mod.reference(x)
                 assert y.shape == ref.shape and y.dtype == torch.bfloat16, (type(mod).__name__, y.shape)
