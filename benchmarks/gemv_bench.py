@@ -100,7 +100,7 @@ def main() -> int:
                         configs = list(dict.fromkeys([r["cfg"] for r in done[:6]] + list(best_of.values())))
                     best = (float("inf"), None)
                     for cfg in configs:
-                        fn = lambda: tg._launch(kind, x, tensors, n, k, cfg, g)  # noqa: E731
+                        fn = lambda: tg._finish(tg._launch(kind, x, tensors, n, k, cfg, g), x.dtype)  # noqa: E731
                         try:
                             us = time_cuda(fn)[0]
                         except Exception as e:  # noqa: BLE001
@@ -109,7 +109,7 @@ def main() -> int:
                         sweep_rows.append(dict(kind=kind, n=n, k=k, m=m, cfg=cfg, us=us))
                         best = min(best, (us, cfg), key=lambda t: t[0])
                     us, cfg = best
-                    y = tg._launch(kind, x, tensors, n, k, cfg, g).double()
+                    y = tg._finish(tg._launch(kind, x, tensors, n, k, cfg, g), x.dtype).double()
                     ref = x.double() @ wd.t()
                     err = ((y - ref).norm() / ref.norm()).item()
                     alt_name, alt_us = min(alts.items(), key=lambda t: t[1]) if alts else ("-", float("nan"))

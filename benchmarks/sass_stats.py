@@ -47,8 +47,8 @@ def compile_kernel(fn, sig: dict[str, str], consts: dict, num_warps: int):
 def int4(bn: int, bk: int, warps: int, variant: str = "", g: int = 128):
     q_ty = {"words": "*i32", "mma": "*i16"}.get(variant, "*u8")
     sig = {"x_ptr": "*bf16", "q_ptr": q_ty, "s_ptr": "*bf16", "z_ptr": "*bf16",
-           "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "stride_qn": "i32", "stride_sn": "i32"}
+           "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_qn": "i32",
+           "stride_sn": "i32"}
     consts = dict(GROUP=g, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1)
     if variant == "words":
         return compile_kernel(tg._int4_words_kernel, sig, consts, warps), bn * bk // 2
@@ -59,7 +59,7 @@ def int4(bn: int, bk: int, warps: int, variant: str = "", g: int = 128):
 
 def per_channel(bn: int, bk: int, warps: int, int8: bool):
     sig = {"x_ptr": "*bf16", "w_ptr": "*i8" if int8 else "*fp8e4nv", "s_ptr": "*bf16", "y_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32"}
+           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32"}
     consts = dict(BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, IS_INT8=int8)
     return compile_kernel(tg._per_channel_kernel, sig, consts, warps), bn * bk
 

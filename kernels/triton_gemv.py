@@ -19,9 +19,10 @@ A third int4 kernel (`_int4_mma_kernel`, Marlin's idea) multiplies on tensor cor
 group one tl.dot of the nibbles as bf16 128 + q (made 2 at a time by inline PTX) with x padded to
 16 rows: the ALUs only convert (0.12-0.15 warp-instructions per weight byte against the byte
 kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does.
-Each layer is one launch that writes the output in the activation dtype. Split-K (for layers whose
-N / BLOCK_N programs alone cannot fill 132 SMs) runs SPLIT_K programs per column block that write
-fp32 partials; the last of them to finish sums the partials and writes the output (`_store_rows`).
+Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
+it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed by torch, for
+layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them inside the kernel, the
+last program of a block reducing, measured slower end to end on the H200: benchmarks/NOTES.md.)
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
 or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
@@ -47,32 +48,15 @@ _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
-def _store_rows(y_ptr, ws_ptr, cnt_ptr, out, pid_n, pid_k, M, N, offs_n, BLOCK_M: tl.constexpr,
-                SPLIT_K: tl.constexpr):
-    # out [BLOCK_M, BN] fp32 -> y [M, N] (rows < M, columns offs_n < N) in y's dtype. Split-K: each
-    # of the SPLIT_K programs of column block pid_n writes its partial to ws [SPLIT_K, M, N] fp32 and
-    # bumps cnt[pid_n]; the last to arrive sums the partials (from L2) and writes y, then resets the
-    # counter for the next launch. One launch per layer either way (a torch sum + cast after the
-    # kernel cost 4.6 us per call on the H200, more than split-K saved on most shapes).
+def _store_rows(y_ptr, out, pid_k, M, N, offs_n, BLOCK_M: tl.constexpr):
+    # out [BLOCK_M, BN] fp32 -> y[pid_k] rows < M, columns offs_n < N (y: [M, N] or [SPLIT_K, M, N])
     rows = tl.arange(0, BLOCK_M)
-    mask = (rows[:, None] < M) & (offs_n < N)[None, :]
-    idx = rows[:, None] * N + offs_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptr + idx, out.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(ws_ptr + pid_k * M * N + idx, out, mask=mask)
-        tl.debug_barrier()  # every thread's partial is written before the counter moves (release)
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros_like(out)
-            for j in tl.static_range(SPLIT_K):  # .cg: other SMs wrote these; read them from L2
-                total += tl.load(ws_ptr + j * M * N + idx, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + idx, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    y = y_ptr + pid_k * M * N + rows[:, None] * N + offs_n[None, :]
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (offs_n < N)[None, :])
 
 
 @triton.jit
-def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
+def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # x [M, K]; q [N, K/2] uint8 (byte j: k=2j in the high nibble, k=2j+1 in the low one);
@@ -114,11 +98,11 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, st
             xs = tl.sum(xe + xo, axis=1)  # [NG]
             part = tl.sum(s * t + z * xs[None, :], axis=1)  # [BN]
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
-    _store_rows(y_ptr, ws_ptr, cnt_ptr, acc, pid_n, pid_k, M, N, offs_n, BLOCK_M, SPLIT_K)
+    _store_rows(y_ptr, acc, pid_k, M, N, offs_n, BLOCK_M)
 
 
 @triton.jit
-def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
+def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                        GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # Same contract as _int4_kernel except: q is the same bytes viewed as int32 [N, K/8] (stride_qn
@@ -173,7 +157,7 @@ def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
             tg = tl.sum(tl.reshape(t, [BLOCK_N, NG, GROUP // 8]), axis=2)  # [BN, NG]
             xg = tl.sum(tl.reshape(x, [NG, GROUP]), axis=1)  # [NG]
             acc += tl.where(rows[:, None, None] == m, (s * tg + z * xg[None, :])[None, :, :], 0.0)
-    _store_rows(y_ptr, ws_ptr, cnt_ptr, tl.sum(acc, axis=2), pid_n, pid_k, M, N, offs_n, BLOCK_M, SPLIT_K)
+    _store_rows(y_ptr, tl.sum(acc, axis=2), pid_k, M, N, offs_n, BLOCK_M)
 
 
 @triton.jit
@@ -215,7 +199,7 @@ def _dot_bf16(a, b):
 
 
 @triton.jit
-def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
+def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # Same contract as _int4_kernel except: q is the same bytes viewed as int16 [N, K/4] (stride_qn
@@ -256,11 +240,11 @@ def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K
             z = tl.load(z_ptr + n64 * stride_sn + g).to(tl.float32)
             acc += s[:, None] * d
             acc += (z - 136.0 * s)[:, None] * xs[None, :]
-    _store_rows(y_ptr, ws_ptr, cnt_ptr, tl.trans(acc), pid_n, pid_k, M, N, offs_n, MP, SPLIT_K)
+    _store_rows(y_ptr, tl.trans(acc), pid_k, M, N, offs_n, MP)
 
 
 @triton.jit
-def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn,
+def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, IS_INT8: tl.constexpr):
     # x [M, K]; w [N, K] int8 or float8_e4m3fn (e4m3 pairs are converted by the hardware on
@@ -286,7 +270,7 @@ def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, st
             t = tl.sum(w * x[None, :], axis=1)
             acc = tl.where(rows[:, None] == m, acc + t[None, :], acc)
     s = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    _store_rows(y_ptr, ws_ptr, cnt_ptr, acc * s[None, :], pid_n, pid_k, M, N, offs_n, BLOCK_M, SPLIT_K)
+    _store_rows(y_ptr, acc * s[None, :], pid_k, M, N, offs_n, BLOCK_M)
 
 
 ##### launch configurations #####################################################################
@@ -320,36 +304,13 @@ _DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_MAX_COLUMN_BLOCKS = 1 << 16  # 128256 / BLOCK_N 4 = 32064 fit
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """The split-K arrival counters of `device` (int32 zeros, one per column block; every launch
-    leaves them at zero). Allocated once, outside any CUDA-graph capture, and never freed, so
-    captured graphs keep a valid pointer. Kernels on one stream share them safely; concurrent GEMVs
-    on two streams would not."""
-    cnt = _COUNTERS.get(device)
-    if cnt is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("triton_gemv: first split-K launch inside a CUDA-graph capture; "
-                               "run the model once before capturing (autoao's timing does)")
-        cnt = _COUNTERS[device] = torch.zeros(_MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
-    return cnt
-
-
 def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Config, group: int) -> torch.Tensor:
-    """Run one kernel with cfg: the result [M, N] in x.dtype, in one launch (split-K partials are
-    summed inside the kernel)."""
+    """Run one kernel with cfg: the result [M, N] in x.dtype when cfg.split_k == 1 (the kernel
+    writes it: no second launch), else fp32 partials [split_k, M, N] for _finish to sum."""
     m = x.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    shape, dtype = ((m, n), x.dtype) if cfg.split_k == 1 else ((cfg.split_k, m, n), torch.float32)
+    y = torch.empty(shape, dtype=dtype, device=x.device)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    if grid[0] > _MAX_COLUMN_BLOCKS:
-        raise ValueError(f"triton_gemv: N={n} needs {grid[0]} column blocks of {cfg.block_n}; at most "
-                         f"{_MAX_COLUMN_BLOCKS}")
-    # split-K: fp32 partials [split_k, M, N]; without it the kernel never touches ws
-    ws = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if cfg.split_k > 1 else y
-    cnt = _counters(x.device)
     block_m = triton.next_power_of_2(m)
     meta = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -357,19 +318,17 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
         q, s, z = tensors
         if cfg.variant == "words":
             q32 = q.view(torch.int32)  # [N, K/8]: 8 nibbles a word
-            _int4_words_kernel[grid](x, q32, s, z, y, ws, cnt, m, n, k, x.stride(0), q32.stride(0), s.stride(0),
+            _int4_words_kernel[grid](x, q32, s, z, y, m, n, k, x.stride(0), q32.stride(0), s.stride(0),
                                      GROUP=group, **meta)
         elif cfg.variant == "mma":
             q16 = q.view(torch.int16)  # [N, K/4]: 4 nibbles an element
-            _int4_mma_kernel[grid](x, q16, s, z, y, ws, cnt, m, n, k, x.stride(0), q16.stride(0), s.stride(0),
+            _int4_mma_kernel[grid](x, q16, s, z, y, m, n, k, x.stride(0), q16.stride(0), s.stride(0),
                                    GROUP=group, **meta)
         else:
-            _int4_kernel[grid](x, q, s, z, y, ws, cnt, m, n, k, x.stride(0), q.stride(0), s.stride(0),
-                               GROUP=group, **meta)
+            _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
     else:  # int8, fp8: the same kernel, the element type comes with the pointer
         w, s = tensors
-        _per_channel_kernel[grid](x, w, s, y, ws, cnt, m, n, k, x.stride(0), w.stride(0), IS_INT8=kind == "int8",
-                                  **meta)
+        _per_channel_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), IS_INT8=kind == "int8", **meta)
     return y
 
 
@@ -411,7 +370,7 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
     best, best_ms = None, float("inf")
     for cfg in candidates:
         try:
-            ms = do_bench(lambda: _launch(kind, x, tensors, n, k, cfg, group),
+            ms = do_bench(lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype),
                           warmup=5, rep=20)
         except Exception:  # noqa: BLE001 - a config that does not compile (registers) is skipped
             continue
@@ -421,6 +380,11 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
         raise RuntimeError(f"no {kind} GEMV configuration ran for N={n}, K={k}")
     _TUNED[key] = best
     return best
+
+
+def _finish(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """_launch's result -> [M, N] in dtype: as is without split-K, else the partials summed in fp32."""
+    return y if y.dim() == 2 else y.sum(0).to(dtype)
 
 
 def _check_rows(x: torch.Tensor, k: int, name: str, max_rows: int) -> torch.Tensor:
@@ -443,7 +407,7 @@ def int4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
                          f"zeros {tuple(zeros.shape)}, group_size {group_size}: shapes do not match")
     tensors = (qweight.contiguous(), scales.contiguous(), zeros.contiguous())
     cfg = _tune("int4", x, tensors, n, k, group_size)
-    return _launch("int4", x, tensors, n, k, cfg, group_size)
+    return _finish(_launch("int4", x, tensors, n, k, cfg, group_size), x.dtype)
 
 
 def per_channel_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -458,7 +422,7 @@ def per_channel_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.
         raise ValueError(f"per_channel_gemv: scale {tuple(scale.shape)}, expected ({n},)")
     kind, tensors = kinds[weight.dtype], (weight.contiguous(), scale)
     cfg = _tune(kind, x, tensors, n, k, 0)
-    return _launch(kind, x, tensors, n, k, cfg, 0)
+    return _finish(_launch(kind, x, tensors, n, k, cfg, 0), x.dtype)
 
 
 ##### custom ops (opaque to torch.compile, capturable in CUDA graphs) ###########################
