@@ -68,7 +68,7 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
     key = (w_c.numel(), tuple(xt.shape), xt.dtype, out_dtype, alpha is not None, xt.device.index)
     if key in _ALG:
         return _ALG[key]
-    if torch.cuda.is_current_stream_capturing() or not load_triton_ops():
+    if (xt.is_cuda and torch.cuda.is_current_stream_capturing()) or not load_triton_ops():
         return 0, False  # no timing inside a graph capture; without Triton no timer: torch's default
     from triton.testing import do_bench
 
