@@ -212,6 +212,16 @@ def unflatten_tokens(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def per_channel_weight_only(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, gemv: bool) -> torch.Tensor:
+    """x2 [M, K] @ (w_q * w_scale[:, None])^T in x2.dtype, for int8 or fp8 per-channel weights w_q
+    [N, K] and scales w_scale [N]: autoao's Triton GEMV (torch.ops.autoao.per_channel_gemv, loaded
+    by the module's _pack) when `gemv` and M <= GEMV_MAX_ROWS, else the weight dequantized to
+    x2.dtype inside one F.linear."""
+    if gemv and x2.shape[0] <= GEMV_MAX_ROWS:
+        return torch.ops.autoao.per_channel_gemv(x2, w_q, w_scale)
+    return torch.nn.functional.linear(x2, w_q.to(x2.dtype)) * w_scale.to(x2.dtype)
+
+
 def pad_rows(x: torch.Tensor, multiple: int, minimum: int = 0) -> torch.Tensor:
     """Zero-pad x [M, K] to at least `minimum` rows and a multiple of `multiple` rows.
 

@@ -10,9 +10,14 @@ Also here: fp8 weight-only (Fp8WeightOnlyLinear), for decode.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels._base import (
+    CanonicalSpec,
+    QuantizedLinear,
+    flatten_tokens,
+    per_channel_weight_only,
+    unflatten_tokens,
+)
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
 
 GRANULARITIES = ("row", "tensor")
@@ -103,10 +108,7 @@ class Fp8WeightOnlyLinear(QuantizedLinear):
 
     def forward(self, x):
         x2 = flatten_tokens(x)
-        if self._gemv and x2.shape[0] <= GEMV_MAX_ROWS:
-            y = torch.ops.autoao.per_channel_gemv(x2, self.w_q, self.w_scale)
-        else:
-            y = F.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
+        y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)
         return unflatten_tokens(self._add_bias(y), x)
 
     def reference(self, x):
