@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from autoao import search_space
-from autoao.cost import BASELINE, CostModel, layer_calls, token_counts
+from autoao.cost import BASELINE, CostModel, fused_shape, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, TimingCache, cache_dir, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
@@ -89,7 +89,9 @@ def optimize(
             the earlier study.
         out_dir: where everything is written.
         seed: sampler seed; the same seed on the same measurements gives the same plan.
-        fuse_groups: q/k/v and gate/up projections share one choice.
+        fuse_groups: sibling layers that read the same input (found by the profile: q/k/v and
+            gate/up projections) share one choice, and run as one kernel on their concatenated
+            weights where timing of the fused shape says that is faster.
         allow_emulated: let the search pick candidates that are only emulated on this device (their
             timings are real, but not those of a fast kernel); off by default.
         lm_eval_limit: documents per lm-eval task (fast mode), None = all.
@@ -109,8 +111,10 @@ def optimize(
     say("profiling")
     prof = profile(model, example_inputs)
     say(f"{len(prof.layers)} linear layers, token counts {token_counts(prof)}; timing candidates on {device}")
-    table = measure_latencies(_unique_shapes(prof), token_counts(prof), cands, device=device, dtype=_dtype(prof),
-                              cache=TimingCache(rcache.path), progress=progress, calls=_shape_calls(prof))
+    siblings = prof.siblings if fuse_groups else []
+    table = measure_latencies(_unique_shapes(prof, siblings), token_counts(prof), cands, device=device,
+                              dtype=_dtype(prof), cache=TimingCache(rcache.path), progress=progress,
+                              calls=_shape_calls(prof, siblings))
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     bf16_e2e = _measure_examples(model, examples)
     cost = CostModel.build(prof, table).with_rest_from(bf16_e2e)
@@ -127,7 +131,7 @@ def optimize(
         t0 = time.perf_counter()
         tier2.set_baseline(model, key=f"{weights_key}:{_plan_key(Plan())}")
         tier2_seconds = time.perf_counter() - t0
-    groups = make_groups(choices, fuse=fuse_groups)
+    groups = make_groups(choices, siblings)
 
     # ---- search -----------------------------------------------------------------------------
     swapper = _Swapper(model, prof)
@@ -158,7 +162,7 @@ def optimize(
 
     def on_trial(r: TrialResult, outcome: SearchOutcome) -> None:
         if outcome.best is r:
-            plan_from_params(groups, r.params, trial=r.number, predicted_ms=r.predicted_us / 1e3,
+            plan_from_params(groups, r.params, cost.fusion_pays, trial=r.number, predicted_ms=r.predicted_us / 1e3,
                              drop=r.drop, tier=r.tier).save(best_path)
 
     outcome = run_search(groups, cost, evaluate, config, layer_sqnr=sqnr, on_trial=on_trial, progress=progress)
@@ -167,8 +171,9 @@ def optimize(
     notes: list[str] = []
     chosen, chosen_acc = _choose(outcome, groups, tier2, swapper, model, weights_key, max_accuracy_drop, notes, say)
     swapper.set(Plan())  # originals back, then apply for real (fresh modules, validated)
-    layers = plan_from_params(groups, chosen.params if chosen else {}).layers
-    plan = Plan.for_model(model, layers, kernels=_kernels(layers, prof, table), trial=chosen.number if chosen else None)
+    searched = plan_from_params(groups, chosen.params if chosen else {}, cost.fusion_pays)
+    plan = Plan.for_model(model, searched.layers, _kernels(searched, prof, table), searched.fusions,
+                          trial=chosen.number if chosen else None)
     apply(model, plan, act_norms=prof.act_norms())
     measured = _measure_examples(model, examples)
     predicted = cost.predict(plan)
@@ -187,6 +192,7 @@ def optimize(
     summary["uniform"] = _uniform_rows(outcome, groups)
     summary["plan"] = {fqn: c.name for fqn, c in plan.layers.items()}
     summary["kernels"] = plan.kernels
+    summary["fusions"] = [list(g) for g in plan.fusions]
     plan.metadata.update({k: summary[k] for k in ("plan_ms", "speedup", "accuracy", "device")})
     plan.save(out_dir / "plan.json")
     atomic_write(out_dir / "pareto.json", lambda f: f.write(json.dumps(pareto, indent=2).encode()))
@@ -305,6 +311,9 @@ def _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, d
         "rest_ms": cost.rest_us / 1e3,
         "candidates": cand_rows,
         "groups": [[g.name, list(g.fqns), list(g.choices)] for g in groups],
+        # sibling groups' time as one fused module, per candidate (us over the workload)
+        "fused": [{"fqns": list(g), "time_us": {c: t for c, t in per.items() if math.isfinite(t)}}
+                  for g, per in cost.fused_us.items()],
         "layers": layers,
     }
 
@@ -392,10 +401,14 @@ class _Swapper:
             self.current[fqn] = name
 
 
-def _kernels(layers: dict[str, Candidate], prof: ModelProfile, table: LatencyTable) -> dict[str, str]:
-    """FQN -> the CUDA kernel timing chose for the layer's candidate and shape (where it had a choice)."""
+def _kernels(plan: Plan, prof: ModelProfile, table: LatencyTable) -> dict[str, str]:
+    """FQN -> the CUDA kernel timing chose for the layer's candidate and shape (where it had a
+    choice); the members of a fusion get the one chosen for the fused shape."""
     shapes = {lay.fqn: (lay.in_features, lay.out_features) for lay in prof.layers}
-    chosen = {fqn: table.kernel_for(c.name, *shapes[fqn]) for fqn, c in layers.items() if fqn in shapes}
+    for group in plan.fusions:
+        shape = fused_shape(prof, group)
+        shapes.update({f: shape for f in group})
+    chosen = {fqn: table.kernel_for(c.name, *shapes[fqn]) for fqn, c in plan.layers.items() if fqn in shapes}
     return {fqn: kern for fqn, kern in chosen.items() if kern is not None}
 
 
@@ -431,20 +444,24 @@ def _plan_key(plan: Plan) -> str:
     return digest(sorted((f, c.name) for f, c in plan.layers.items()))
 
 
-def _shape_calls(prof: ModelProfile) -> dict[tuple[int, int], dict[int, int]]:
-    """(N, K) -> {M: calls per forward, summed over the layers of that shape}: how the workload
-    weighs each token count when timing chooses among a candidate's kernels."""
+def _shape_calls(prof: ModelProfile, siblings: list[tuple[str, ...]]) -> dict[tuple[int, int], dict[int, int]]:
+    """(N, K) -> {M: calls per forward, summed over the layers (and fused sibling groups) of that
+    shape}: how the workload weighs each token count when timing chooses among a candidate's kernels."""
     out: dict[tuple[int, int], dict[int, int]] = {}
     calls = layer_calls(prof)
-    for lay in prof.layers:
-        shape = out.setdefault((lay.out_features, lay.in_features), {})
-        for m, n in calls[lay.fqn].items():
+    shaped = [((lay.out_features, lay.in_features), lay.fqn) for lay in prof.layers]
+    shaped += [(fused_shape(prof, g)[::-1], g[0]) for g in siblings]
+    for shape_nk, fqn in shaped:
+        shape = out.setdefault(shape_nk, {})
+        for m, n in calls[fqn].items():
             shape[m] = shape.get(m, 0) + n
     return out
 
 
-def _unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:
-    return sorted({(lay.out_features, lay.in_features) for lay in prof.layers})
+def _unique_shapes(prof: ModelProfile, siblings: list[tuple[str, ...]]) -> list[tuple[int, int]]:
+    """(N, K) of every layer and of every sibling group run as one module."""
+    return sorted({(lay.out_features, lay.in_features) for lay in prof.layers}
+                  | {fused_shape(prof, g)[::-1] for g in siblings})
 
 
 def _dtype(prof: ModelProfile) -> torch.dtype:

@@ -2,13 +2,15 @@
 
     predicted(plan) = rest + sum over layers of sum over the layer's calls of time(candidate, M_call)
 
-where `rest` (attention, norms, embeddings, ... everything that is not a linear layer) is the
+where a fused group of sibling layers (Plan.fusions) counts once, at the time of its fused shape
+(N = the members' N summed), instead of its members' times, and `rest` (attention, norms, embeddings, ... everything that is not a linear layer) is the
 measured end-to-end bf16 time minus the bf16 layer times. It is additive by construction; the
 report puts the prediction next to the measured end-to-end time of the final plan.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from autoao.evaluators.timing import LatencyTable
@@ -44,27 +46,44 @@ class CostModel:
     layer_us: dict[str, dict[str, float]]  # FQN -> candidate name -> us (inf: unsupported/failed)
     emulated: dict[str, set[str]] = field(default_factory=dict)  # FQN -> emulated candidate names
     rest_us: float = 0.0  # everything that is not a linear layer, measured
+    # sibling group (FQNs, call order) -> candidate name -> us of the group as one fused module
+    fused_us: dict[tuple[str, ...], dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, profile: ModelProfile, table: LatencyTable, rest_us: float = 0.0) -> CostModel:
-        """From a profile and a LatencyTable that holds every (layer shape, M) of the profile."""
+        """From a profile and a LatencyTable that holds every (layer shape, M) of the profile, and
+        for fused times every sibling group's fused shape (fused_shapes); groups whose fused shape
+        was not timed are never fused."""
         layer_us: dict[str, dict[str, float]] = {}
         emulated: dict[str, set[str]] = {}
         calls = layer_calls(profile)
         names = list(dict.fromkeys(r.candidate for r in table.rows))
+
+        def total(name: str, k: int, n: int, fqn: str) -> float:
+            out = 0.0
+            for m, count in calls[fqn].items():
+                t = table.get(name, m, k, n)
+                out += count * t.median_us
+                if t.emulated:
+                    emulated.setdefault(fqn, set()).add(name)
+            return out
+
         for layer in profile.layers:
-            k, n = layer.in_features, layer.out_features
-            per = {}
-            for name in names:
-                total = 0.0
-                for m, count in calls[layer.fqn].items():
-                    t = table.get(name, m, k, n)
-                    total += count * t.median_us
-                    if t.emulated:
-                        emulated.setdefault(layer.fqn, set()).add(name)
-                per[name] = total
-            layer_us[layer.fqn] = per
-        return cls(layer_us, emulated, rest_us)
+            layer_us[layer.fqn] = {name: total(name, layer.in_features, layer.out_features, layer.fqn)
+                                   for name in names}
+        fused_us: dict[tuple[str, ...], dict[str, float]] = {}
+        for group in profile.siblings:
+            k, n = fused_shape(profile, group)
+            try:
+                fused_us[group] = {name: total(name, k, n, group[0]) for name in names}
+            except KeyError:  # not timed: the group runs layer by layer
+                continue
+        return cls(layer_us, emulated, rest_us, fused_us)
+
+    def fusion_pays(self, group: tuple[str, ...], name: str) -> bool:
+        """True if the sibling group runs faster as one fused `name` module than layer by layer."""
+        fused = self.fused_us.get(tuple(group), {}).get(name, math.inf)
+        return fused < sum(self.layer_us[f][name] for f in group)
 
     def baseline_us(self) -> float:
         """Sum of the bf16 layer times (the linear part of the bf16 model)."""
@@ -72,12 +91,27 @@ class CostModel:
 
     def with_rest_from(self, measured_bf16_us: float) -> CostModel:
         """Set `rest` from the measured end-to-end bf16 time."""
-        return CostModel(self.layer_us, self.emulated, max(measured_bf16_us - self.baseline_us(), 0.0))
+        return CostModel(self.layer_us, self.emulated, max(measured_bf16_us - self.baseline_us(), 0.0),
+                         self.fused_us)
 
     def predict(self, plan: Plan) -> float:
-        """Predicted us of one forward with `plan` (layers not in the plan count as bf16)."""
+        """Predicted us of one forward with `plan` (layers not in the plan count as bf16; a fusion
+        the model has no fused time for counts as its members)."""
         total = self.rest_us
+        counted: set[str] = set()
+        for group in plan.fusions:
+            fused = self.fused_us.get(tuple(group), {}).get(plan.layers[group[0]].name)
+            if fused is not None:
+                total += fused
+                counted.update(group)
         for fqn, per in self.layer_us.items():
-            cand = plan.layers.get(fqn)
-            total += per[cand.name if cand is not None else BASELINE]
+            if fqn not in counted:
+                cand = plan.layers.get(fqn)
+                total += per[cand.name if cand is not None else BASELINE]
         return total
+
+
+def fused_shape(profile: ModelProfile, group: tuple[str, ...]) -> tuple[int, int]:
+    """(K, N) of a sibling group run as one module: the shared K, the members' N summed."""
+    by_fqn = profile.by_fqn()
+    return by_fqn[group[0]].in_features, sum(by_fqn[f].out_features for f in group)

@@ -7,7 +7,12 @@ fingerprint of the model it was made for. It is data, never pickle:
      "model": {"fingerprint": "sha256:...", "class": "LlamaForCausalLM", "num_linears": 211},
      "layers": {"model.layers.0.mlp.up_proj": {"family": "int4_wo", "params": {"group_size": 64}}, ...},
      "kernels": {"model.layers.0.mlp.up_proj": "triton", ...},   (optional: CUDA kernel per layer)
+     "fusions": [["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"], ...],   (optional)
      "metadata": {...}}
+
+A fusion lists sibling layers (same input tensor; autoao.profile finds them) that run as one
+kernel on their row-concatenated weights (autoao.kernels.FusedRows): same candidate and kernel,
+same numbers, fewer and larger kernels.
 
 `apply(model, plan)` validates the whole plan first and swaps modules only if every layer is fine,
 so a bad plan never leaves a model half-quantized. `save(model, dir)` / `load(model, dir)` write
@@ -28,7 +33,7 @@ import torch
 from torch import nn
 
 from autoao import search_space
-from autoao.kernels import QuantizedLinear
+from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem
 from autoao.search_space import Candidate, LayerSpec
 
 PLAN_VERSION = 1
@@ -89,12 +94,28 @@ class Plan:
     # FQN -> which of the candidate module's CUDA kernels to run (QuantizedLinear.kernels), as timing
     # chose it for the layer's shape; layers not named use the module's default kernel
     kernels: dict[str, str] = field(default_factory=dict)
+    # groups of sibling layers (same input) run as one module, each group in call order
+    fusions: list[tuple[str, ...]] = field(default_factory=list)
 
     @classmethod
     def for_model(cls, model: nn.Module, layers: dict[str, Candidate], kernels: dict[str, str] | None = None,
-                  **metadata: Any) -> Plan:
+                  fusions: list[tuple[str, ...]] | None = None, **metadata: Any) -> Plan:
         return cls(dict(layers), fingerprint(model), type(model).__qualname__, len(layer_specs(model)), metadata,
-                   dict(kernels or {}))
+                   dict(kernels or {}), [tuple(g) for g in fusions or []])
+
+    def fuse(self, siblings: list[tuple[str, ...]]) -> Plan:
+        """Add to `fusions` every sibling group (autoao.profile's `ModelProfile.siblings`) whose
+        layers all have one candidate that fuses, and one kernel; returns self. Groups the plan
+        cannot fuse are skipped, not errors: they run layer by layer."""
+        fused = {f for g in self.fusions for f in g}
+        for group in siblings:
+            cands = {self.layers.get(f) for f in group}
+            kernels = {self.kernels.get(f) for f in group}
+            if (len(cands) == 1 and None not in cands and len(kernels) == 1 and not fused & set(group)
+                    and next(iter(cands)).fusable):
+                self.fusions.append(tuple(group))
+                fused.update(group)
+        return self
 
     @classmethod
     def uniform(cls, model: nn.Module, candidate: Candidate | str, device: torch.device | str | None = None) -> Plan:
@@ -127,6 +148,7 @@ class Plan:
                       "num_linears": self.num_linears},
             "layers": {fqn: c.to_dict() for fqn, c in self.layers.items()},
             **({"kernels": self.kernels} if self.kernels else {}),
+            **({"fusions": [list(g) for g in self.fusions]} if self.fusions else {}),
             "metadata": self.metadata,
         }
 
@@ -154,9 +176,13 @@ class Plan:
         kernels = d.get("kernels") or {}
         if not isinstance(kernels, dict) or not all(isinstance(v, str) for v in kernels.values()):
             raise PlanError(f"{source}: 'kernels' must be an object of FQN -> kernel name")
+        fusions = d.get("fusions") or []
+        if not isinstance(fusions, list) or not all(
+                isinstance(g, list) and all(isinstance(f, str) for f in g) for g in fusions):
+            raise PlanError(f"{source}: 'fusions' must be a list of lists of layer FQNs")
         model = d.get("model") or {}
         return cls(layers, model.get("fingerprint"), model.get("class"), model.get("num_linears"),
-                   d.get("metadata") or {}, dict(kernels))
+                   d.get("metadata") or {}, dict(kernels), [tuple(g) for g in fusions])
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:
@@ -225,6 +251,7 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
             problems.append(f"  {fqn}: has a kernel ({kernel!r}) but no candidate in the plan")
         elif problem := cand.module_cls.unknown_kernel(kernel):
             problems.append(f"  {fqn}: {cand.name} has {problem}")
+    problems += _fusion_problems(plan, specs)
     if problems:
         fp = fingerprint(model)
         note = ""
@@ -232,6 +259,43 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
             note = (f"\nNote: the plan was made for a different model ({plan.model_class}, "
                     f"{plan.num_linears} linear layers); this one is {type(model).__name__} with {len(specs)}.")
         raise PlanError(f"plan does not fit the model: {len(problems)} problem(s):\n" + "\n".join(problems) + note)
+
+
+def _fusion_problems(plan: Plan, specs: dict[str, LayerSpec]) -> list[str]:
+    """What is wrong with the plan's fusions, a line per group (before any module is built)."""
+    problems, owner = [], {}
+    for group in plan.fusions:
+        name = "fusion [" + ", ".join(group) + "]"
+        cands = [plan.layers.get(f) for f in group]
+        if len(group) < 2:
+            problems.append(f"  {name}: a fusion needs at least two layers")
+        elif missing := [f for f, c in zip(group, cands) if c is None]:
+            problems.append(f"  {name}: {', '.join(missing)} not in the plan's layers (bf16 layers do not fuse)")
+        elif len({c.name for c in cands}) > 1:  # type: ignore[union-attr]
+            problems.append(f"  {name}: the layers have different candidates "
+                            f"({', '.join(c.name for c in cands)}); a fusion needs one")  # type: ignore[union-attr]
+        elif not cands[0].fusable:  # type: ignore[union-attr]
+            problems.append(f"  {name}: {cands[0].name} does not fuse (its numbers span rows)")  # type: ignore[union-attr]
+        elif len({plan.kernels.get(f) for f in group}) > 1:
+            problems.append(f"  {name}: the layers have different kernels "
+                            f"({', '.join(str(plan.kernels.get(f)) for f in group)}); a fusion needs one")
+        elif len({(specs[f].in_features, specs[f].dtype) for f in group if f in specs}) > 1:
+            problems.append(f"  {name}: the layers differ in in_features or dtype")
+        for f in group:
+            if f in owner:
+                problems.append(f"  {f}: in two fusions ({owner[f]} and {name})")
+            owner[f] = name
+    return problems
+
+
+def fuse_layers(model: nn.Module, fusions: list[tuple[str, ...]]) -> None:
+    """Run each group of (already replaced) sibling layers as one module (kernels.FusedRows)."""
+    for group in fusions:
+        members = [model.get_submodule(f) for f in group]
+        problem = fuse_problem(members)
+        if problem:
+            raise PlanError(f"cannot fuse [{', '.join(group)}]: {problem}")
+        FusedRows(members)  # type: ignore[arg-type]
 
 
 def _set_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -272,20 +336,25 @@ def apply(
             if fqn in plan.kernels:
                 module.set_kernel(plan.kernels[fqn])
             _set_module(model, fqn, module)
+        fuse_layers(model, plan.fusions)
     return model
 
 
 def plan_of(model: nn.Module) -> Plan:
     """The plan a model carries: every autoao module's candidate (and kernel, where not the
     default), read back from the modules."""
-    layers, kernels = {}, {}
+    layers, kernels, fqn_of, fusions = {}, {}, {}, {}
     for fqn, m in model.named_modules():
         cand = search_space.candidate_of(m)
         if cand is not None:
             layers[fqn] = cand
             if isinstance(m, QuantizedLinear) and m.kernel != m.kernels[0]:  # the default needs no entry
                 kernels[fqn] = m.kernel
-    return Plan.for_model(model, layers, kernels)
+        if isinstance(m, QuantizedLinear) and m.fused is not None:
+            fqn_of[id(m)] = fqn
+            fusions.setdefault(id(m.fused[0]), m.fused[0])
+    groups = [tuple(fqn_of[id(m)] for m in g.members) for g in fusions.values()]
+    return Plan.for_model(model, layers, kernels, groups)
 
 
 ##### save and load #############################################################################
@@ -369,4 +438,5 @@ def load(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     if missing or result.unexpected_keys:
         raise PlanError(f"{weights} does not match the model: missing {missing[:10]}, "
                         f"unexpected {result.unexpected_keys[:10]}")
+    fuse_layers(model, plan.fusions)
     return model

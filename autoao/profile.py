@@ -19,6 +19,12 @@ weight with an nn.Embedding (tied lm_head) is still reported, with the embedding
 quantizing it unties them (the embedding keeps the float weight). Statistics are those of the
 reported module's own inputs, since that is the module a plan entry replaces.
 
+Siblings: layers that read the very same input tensor in a forward (a transformer's q/k/v and
+gate/up projections) are listed in `.siblings`, a group per input, in call order: they can run as
+one kernel on their row-concatenated weights (autoao.kernels.FusedRows). A group is listed only
+if, over every example input, each member was called exactly once per such input, always with the
+same co-members, and the input was not modified in place between their calls.
+
 Memory: per layer at most `max_sample_rows` rows of K values are kept, on CPU in the layer dtype,
 so the samples take sum over layers of max_sample_rows * K * itemsize bytes (256 rows of K=4096 in
 bf16: 2 MiB a layer), plus two [K] float32 vectors (sum of squares, abs max) a layer.
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -67,6 +73,7 @@ class ModelProfile:
     skipped: dict[str, str]  # FQN -> why this linear-like layer is not in `layers`
     num_forward: int  # forwards run (one per example input)
     seconds: float  # wall time of those forwards, hooks included
+    siblings: list[tuple[str, ...]] = field(default_factory=list)  # layers reading one input, call order
 
     def by_fqn(self) -> dict[str, LayerProfile]:
         return {p.fqn: p for p in self.layers}
@@ -88,8 +95,9 @@ class _Recorder:
     `result`, so a GPU forward does not copy every activation to the host). A post-forward hook, so
     an input the layer rejects fails with the layer's own error, not one of ours."""
 
-    def __init__(self, linear: nn.Linear, max_rows: int) -> None:
+    def __init__(self, fqn: str, linear: nn.Linear, max_rows: int, siblings: _Siblings) -> None:
         k, device = linear.in_features, linear.weight.device
+        self.fqn, self.siblings = fqn, siblings
         self.shapes: dict[tuple[int, ...], int] = {}
         self.tokens = 0
         self.sumsq = torch.zeros(k, dtype=torch.float32, device=device)  # [K]
@@ -99,6 +107,7 @@ class _Recorder:
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
         x = args[0] if args else kwargs["input"]  # [..., K]
+        self.siblings.record(self.fqn, x)
         self.shapes[tuple(x.shape)] = self.shapes.get(tuple(x.shape), 0) + 1
         rows = x.detach().reshape(-1, x.shape[-1])  # [M, K]
         if rows.shape[0] == 0:
@@ -133,6 +142,38 @@ class _Recorder:
         return LayerProfile(fqn, linear.in_features, linear.out_features, linear.bias is not None,
                             linear.weight.dtype, linear.weight.device, self.shapes, self.tokens,
                             self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone(), tied)
+
+
+class _Siblings:
+    """Records which layers read the identical input tensor within one forward (module docstring)."""
+
+    def __init__(self) -> None:
+        # (id, version) of an input -> (the tensor, kept so its id is not reused within the forward;
+        # the FQNs that read it, in call order)
+        self.inputs: dict[tuple[int, int], tuple[torch.Tensor, list[str]]] = {}
+        self.seen: dict[str, set[tuple[str, ...]]] = {}  # FQN -> every call group it was in
+
+    def record(self, fqn: str, x: torch.Tensor) -> None:
+        try:
+            version = x._version  # bumped by in-place writes: a modified input is another input
+        except RuntimeError:  # inference-mode tensors have no version counter and cannot be modified
+            version = 0
+        self.inputs.setdefault((id(x), version), (x, []))[1].append(fqn)
+
+    def end_forward(self) -> None:
+        for _, fqns in self.inputs.values():
+            for f in fqns:
+                self.seen.setdefault(f, set()).add(tuple(fqns))
+        self.inputs.clear()
+
+    def groups(self) -> list[tuple[str, ...]]:
+        out: dict[tuple[str, ...], None] = {}
+        for calls in self.seen.values():
+            group = next(iter(calls))
+            if (len(calls) == 1 and len(group) > 1 and len(set(group)) == len(group)
+                    and all(self.seen.get(f) == calls for f in group)):
+                out[group] = None
+        return list(out)
 
 
 def call_model(model: nn.Module, example: Any) -> Any:
@@ -188,7 +229,8 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers; autoao only quantizes linear "
                          "layers, so there is nothing to profile")
 
-    recorders = {key: _Recorder(m, max_sample_rows) for key, (_, m) in linears.items()}
+    siblings = _Siblings()
+    recorders = {key: _Recorder(fqn, m, max_sample_rows, siblings) for key, (fqn, m) in linears.items()}
     training = {m: m.training for m in model.modules()}
     handles = [m.register_forward_hook(recorders[key], with_kwargs=True) for key, (_, m) in linears.items()]
     start = time.perf_counter()
@@ -201,6 +243,7 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
                 except Exception as e:
                     raise ValueError(f"example input #{i} ({_describe(example)}) failed to run: "
                                      f"{type(e).__name__}: {e}") from e
+                siblings.end_forward()
     finally:
         for h in handles:
             h.remove()
@@ -210,4 +253,4 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
 
     layers = [recorders[key].result(fqn, m, [f for f in sharers[key] if f != fqn])
               for key, (fqn, m) in linears.items()]
-    return ModelProfile(layers, skipped, len(examples), seconds)
+    return ModelProfile(layers, skipped, len(examples), seconds, siblings.groups())

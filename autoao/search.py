@@ -1,7 +1,8 @@
 """The search: an Optuna study over per-layer (or per fused group) candidate choices.
 
-Each trial picks one candidate per group (q/k/v share one choice and gate/up share one by default:
-they read the same input, and a fused kernel would need them equal). Two objectives, both
+Each trial picks one candidate per group (sibling layers that read the same input, found by the
+profile, e.g. q/k/v and gate/up, share one choice by default, and run as one fused kernel where
+the cost model says that is faster: CostModel.fusion_pays). Two objectives, both
 minimized: the predicted latency (autoao.cost.CostModel: cached per-layer timings + the measured
 rest) and the accuracy drop (tier 1 proxy per trial). `max_accuracy_drop` is an Optuna constraint
 (`Trial.set_constraint`), so infeasible trials still teach the sampler without ever being returned.
@@ -33,11 +34,6 @@ from autoao import search_space
 from autoao.cost import BASELINE, CostModel
 from autoao.evaluators.sensitivity import Accuracy
 from autoao.plan import Plan
-
-# Sibling layers that read the same input; they share one choice when `fuse_groups` is on.
-FUSED_SIBLINGS = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"),
-                  ("w1", "w3")]
-
 
 ##### budget ####################################################################################
 
@@ -84,39 +80,45 @@ class Group:
     choices: tuple[str, ...]  # candidate names; BASELINE first
 
 
-def make_groups(choices: dict[str, list[str]], fuse: bool = True) -> list[Group]:
-    """FQN -> supported candidate names (per layer) -> groups. With `fuse`, FUSED_SIBLINGS under one
-    parent form one group whose choices are the intersection (in the first member's order)."""
+def make_groups(choices: dict[str, list[str]], siblings: list[tuple[str, ...]] | None = None) -> list[Group]:
+    """FQN -> supported candidate names (per layer) -> groups, in layer order. Each sibling group
+    (autoao.profile's ModelProfile.siblings: layers reading one input) becomes one group whose
+    choices are the intersection (in the first member's order); other layers are groups of one."""
+    group_of = {f: g for g in siblings or [] if all(m in choices for m in g) for f in g}
     groups: list[Group] = []
     taken: set[str] = set()
     for fqn in choices:
         if fqn in taken:
             continue
-        parent, _, leaf = fqn.rpartition(".")
-        members = [fqn]
-        if fuse:
-            for sib in FUSED_SIBLINGS:
-                if leaf in sib:
-                    members = [f"{parent}.{s}" if parent else s for s in sib
-                               if (f"{parent}.{s}" if parent else s) in choices]
-                    break
+        members = list(group_of.get(fqn, (fqn,)))
         common = [c for c in choices[members[0]] if all(c in choices[m] for m in members)]
-        name = members[0] if len(members) == 1 else f"{parent}.{{{','.join(m.rpartition('.')[2] for m in members)}}}"
+        parents = {m.rpartition(".")[0] for m in members}
+        if len(members) == 1:
+            name = fqn
+        elif len(parents) == 1 and "" not in parents:  # "layers.0.attn.{q_proj,k_proj,v_proj}"
+            name = f"{parents.pop()}.{{{','.join(m.rpartition('.')[2] for m in members)}}}"
+        else:
+            name = "{" + ",".join(members) + "}"
         groups.append(Group(name, tuple(members), tuple(dict.fromkeys([BASELINE, *common]))))
         taken.update(members)
     return groups
 
 
-def plan_from_params(groups: list[Group], params: dict[str, str], **metadata: Any) -> Plan:
-    """Group choices -> Plan (bf16 choices are left out: unlisted layers stay as they are)."""
-    layers = {}
+def plan_from_params(groups: list[Group], params: dict[str, str],
+                     fuse: Callable[[tuple[str, ...], str], bool] | None = None, **metadata: Any) -> Plan:
+    """Group choices -> Plan (bf16 choices are left out: unlisted layers stay as they are). Groups of
+    several layers become fusions (one kernel) where their candidate fuses and `fuse(fqns, name)`
+    says so (CostModel.fusion_pays); without `fuse`, nothing is fused."""
+    layers, fusions = {}, []
     for g in groups:
         choice = params.get(g.name, BASELINE)
         if choice != BASELINE:
             cand = search_space.get(choice)
             for fqn in g.fqns:
                 layers[fqn] = cand
-    return Plan(layers=layers, metadata=metadata)
+            if len(g.fqns) > 1 and fuse is not None and cand.fusable and fuse(g.fqns, choice):
+                fusions.append(g.fqns)
+    return Plan(layers=layers, metadata=metadata, fusions=fusions)
 
 
 ##### warm start ################################################################################
@@ -246,7 +248,7 @@ def run_search(
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         params = {g.name: trial.suggest_categorical(g.name, list(g.choices)) for g in groups}
-        plan = plan_from_params(groups, params)
+        plan = plan_from_params(groups, params, fuse=cost.fusion_pays)
         predicted = cost.predict(plan)
         acc = evaluate(plan)
         drop = acc.drop if math.isfinite(acc.drop) else math.inf

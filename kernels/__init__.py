@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from autoao.kernels._base import QuantizedLinear
 from autoao.kernels.dense import Bf16Linear
+from autoao.kernels.fused import FusedRows, fuse_problem
 from autoao.kernels.fp8 import Fp8DynLinear, Fp8WeightOnlyLinear
 from autoao.kernels.int4 import Int4WeightOnlyLinear
 from autoao.kernels.int8 import Int8DynLinear, Int8WeightOnlyLinear
@@ -25,4 +26,6 @@ __all__ = [
     "Sparse24Linear",
     "Sparse24Int8DynLinear",
     "Sparse24Fp8DynLinear",
+    "FusedRows",
+    "fuse_problem",
 ]

@@ -36,7 +36,8 @@ class QuantizedLinear(nn.Module):
     They implement:
       - `canonical_spec()`: name -> (shape, dtype) of every canonical tensor;
       - `_pack(device)`: build runtime buffers on `device` from `self._canon`;
-      - `forward(x)`: x [..., K] -> [..., N] in x.dtype, bias added;
+      - `_forward(x)`: x [..., K] -> [..., N] in x.dtype, bias added (`forward` calls it, or the
+        fused group's module when the layer is fused with its siblings, kernels/fused.py);
       - `reference(x)`: the same function with plain float32 torch ops (for tests);
       - `params()`: the constructor keyword arguments beyond the common ones.
     Class attribute `emulated_on` lists device types with no fast kernel (forward then runs a
@@ -51,6 +52,10 @@ class QuantizedLinear(nn.Module):
 
     emulated_on: frozenset[str] = frozenset()
     kernels: tuple[str, ...] = ("default",)
+    # True where each output row's canonical numbers depend on that row of the float weight alone
+    # (per-channel / group-wise scales, 2:4 within a row): sibling layers can then run as one module
+    # on their row-concatenated canonical tensors with the same numbers (kernels/fused.py).
+    rows_independent: bool = False
 
     def __init__(
         self,
@@ -73,6 +78,9 @@ class QuantizedLinear(nn.Module):
             self.register_parameter("bias", None)
         self._canon: dict[str, torch.Tensor] = {}
         self.kernel = self.kernels[0]
+        # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
+        # siblings: (the group, this layer's index in it). Not a submodule (no state_dict entry).
+        self.fused: tuple[Any, int] | None = None
 
     def _init_canonical(self) -> None:
         """Subclasses call this at the end of __init__, once their parameters are set: zero
@@ -97,6 +105,24 @@ class QuantizedLinear(nn.Module):
 
     def params(self) -> dict[str, Any]:
         return {}
+
+    @classmethod
+    def fusable(cls, **params: Any) -> bool:
+        """Whether modules of this class built with `params` can be fused with siblings (every
+        canonical tensor one row per output channel, each row independent of the others)."""
+        return cls.rows_independent
+
+    @abstractmethod
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N] in x.dtype, bias added: this layer's own kernels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N] in x.dtype. A fused layer takes its columns of the group's output
+        (computed once per input by the first sibling called); otherwise its own kernels run."""
+        if self.fused is not None:
+            group, index = self.fused
+            return group.take(x, index)
+        return self._forward(x)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, act_norm: torch.Tensor | None = None, **params: Any):
@@ -126,7 +152,9 @@ class QuantizedLinear(nn.Module):
         problem = self.unknown_kernel(kernel)
         if problem:
             raise ValueError(f"{type(self).__name__} has {problem}")
-        if kernel != self.kernel:
+        if self.fused is not None:
+            self.fused[0].set_kernel(kernel)
+        elif kernel != self.kernel:
             self.kernel = kernel
             self._pack(self.device)
         return self
@@ -155,6 +183,11 @@ class QuantizedLinear(nn.Module):
                 problems.append(f"{name!r}: expected {shape} {dt}, got {tuple(t.shape)} {t.dtype}")
         if problems:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+        if self.fused is not None:  # our canonical tensors are rows of the group's: write through
+            for name in self.canonical_spec():
+                self._canon[name].copy_(tensors[name].detach())
+            self.fused[0].repack()
+            return
         # Own, freshly allocated copies: tensors loaded from safetensors may be unaligned views of
         # a memory-mapped file, which some CPU kernels (torch._weight_int8pack_mm) crash on.
         self._canon = {name: tensors[name].detach().to("cpu", copy=True).contiguous()
@@ -168,9 +201,21 @@ class QuantizedLinear(nn.Module):
         super()._apply(fn, recurse)
         if not self._canon:  # still inside __init__
             return self
+        if self.fused is not None:  # the group's module holds the runtime tensors; the first moves it
+            group, index = self.fused
+            if index == 0:
+                group.module._apply(fn, recurse)
+            return self
         # Runtime layouts are device-specific (tinygemm, cuSPARSELt): rebuild them where we landed.
         self._pack(self._device_anchor.device)
         return self
+
+    def drop_runtime(self) -> None:
+        """Free the runtime tensors (a fused layer's kernels run on the group's module)."""
+        for name in list(self._buffers):
+            if name != "_device_anchor" and name in self._non_persistent_buffers_set:
+                del self._buffers[name]
+                self._non_persistent_buffers_set.discard(name)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[override]
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -199,7 +244,8 @@ class QuantizedLinear(nn.Module):
         extra = "".join(f", {k}={v}" for k, v in self.params().items())
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, dtype={self.dtype}{extra}, emulated={self.emulated}"
-                + (f", kernel={self.kernel}" if len(self.kernels) > 1 else ""))
+                + (f", kernel={self.kernel}" if len(self.kernels) > 1 else "")
+                + (f", fused={self.fused[1]}/{len(self.fused[0].splits)}" if self.fused is not None else ""))
 
 
 def flatten_tokens(x: torch.Tensor) -> torch.Tensor:

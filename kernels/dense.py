@@ -15,6 +15,8 @@ from autoao.kernels._base import CanonicalSpec, QuantizedLinear
 class Bf16Linear(QuantizedLinear):
     """Canonical: weight [N, K] bf16. forward casts x to bf16 and the result back to x.dtype."""
 
+    rows_independent = True
+
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)
         self._init_canonical()
@@ -28,7 +30,7 @@ class Bf16Linear(QuantizedLinear):
     def _pack(self, device):
         self.register_buffer("w", self._canon["weight"].to(device), persistent=False)
 
-    def forward(self, x):
+    def _forward(self, x):
         b = None if self.bias is None else self.bias.to(torch.bfloat16)
         return F.linear(x.to(torch.bfloat16), self.w, b).to(x.dtype)
 

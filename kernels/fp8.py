@@ -27,6 +27,7 @@ class Fp8DynLinear(QuantizedLinear):
     """Canonical: qweight [N, K] float8_e4m3fn, scale [N] (row) or [] (tensor) float32."""
 
     emulated_on = frozenset({"cpu"})
+    rows_independent = True  # for granularity="row" only: see fusable
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, granularity: str = "row"):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -37,6 +38,11 @@ class Fp8DynLinear(QuantizedLinear):
 
     def params(self):
         return {"granularity": self.granularity}
+
+    @classmethod
+    def fusable(cls, granularity: str = "row", **params):
+        # one tensor-wide scale would differ between the siblings
+        return cls.rows_independent and granularity == "row"
 
     def canonical_spec(self) -> CanonicalSpec:
         n, k = self.out_features, self.in_features
@@ -61,7 +67,7 @@ class Fp8DynLinear(QuantizedLinear):
             return quantize_per_token(x2, FP8_DTYPE)  # [M, K] fp8, [M, 1] fp32
         return quantize_fp8(x2, "tensor")  # [M, K] fp8, [] fp32
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         xq, xs = self._quantize_act(x2)
         # Rowwise scaling needs a bf16 output; tensorwise uses the same for one code path.
@@ -88,6 +94,7 @@ class Fp8WeightOnlyLinear(QuantizedLinear):
 
     emulated_on = frozenset({"cpu"})
     kernels = ("triton",)
+    rows_independent = True
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -106,7 +113,7 @@ class Fp8WeightOnlyLinear(QuantizedLinear):
         self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
         self.register_buffer("w_scale", self._canon["scale"].to(device), persistent=False)  # [N] fp32
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)
         return unflatten_tokens(self._add_bias(y), x)

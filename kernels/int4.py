@@ -41,6 +41,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     with w ~ (q - 8) * scale + zero."""
 
     kernels = ("tinygemm", "triton", "tinygemm_dequant")
+    rows_independent = True  # scales and zeros per (row, group)
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -99,7 +100,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         for name in ("qweight", "scales", "zeros"):
             self.register_buffer(f"{name}_rt", self._canon[name].to(device), persistent=False)
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         small = x2.shape[0] <= self._gemv_rows
         if "qweight_rt" in self._buffers and not (small and self.kernel == "tinygemm_dequant"):

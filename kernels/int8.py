@@ -37,6 +37,8 @@ class _Int8Weights(QuantizedLinear):
     """Canonical: qweight [N, K] int8, scale [N] float32 (w ~ qweight * scale[:, None]), symmetric
     per output channel."""
 
+    rows_independent = True
+
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)
         self._init_canonical()
@@ -66,7 +68,7 @@ class Int8DynLinear(_Int8Weights):
             xq = pad_rows(xq, 1, minimum=_INT_MM_MIN_ROWS_CUDA)
         return torch._int_mm(xq, self.w_q.t())[:m]
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         xq, xs = quantize_per_token(x2, torch.int8)  # [M, K] int8, [M, 1] fp32
         y = dequantize_output(self._int_matmul(xq), xs, self.w_scale, self.bias, x.dtype)  # [M, N]
@@ -94,7 +96,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
         # Both kernels take the scales in the activation dtype.
         self.register_buffer("w_scale", self._canon["scale"].to(device, self.dtype), persistent=False)
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         if x2.is_cuda or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
             y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)

@@ -118,6 +118,7 @@ class Sparse24Linear(QuantizedLinear):
     """
 
     emulated_on = frozenset({"cpu"})
+    rows_independent = True  # 2:4 chosen within each row
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -142,7 +143,7 @@ class Sparse24Linear(QuantizedLinear):
         else:
             self.register_buffer("w_c", w, persistent=False)  # dense, pruned: the emulated path
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         if x2.is_cuda:
             y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None, self.out_features)
@@ -174,10 +175,10 @@ class Sparse24Int8DynLinear(Int8DynLinear):
         if device.type == "cuda":
             self.register_buffer("w_q", torch._cslt_compress(self.w_q), persistent=False)
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         if not x2.is_cuda:
-            return super().forward(x)
+            return super()._forward(x)
         xq, xs = quantize_per_token(x2, torch.int8)
         y = _cslt_linear(self.w_q, xq, self.w_scale, torch.bfloat16, self.out_features)  # [M, N] = (xq @ qw^T) * s_w
         return unflatten_tokens(dequantize_output(y, xs, None, self.bias, x.dtype), x)
@@ -208,10 +209,10 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
             self.register_buffer("w_q", torch._cslt_compress(self.w_q), persistent=False)
             self.register_buffer("w_scale", self.w_scale.reshape(-1).contiguous(), persistent=False)  # [N]
 
-    def forward(self, x):
+    def _forward(self, x):
         x2 = flatten_tokens(x)
         if not x2.is_cuda:
-            return super().forward(x)
+            return super()._forward(x)
         xq, xs = quantize_per_token(x2, FP8_DTYPE)
         # cuSPARSELt 0.8 refuses alpha-vector scaling for fp8 (measured on the H200):
         # both scales go in the (fused) epilogue.

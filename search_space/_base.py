@@ -72,6 +72,12 @@ class Candidate(ABC):
         p = self.params()
         return self.family if not p else f"{self.family}(" + ", ".join(f"{k}={v}" for k, v in p.items()) + ")"
 
+    @property
+    def fusable(self) -> bool:
+        """Whether sibling layers with this candidate can run as one module (kernels.FusedRows):
+        its format keeps each output row's numbers independent of the other rows."""
+        return self.module_cls is not None and self.module_cls.fusable(**self._module_params())
+
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "params": self.params()}
 

@@ -24,6 +24,10 @@ class Bf16(Candidate):
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return None
 
+    @property
+    def fusable(self) -> bool:
+        return False  # the baseline keeps the model's own layers (a bf16 model's are not replaced)
+
     def build(self, linear: nn.Linear, act_norm: torch.Tensor | None = None, fqn: str = "") -> nn.Module:
         if linear.weight.dtype == torch.bfloat16:
             return linear  # already the baseline: no copy, no change

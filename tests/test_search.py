@@ -24,13 +24,17 @@ TIME = {"bf16": 10.0, "int8_dyn": 6.0, "int8_wo": 7.0, "int4_wo(group_size=64)":
 DROP = {"bf16": 0.0, "int8_dyn": 0.0004, "int8_wo": 0.0002, "int4_wo(group_size=64)": 0.002}
 
 
-def fake_cost() -> CostModel:
+SIBLINGS = [tuple(f"layers.{i}.{p}" for p in group) for i in range(3)
+            for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))]
+
+
+def fake_cost(fused_us: dict | None = None) -> CostModel:
     return CostModel({f: {c: TIME[c] * (2 if "proj" in f and "down" in f else 1) for c in CHOICES} for f in LAYERS},
-                     rest_us=20.0)
+                     rest_us=20.0, fused_us=fused_us or {})
 
 
 def fake_groups():
-    return make_groups({f: list(CHOICES) for f in LAYERS})
+    return make_groups({f: list(CHOICES) for f in LAYERS}, SIBLINGS)
 
 
 def fake_evaluate(plan) -> Accuracy:
@@ -63,16 +67,39 @@ def test_max_drop_outside_unit_interval_is_rejected():
             SearchConfig(max_accuracy_drop=bad)
 
 
-def test_groups_fuse_qkv_and_gate_up_with_common_choices():
+def test_sibling_groups_share_their_common_choices():
     choices = {f: list(CHOICES) for f in LAYERS}
     choices["layers.0.k_proj"] = ["bf16", "int8_dyn"]  # k cannot take int8_wo or int4
-    groups = {g.name: g for g in make_groups(choices)}
+    groups = {g.name: g for g in make_groups(choices, SIBLINGS)}
     qkv = groups["layers.0.{q_proj,k_proj,v_proj}"]
     assert qkv.fqns == ("layers.0.q_proj", "layers.0.k_proj", "layers.0.v_proj")
     assert qkv.choices == ("bf16", "int8_dyn")
     assert groups["layers.1.{gate_proj,up_proj}"].fqns == ("layers.1.gate_proj", "layers.1.up_proj")
     assert "layers.2.o_proj" in groups and len(groups) == 3 * 4
-    assert len(make_groups(choices, fuse=False)) == len(LAYERS)
+    assert len(make_groups(choices)) == len(LAYERS)  # no siblings: a choice per layer
+    # siblings under different parents get a name listing them
+    odd = make_groups({"a.x": ["bf16"], "b.y": ["bf16"]}, [("a.x", "b.y")])
+    assert [g.name for g in odd] == ["{a.x,b.y}"]
+
+
+def test_groups_fuse_only_where_the_fused_time_is_faster():
+    qkv = SIBLINGS[0]
+    # one fused int8_dyn kernel for q/k/v: 12 us instead of 3 x 6; int8_wo fused is slower (25 > 21)
+    cost = fake_cost({qkv: {"bf16": 30.0, "int8_dyn": 12.0, "int8_wo": 25.0, "int4_wo(group_size=64)": math.inf}})
+    groups = fake_groups()
+    for choice, fused in (("int8_dyn", True), ("int8_wo", False), ("int4_wo(group_size=64)", False)):
+        params = {g.name: choice for g in groups}
+        plan = plan_from_params(groups, params, cost.fusion_pays)
+        assert (qkv in plan.fusions) is fused
+        unfused = plan_from_params(groups, params)
+        assert unfused.fusions == []
+        saved = 3 * TIME[choice] - 12.0 if fused else 0.0
+        assert cost.predict(plan) == pytest.approx(cost.predict(unfused) - saved)
+    # the search scores its plans with the fusions it would apply
+    cfg = SearchConfig(budget=Budget.parse(30), max_accuracy_drop=0.05, storage=None, study_name="f")
+    out = run_search(groups, cost, fake_evaluate, cfg, progress=False)
+    best = plan_from_params(groups, out.best.params, cost.fusion_pays)
+    assert out.best.predicted_us == pytest.approx(cost.predict(best))
 
 
 def test_same_seed_same_plan():

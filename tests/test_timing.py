@@ -178,20 +178,38 @@ def test_latency_table_reports_the_chosen_kernel_per_shape():
 
 
 def test_optimize_puts_the_timed_kernels_in_the_plan():
-    # api._kernels maps each planned layer to the kernel timing chose for its shape (CUDA tables
-    # carry kernels; here a hand-made table stands in for one)
+    # api._kernels maps each planned layer to the kernel timing chose for its shape, and the members
+    # of a fusion to the one chosen for the fused shape (CUDA tables carry kernels; here a hand-made
+    # table stands in for one)
     from torch import nn
 
-    from autoao.api import _kernels, _shape_calls
+    from autoao.api import _kernels, _shape_calls, _unique_shapes
+    from autoao.plan import Plan
     from autoao.profile import profile
 
-    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
+    class Siblings(nn.Module):  # a and b read the same input: one fused (96, 64) module
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 32, bias=False), nn.Linear(64, 64, bias=False)
+            self.c = nn.Linear(32, 64, bias=False)
+
+        def forward(self, x):
+            return self.c(self.a(x)) + self.b(x)
+
+    model = Siblings()
     prof = profile(model, [torch.randn(1, 3, 64), torch.randn(1, 1, 64)])
-    assert _shape_calls(prof) == {(128, 64): {3: 1, 1: 1}, (64, 128): {3: 1, 1: 1}}
+    assert prof.siblings == [("a", "b")]
+    assert _shape_calls(prof, []) == {(32, 64): {3: 1, 1: 1}, (64, 64): {3: 1, 1: 1}, (64, 32): {3: 1, 1: 1}}
+    assert _shape_calls(prof, prof.siblings)[(96, 64)] == {3: 1, 1: 1}
+    assert _unique_shapes(prof, prof.siblings) == [(32, 64), (64, 32), (64, 64), (96, 64)]
     int4 = search_space.get("int4_wo", group_size=32)
     t = lambda kern: timing.Timing(5.0, 5.0, 5.0, 5, kernel=kern)  # noqa: E731
-    rows = [timing.LatencyRow(int4.name, m, 64, 128, t("triton"), False) for m in (1, 3)]
-    rows += [timing.LatencyRow(int4.name, m, 128, 64, t("tinygemm"), False) for m in (1, 3)]
+    rows = [timing.LatencyRow(int4.name, m, k, n, t(kern), False) for m in (1, 3)
+            for (n, k), kern in {(32, 64): "triton", (64, 64): "tinygemm", (64, 32): "tinygemm",
+                                 (96, 64): "tinygemm_dequant"}.items()]
     table = timing.LatencyTable("gpu", "bfloat16", "compile", rows, 0, 0.0)
-    assert _kernels({"0": int4, "2": int4}, prof, table) == {"0": "triton", "2": "tinygemm"}
-    assert _kernels({"0": search_space.get("bf16")}, prof, table) == {}  # no timing, no kernel
+    plan = Plan({"a": int4, "b": int4, "c": int4})
+    assert _kernels(plan, prof, table) == {"a": "triton", "b": "tinygemm", "c": "tinygemm"}
+    plan.fusions = [("a", "b")]
+    assert _kernels(plan, prof, table) == {"a": "tinygemm_dequant", "b": "tinygemm_dequant", "c": "tinygemm"}
+    assert _kernels(Plan({"a": search_space.get("bf16")}), prof, table) == {}  # no timing, no kernel

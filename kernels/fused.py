@@ -1,0 +1,110 @@
+"""Sibling layers run as one: q/k/v (or gate/up) projections that read the same input tensor.
+
+`FusedRows(members)` builds one module of the members' class on their row-concatenated canonical
+tensors ([N_1 + N_2 + ..., ...]) and attaches it to every member. The first member called on an
+input runs the one kernel for all of them and each member returns its columns of that output, a
+view [..., N_i] of the fused [..., sum N] (last-dim stride 1, so attention's fused kernels still
+accept it). Why: at decode (M = 1) each GEMV pays ~5 us of fixed cost on the H200 (launch, ramp,
+tail; benchmarks/NOTES.md), and one larger GEMV or GEMM also uses the GPU better than three small.
+
+Numbers: the members' formats keep each output row independent of the others (per-channel /
+group-wise scales, 2:4 within a row: `QuantizedLinear.rows_independent`), and the fused module is
+built from the members' own canonical tensors, not re-quantized, so every weight is bit-identical.
+Dynamic activation quantization is per token, so it is the same too.
+
+Memory: members keep their canonical tensors (state_dict, save/load unchanged) as row views of the
+fused module's (one host copy) and drop their runtime tensors (one device copy).
+
+Contract with the caller: the members are called, each once, on the same input tensor object
+between two uses of the group (what autoao.profile's sibling detection checks on the example
+inputs). A member called on another tensor, or again, recomputes the group's output: still right,
+only slower. Works under torch.compile(fullgraph=True): the per-call state lives on this Python
+object, which dynamo traces as side effects, and is cleared after the last member's call, so
+nothing is held between forwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autoao.kernels._base import QuantizedLinear
+
+
+class FusedRows:
+    """One module computing several sibling layers' outputs; see the module docstring."""
+
+    def __init__(self, members: list[QuantizedLinear]) -> None:
+        problem = fuse_problem(members)
+        if problem:
+            raise ValueError(f"cannot fuse these layers: {problem}")
+        first = members[0]
+        cls = type(first)
+        self.splits = [m.out_features for m in members]
+        n = sum(self.splits)
+        bias = any(m.bias is not None for m in members)
+        fused = cls(first.in_features, n, bias, first.dtype, first.device, **first.params())
+        fused.kernel = first.kernel  # before the canonical tensors arrive: pack once, for this kernel
+        fused.set_canonical({name: torch.cat([m._canon[name] for m in members])
+                             for name in first.canonical_spec()})
+        if bias:
+            with torch.no_grad():
+                fused.bias.copy_(torch.cat([m.bias.detach() if m.bias is not None else
+                                            torch.zeros(m.out_features, dtype=first.dtype, device=first.device)
+                                            for m in members]))
+        self.module = fused
+        self.members = list(members)
+        start = 0
+        for i, m in enumerate(members):
+            stop = start + m.out_features
+            m._canon = {name: t[start:stop] for name, t in fused._canon.items()}  # [N_i, ...] row views
+            m.drop_runtime()
+            m.fused = (self, i)
+            start = stop
+        self._input: torch.Tensor | None = None
+        self._outputs: tuple[torch.Tensor, ...] | None = None
+        self._pending = 0
+
+    def take(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Member `index`'s output for x [..., K]: [..., N_index], a view of the group's output."""
+        if self._input is not x:  # the first sibling called on this input: one kernel for all
+            self._input = x
+            self._outputs = self.module(x).split(self.splits, dim=-1)
+            self._pending = len(self.splits)
+        out = self._outputs[index]  # type: ignore[index]
+        self._pending -= 1
+        if self._pending == 0:  # every sibling has its output: hold nothing until the next input
+            self._input = self._outputs = None
+        return out
+
+    def set_kernel(self, kernel: str) -> None:
+        """Switch the group's CUDA kernel (every member reports it)."""
+        self.module.set_kernel(kernel)
+        for m in self.members:
+            m.kernel = kernel
+
+    def repack(self) -> None:
+        """Rebuild the runtime tensors after a member wrote new canonical rows (load_state_dict)."""
+        self.module._pack(self.module.device)
+
+
+def fuse_problem(members: list[Any]) -> str | None:
+    """None if `members` can run as one FusedRows, else why not (names no layer: callers do)."""
+    if len(members) < 2:
+        return "a group needs at least two layers"
+    if not all(isinstance(m, QuantizedLinear) for m in members):
+        kinds = sorted({type(m).__name__ for m in members if not isinstance(m, QuantizedLinear)})
+        return f"only autoao's quantized layers fuse, not {', '.join(kinds)}"
+    first = members[0]
+    if any(m.fused is not None for m in members):
+        return "a layer is already fused"
+    if not type(first).fusable(**first.params()):
+        return f"{type(first).__name__}{first.params() or ''} is not row-wise (its numbers span rows)"
+    for what, key in (("class", lambda m: type(m)), ("parameters", lambda m: m.params()),
+                      ("kernel", lambda m: m.kernel), ("in_features", lambda m: m.in_features),
+                      ("dtype", lambda m: m.dtype), ("device", lambda m: m.device)):
+        values = [key(m) for m in members]
+        if any(v != values[0] for v in values):
+            return f"the layers differ in {what}: {', '.join(map(str, values))}"
+    return None

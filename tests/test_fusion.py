@@ -1,0 +1,272 @@
+"""Sibling fusion: layers that read one input run as one module, with the same numbers.
+
+Covers the profile's sibling detection, kernels.FusedRows (numbers, state_dict, memory, compile),
+and plans that carry fusions (JSON, validation, apply, save/load)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import autoao
+from autoao import search_space
+from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem
+from autoao.plan import Plan, PlanError, plan_of
+from autoao.profile import profile
+
+# every family whose numbers are row-wise, as it runs on the CPU (some emulated: same numbers)
+FUSABLE = ["int8_dyn", "int8_wo", "int4_wo(group_size=32)", "fp8_dyn(granularity=row)", "fp8_wo", "sparse24",
+           "sparse24_int8_dyn", "sparse24_fp8"]
+
+
+class Attn(nn.Module):
+    """q/k/v read the normed input (siblings); o reads something else."""
+
+    def __init__(self, dim: int = 64, kv: int = 32, bias: bool = False) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.q_proj = nn.Linear(dim, dim, bias=bias)
+        self.k_proj = nn.Linear(dim, kv, bias=False)
+        self.v_proj = nn.Linear(dim, kv, bias=bias)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):  # x: [B, T, dim]
+        h = self.norm(x)
+        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)  # [B, T, dim], [B, T, kv] x2
+        att = (q[..., : k.shape[-1]] * k).sum(-1, keepdim=True)  # [B, T, 1]
+        return x + self.o_proj(q * att + v.repeat(1, 1, q.shape[-1] // v.shape[-1]))
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def quantized(cand: str, bias: bool = False, seed: int = 0) -> tuple[Attn, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = Attn(bias=bias).to(torch.bfloat16)
+    plan = Plan.for_model(model, {f: search_space.get(cand) for f in (*QKV, "o_proj")})
+    autoao.apply(model, plan)
+    return model, torch.randn(2, 5, 64, dtype=torch.bfloat16)
+
+
+##### profile: which layers are siblings ##########################################################
+
+def test_profile_finds_layers_reading_one_input():
+    assert profile(Attn(), torch.randn(1, 3, 64)).siblings == [QKV]
+
+
+def test_profile_finds_qkv_and_gate_up_in_a_llama_stack():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from llama_stack import LlamaShape, LlamaStack
+
+    prof = profile(LlamaStack(LlamaShape.tiny()), torch.randint(0, 256, (1, 4)))
+    assert prof.siblings == [tuple(f"layers.{i}.{p}" for p in names) for i in range(2)
+                             for names in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                                           ("mlp.gate_proj", "mlp.up_proj"))]
+
+
+class Tricky(nn.Module):
+    """a/b: the input is modified in place between them; c twice on one input; d/e together in one
+    call and apart in the next (mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d, self.e = (nn.Linear(8, 8) for _ in range(5))
+        self.mode = 0
+
+    def forward(self, x):
+        h = x * 1
+        y = self.a(h)
+        h.mul_(2)  # b reads other numbers than a did: fusing them would be wrong
+        y = y + self.b(h) + self.c(x) + self.c(x)
+        g = x - 1
+        y = y + self.d(g) + (self.e(g) if self.mode == 0 else self.e(g + 1))
+        self.mode += 1
+        return y
+
+
+def test_profile_lists_only_groups_that_hold_on_every_input():
+    assert profile(Tricky(), [torch.randn(2, 8), torch.randn(2, 8)]).siblings == []
+    assert profile(Tricky(), [torch.randn(2, 8)]).siblings == [("d", "e")]  # one forward: d/e did share
+
+
+##### kernels.FusedRows ###########################################################################
+
+@pytest.mark.parametrize("cand", FUSABLE)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_fused_siblings_compute_the_same_numbers(cand, bias):
+    model, x = quantized(cand, bias)
+    with torch.no_grad():
+        before = model(x)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        group = FusedRows([model.get_submodule(f) for f in QKV])
+        after = model(x)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert group._input is None  # nothing held after the forward
+    # the state dict is the members' own, unchanged: save/load and plan_of see per-layer tensors
+    now = model.state_dict()
+    assert now.keys() == state.keys() and all(torch.equal(now[k], state[k]) for k in state)
+    # members keep no runtime tensors; their canonical rows are views of the fused module's
+    fused_canon = group.module.canonical()
+    for m in (model.get_submodule(f) for f in QKV):
+        assert [n for n in m._buffers if n != "_device_anchor"] == []
+        for name, t in m.canonical().items():
+            assert t.untyped_storage().data_ptr() == fused_canon[name].untyped_storage().data_ptr()
+
+
+def test_fused_model_compiles_to_one_matmul_per_group():
+    # int8_dyn runs torch._int_mm on the CPU: count them in the graph dynamo captures
+    model, x = quantized("int8_dyn")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    plan = plan_of(model)
+    plan.fusions = [QKV]
+    autoao.plan.fuse_layers(model, plan.fusions)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True, backend=backend)(x)
+        compiled2 = torch.compile(model, fullgraph=True, backend=backend)(x)  # no recompile needed
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(compiled2, eager)
+    int_mms = [n for n in graphs[0].graph.nodes if n.target is torch._int_mm]
+    assert len(int_mms) == 2  # q/k/v as one, o_proj
+    assert len(graphs) == 1
+
+
+def test_members_called_on_another_input_recompute():
+    model, x = quantized("int8_wo")
+    group = FusedRows([model.get_submodule(f) for f in QKV])
+    with torch.no_grad():
+        q1 = model.q_proj(x)
+        k2 = model.k_proj(x + 1)  # not the input q saw: the group runs again
+        v2 = model.v_proj(x + 1)
+    assert group._outputs is not None  # q's call on x + 1 is still owed
+    with torch.no_grad():
+        alone, _ = quantized("int8_wo")
+        torch.testing.assert_close(q1, alone.q_proj(x), rtol=0, atol=0)
+        torch.testing.assert_close(k2, alone.k_proj(x + 1), rtol=0, atol=0)
+        torch.testing.assert_close(v2, alone.v_proj(x + 1), rtol=0, atol=0)
+
+
+def test_fuse_problem_names_what_differs():
+    int8 = [search_space.get("int8_wo").build(nn.Linear(16, 16), fqn="x") for _ in range(2)]
+    int4 = search_space.get("int4_wo", group_size=32).build(nn.Linear(32, 16), fqn="y")
+    tensor = [search_space.get("fp8_dyn", granularity="tensor").build(nn.Linear(16, 16), fqn="z") for _ in range(2)]
+    assert fuse_problem(int8) is None
+    assert "at least two" in fuse_problem(int8[:1])
+    assert "differ in class" in fuse_problem([int8[0], int4])
+    assert "not row-wise" in fuse_problem(tensor)
+    assert "only autoao's quantized layers" in fuse_problem([int8[0], nn.Linear(16, 16)])
+    int8[1].set_kernel("dequant")
+    assert "differ in kernel: triton, dequant" in fuse_problem(int8)
+    with pytest.raises(ValueError, match="cannot fuse"):
+        FusedRows([int8[0], int4])
+
+
+def test_set_kernel_on_a_member_switches_the_group():
+    model, _ = quantized("int4_wo(group_size=32)")
+    group = FusedRows([model.get_submodule(f) for f in QKV])
+    model.k_proj.set_kernel("triton")
+    assert group.module.kernel == "triton" and {model.get_submodule(f).kernel for f in QKV} == {"triton"}
+    assert plan_of(model).kernels == {f: "triton" for f in QKV}
+
+
+def test_load_state_dict_into_a_fused_model_reaches_the_fused_module():
+    src, x = quantized("int8_wo", seed=1)
+    model, _ = quantized("int8_wo", seed=2)
+    FusedRows([model.get_submodule(f) for f in QKV])
+    model.load_state_dict(src.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), src(x), rtol=0, atol=0)
+
+
+def test_dtype_cast_moves_the_group_once():
+    model, x = quantized("int8_dyn", bias=True)
+    alone, _ = quantized("int8_dyn", bias=True)
+    FusedRows([model.get_submodule(f) for f in QKV])
+    model.float()
+    alone.float()
+    assert model.q_proj.fused[0].module.bias.dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(model(x.float()), alone(x.float()), rtol=0, atol=0)
+
+
+##### plans with fusions ##########################################################################
+
+def test_plan_fuse_takes_groups_with_one_fusable_candidate():
+    int8, int4 = search_space.get("int8_wo"), search_space.get("int4_wo", group_size=32)
+    layers = {"q_proj": int8, "k_proj": int8, "v_proj": int8, "o_proj": int8}
+    assert Plan(dict(layers)).fuse([QKV]).fusions == [QKV]
+    assert Plan({**layers, "v_proj": int4}).fuse([QKV]).fusions == []  # mixed candidates
+    assert Plan({**layers, "q_proj": search_space.get("bf16")}).fuse([QKV]).fusions == []  # the baseline
+    assert Plan(dict(layers), kernels={"q_proj": "dequant"}).fuse([QKV]).fusions == []  # mixed kernels
+    tensor = search_space.get("fp8_dyn", granularity="tensor")
+    assert Plan({f: tensor for f in QKV}).fuse([QKV]).fusions == []  # one scale per tensor
+
+
+def test_plan_with_fusions_round_trips_and_applies(tmp_path):
+    torch.manual_seed(0)
+    model = Attn().to(torch.bfloat16)
+    ref_model = Attn().to(torch.bfloat16)
+    ref_model.load_state_dict(model.state_dict())
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    plan = Plan.for_model(model, {f: search_space.get("int8_dyn") for f in (*QKV, "o_proj")}).fuse([QKV])
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.fusions == [QKV]
+    autoao.apply(model, again)
+    autoao.apply(ref_model, Plan.for_model(ref_model, plan.layers))  # the same, unfused
+    assert model.q_proj.fused is not None and ref_model.q_proj.fused is None
+    assert plan_of(model).fusions == [QKV]
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref_model(x), rtol=0, atol=0)
+    autoao.save(model, tmp_path / "m")
+    loaded = autoao.load(Attn().to(torch.bfloat16), tmp_path / "m")
+    assert loaded.q_proj.fused is not None and plan_of(loaded).fusions == [QKV]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def test_validate_lists_every_bad_fusion():
+    model = Attn()
+    int8, int4 = search_space.get("int8_wo"), search_space.get("int4_wo", group_size=32)
+    plan = Plan({"q_proj": int8, "k_proj": int4, "v_proj": int8, "o_proj": int8},
+                fusions=[("q_proj", "k_proj"), ("v_proj", "norm"), ("o_proj",), ("v_proj", "o_proj")])
+    with pytest.raises(PlanError) as e:
+        autoao.apply(model, plan)
+    msg = str(e.value)
+    assert "different candidates (int8_wo, int4_wo(group_size=32))" in msg
+    assert "norm not in the plan's layers" in msg
+    assert "at least two layers" in msg
+    assert "v_proj: in two fusions" in msg
+    assert all(isinstance(model.get_submodule(f), nn.Linear) for f in QKV)  # nothing applied
+    bad_kernel = Plan({f: int8 for f in QKV}, kernels={"q_proj": "dequant"}, fusions=[QKV])
+    with pytest.raises(PlanError, match="different kernels"):
+        autoao.apply(Attn(), bad_kernel)
+    with pytest.raises(PlanError, match="'fusions' must be a list of lists"):
+        Plan.from_dict({"autoao_plan_version": 1, "layers": {}, "fusions": "q_proj,k_proj"})
+
+
+def test_fused_members_are_quantized_linears():
+    model, _ = quantized("int8_wo")
+    FusedRows([model.get_submodule(f) for f in QKV])
+    assert all(isinstance(model.get_submodule(f), QuantizedLinear) for f in QKV)
+    assert "fused=1/3" in repr(model.k_proj)
+
+
+def test_report_says_which_layers_run_fused():
+    from autoao.reports.load import _fusion_notes
+
+    context = {"layers": [{"fqn": f, "time_us": {"bf16": 10.0, "int8_wo": 6.0, "int4": 5.0}} for f in QKV],
+               "fused": [{"fqns": list(QKV), "time_us": {"bf16": 25.0, "int8_wo": 12.0, "int4": 16.0}}]}
+    notes = _fusion_notes(context, {f: "int8_wo" for f in QKV})
+    assert notes["k_proj"] == "; runs as one kernel with q_proj, v_proj: 12 µs for the group instead of 18 µs"
+    assert _fusion_notes(context, {f: "int4" for f in QKV}) == {}  # fused is slower: not fused
+    assert _fusion_notes(context, {"q_proj": "int8_wo", "k_proj": "int8_wo"}) == {}  # v stays bf16
