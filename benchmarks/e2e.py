@@ -41,6 +41,7 @@ import llama_stack  # noqa: E402
 
 import autoao  # noqa: E402
 from autoao import search_space  # noqa: E402
+from autoao.profile import profile  # noqa: E402
 from autoao.evaluators.timing import (Timing, copy_bandwidth, device_name, kernel_names,  # noqa: E402
                                      measure_model)
 
@@ -140,14 +141,17 @@ def measure_row(report: Report, ctx: dict[str, Any], plan: str, make: Callable[[
 
 
 def uniform(base: nn.Module, cand: search_space.Candidate, device: torch.device, r: Row,
-            kernel: str | None = None) -> nn.Module:
+            kernel: str | None = None, siblings: list[tuple[str, ...]] | None = None) -> nn.Module:
     """A copy of `base` with `cand` (and its CUDA kernel `kernel`, None: the default) on every linear
     layer that supports it (Plan.uniform leaves the others in bf16 and says why; apply raises
-    PlanError if the plan does not fit)."""
+    PlanError if the plan does not fit); with `siblings` (the profile's), each sibling group runs as
+    one fused module (Plan.fuse)."""
     q = copy.deepcopy(base)
     plan = autoao.Plan.uniform(q, cand)
     if kernel is not None:
         plan.kernels = {fqn: kernel for fqn in plan.layers}
+    if siblings:
+        plan.fuse(siblings)
     skipped = plan.metadata.get("skipped", {})
     if not plan.layers:
         raise ValueError(f"no layer supports it: {next(iter(skipped.values()), 'no linear layers')}")
@@ -155,6 +159,8 @@ def uniform(base: nn.Module, cand: search_space.Candidate, device: torch.device,
     notes = [f"{len(skipped)} layers left bf16 ({next(iter(skipped.values()))})" if skipped else "",
              f"emulated on {device.type}: {cand.emulated(device)}" if cand.emulated(device) else ""]
     r["note"], r["details"] = "; ".join(n for n in notes if n), plan.summary()
+    if plan.fusions:
+        r["details"]["fused groups"] = len(plan.fusions)
     return q
 
 
@@ -177,6 +183,8 @@ def searched(base: nn.Module, inputs: list[tuple[torch.Tensor, int]], held: list
     r["note"] = (f"{s['trials']} trials; autoao's own check vs eager bf16: predicted "
                  f"{s['speedup']['predicted']:.2f}x, measured {s['speedup']['measured']:.2f}x")
     r["details"] = res.plan.summary() or {"bf16 (no change)": 0}
+    if res.plan.fusions:
+        r["details"]["fused groups"] = len(res.plan.fusions)
     if res.plan.kernels:  # which CUDA kernel timing chose, counted over the layers
         r["details"].update({f"kernel {k}": n for k, n in collections.Counter(res.plan.kernels.values()).items()})
     return res.model
@@ -303,6 +311,9 @@ def main() -> int:
     ap.add_argument("--budget", default=None, help="optimize's budget: trials (default 40) or time (5s, 2m)")
     ap.add_argument("--candidates", default=None,
                     help="';'-separated candidate names for the uniform rows (default: all)")
+    ap.add_argument("--fuse", choices=("both", "only", "none"), default="both",
+                    help="uniform rows with sibling layers (q/k/v, gate/up) fused into one module, without, "
+                         "or both (default)")
     ap.add_argument("--no-search", action="store_true", help="skip the searched-plan row")
     ap.add_argument("--torchao", action="store_true", help="add torchao autoquant rows")
     ap.add_argument("--only-torchao", action="store_true", help="only compiled bf16 and torchao autoquant")
@@ -353,10 +364,14 @@ def main() -> int:
                 measure_row(report, ctx, "bf16 eager", lambda r: base, lambda mod, r: timed(mod, inputs))
                 cands = ([search_space.get(c) for c in args.candidates.split(";")] if args.candidates
                          else search_space.all_candidates())
+                siblings = profile(base, inputs[0][0], max_sample_rows=0).siblings
+                fusing = {"both": (False, True), "only": (True,), "none": (False,)}[args.fuse]
                 for cand in cands:
                     for kern in kernel_names(cand, device):  # each CUDA kernel of the candidate
-                        label = f"uniform {cand.name}" + (f"@{kern}" if kern else "")
-                        measure_row(report, ctx, label, lambda r, c=cand, k=kern: uniform(base, c, device, r, k))
+                        for fuse in fusing if cand.fusable else (False,):
+                            label = f"uniform {cand.name}" + (f"@{kern}" if kern else "") + (" +fused" if fuse else "")
+                            measure_row(report, ctx, label, lambda r, c=cand, k=kern, f=fuse:
+                                        uniform(base, c, device, r, k, siblings if f else None))
                 if not args.no_search:
                     measure_row(report, ctx, "searched (autoao.optimize)",
                                 lambda r: searched(base, inputs, held, budget, out, tag, r))
