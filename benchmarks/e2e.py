@@ -66,7 +66,10 @@ def weight_bytes(model: nn.Module) -> tuple[int, int]:
         elif t.numel():
             yield (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)), t.numel() * t.element_size()
 
-    for mod in model.modules():
+    mods = list(model.modules())
+    # a fused sibling group's module (kernels.FusedRows) holds the runtime tensors; it is not a submodule
+    mods += [m.fused[0].module for m in mods if getattr(m, "fused", None) is not None and m.fused[1] == 0]
+    for mod in mods:
         for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]:
             for key, n in leaves(t):
                 size[key] = n
