@@ -112,9 +112,16 @@ def optimize(
     prof = profile(model, example_inputs)
     say(f"{len(prof.layers)} linear layers, token counts {token_counts(prof)}; timing candidates on {device}")
     siblings = prof.siblings if fuse_groups else []
-    table = measure_latencies(_unique_shapes(prof, siblings), token_counts(prof), cands, device=device,
-                              dtype=_dtype(prof), cache=TimingCache(rcache.path), progress=progress,
-                              calls=_shape_calls(prof, siblings))
+    calls, timing_cache = _shape_calls(prof, siblings), TimingCache(rcache.path)
+    table = measure_latencies(_unique_shapes(prof), token_counts(prof), cands, device=device, dtype=_dtype(prof),
+                              cache=timing_cache, progress=progress, calls=calls)
+    # sibling groups as one module: only for the candidates that fuse and that the search may pick here
+    fusable = [c for c in cands if c.fusable and (allow_emulated or not c.emulated(device))]
+    fused_shapes = sorted({fused_shape(prof, g)[::-1] for g in siblings})
+    if fused_shapes and fusable:
+        table = table.merged(measure_latencies(fused_shapes, token_counts(prof), fusable, device=device,
+                                               dtype=_dtype(prof), cache=timing_cache, progress=progress,
+                                               calls=calls))
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     bf16_e2e = _measure_examples(model, examples)
     cost = CostModel.build(prof, table).with_rest_from(bf16_e2e)
@@ -458,10 +465,8 @@ def _shape_calls(prof: ModelProfile, siblings: list[tuple[str, ...]]) -> dict[tu
     return out
 
 
-def _unique_shapes(prof: ModelProfile, siblings: list[tuple[str, ...]]) -> list[tuple[int, int]]:
-    """(N, K) of every layer and of every sibling group run as one module."""
-    return sorted({(lay.out_features, lay.in_features) for lay in prof.layers}
-                  | {fused_shape(prof, g)[::-1] for g in siblings})
+def _unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:
+    return sorted({(lay.out_features, lay.in_features) for lay in prof.layers})
 
 
 def _dtype(prof: ModelProfile) -> torch.dtype:

@@ -74,10 +74,14 @@ class CostModel:
         fused_us: dict[tuple[str, ...], dict[str, float]] = {}
         for group in profile.siblings:
             k, n = fused_shape(profile, group)
-            try:
-                fused_us[group] = {name: total(name, k, n, group[0]) for name in names}
-            except KeyError:  # not timed: the group runs layer by layer
-                continue
+            per = {}
+            for name in names:
+                try:
+                    per[name] = total(name, k, n, group[0])
+                except KeyError:  # not timed (a candidate that does not fuse): never fused
+                    continue
+            if per:
+                fused_us[group] = per
         return cls(layer_us, emulated, rest_us, fused_us)
 
     def fusion_pays(self, group: tuple[str, ...], name: str) -> bool:

@@ -255,6 +255,14 @@ class LatencyTable:
         except KeyError:
             raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}") from None
 
+    def merged(self, other: LatencyTable) -> LatencyTable:
+        """This table and `other` (more shapes or candidates, same device, dtype and mode) as one."""
+        if (other.device, other.dtype, other.mode) != (self.device, self.dtype, self.mode):
+            raise ValueError(f"cannot merge timings of {other.device}/{other.dtype}/{other.mode} into "
+                             f"{self.device}/{self.dtype}/{self.mode}")
+        return LatencyTable(self.device, self.dtype, self.mode, self.rows + other.rows, self.measured + other.measured,
+                            self.seconds + other.seconds, {**self.kernel_timings, **other.kernel_timings})
+
     def kernel_for(self, candidate: str, k: int, n: int) -> str | None:
         """The kernel chosen for `candidate` on the (N, K) shape (None: the candidate has one; the
         same kernel serves every M, see pick_kernel)."""

@@ -88,10 +88,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
     kernels = ("triton", "dequant")  # measured: the GEMV is 2.2-4.8x faster at M=1 on the H200
 
     def _pack(self, device):
-        if device.type == "cuda" and self.kernel == "triton":
-            self._gemv = load_triton_ops() and self.in_features % 4 == 0
-        else:
-            self._gemv = False
+        self._gemv = device.type == "cuda" and self.kernel == "triton" and load_triton_ops()
         self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
         # Both kernels take the scales in the activation dtype.
         self.register_buffer("w_scale", self._canon["scale"].to(device, self.dtype), persistent=False)

@@ -201,7 +201,7 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
     assert prof.siblings == [("a", "b")]
     assert _shape_calls(prof, []) == {(32, 64): {3: 1, 1: 1}, (64, 64): {3: 1, 1: 1}, (64, 32): {3: 1, 1: 1}}
     assert _shape_calls(prof, prof.siblings)[(96, 64)] == {3: 1, 1: 1}
-    assert _unique_shapes(prof, prof.siblings) == [(32, 64), (64, 32), (64, 64), (96, 64)]
+    assert _unique_shapes(prof) == [(32, 64), (64, 32), (64, 64)]
     int4 = search_space.get("int4_wo", group_size=32)
     t = lambda kern: timing.Timing(5.0, 5.0, 5.0, 5, kernel=kern)  # noqa: E731
     rows = [timing.LatencyRow(int4.name, m, k, n, t(kern), False) for m in (1, 3)
@@ -213,3 +213,38 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
     plan.fusions = [("a", "b")]
     assert _kernels(plan, prof, table) == {"a": "tinygemm_dequant", "b": "tinygemm_dequant", "c": "tinygemm"}
     assert _kernels(Plan({"a": search_space.get("bf16")}), prof, table) == {}  # no timing, no kernel
+
+def test_cost_model_fuses_only_what_timing_measured_fused():
+    # fused shapes are timed only for candidates that fuse (api.optimize): the cost model keeps the
+    # others unfused, and counts a fused group once
+    from torch import nn
+
+    from autoao.cost import CostModel
+    from autoao.plan import Plan
+    from autoao.profile import profile
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 32, bias=False), nn.Linear(64, 64, bias=False)
+
+        def forward(self, x):
+            return self.a(x).sum() + self.b(x).sum()
+
+    prof = profile(Pair(), torch.randn(1, 2, 64))
+    t = lambda us: timing.Timing(us, us, us, 5)  # noqa: E731
+    layers = timing.LatencyTable("cpu", "bfloat16", "eager", [
+        timing.LatencyRow(c, 2, 64, n, t(us), False) for c, us in (("bf16", 10.0), ("int8_wo", 6.0)) for n in (32, 64)],
+        4, 0.0)
+    fused = timing.LatencyTable("cpu", "bfloat16", "eager", [timing.LatencyRow("int8_wo", 2, 64, 96, t(8.0), False)],
+                                1, 0.0)
+    table = layers.merged(fused)
+    assert table.measured == 5 and table.get("int8_wo", 2, 64, 96).median_us == 8.0
+    cost = CostModel.build(prof, table)
+    assert cost.fused_us == {("a", "b"): {"int8_wo": 8.0}}
+    assert cost.fusion_pays(("a", "b"), "int8_wo") and not cost.fusion_pays(("a", "b"), "bf16")
+    int8 = search_space.get("int8_wo")
+    plan = Plan({"a": int8, "b": int8})
+    assert cost.predict(plan) == 12.0 and cost.predict(Plan({"a": int8, "b": int8}, fusions=[("a", "b")])) == 8.0
+    with pytest.raises(ValueError, match="cannot merge"):
+        layers.merged(timing.LatencyTable("gpu", "bfloat16", "eager", [], 0, 0.0))
