@@ -266,19 +266,20 @@ def _fusion_problems(plan: Plan, specs: dict[str, LayerSpec]) -> list[str]:
     problems, owner = [], {}
     for group in plan.fusions:
         name = "fusion [" + ", ".join(group) + "]"
-        cands = [plan.layers.get(f) for f in group]
+        cands = [c for c in (plan.layers.get(f) for f in group) if c is not None]
+        names = list(dict.fromkeys(c.name for c in cands))
+        kernels = list(dict.fromkeys(str(plan.kernels.get(f)) for f in group))
         if len(group) < 2:
             problems.append(f"  {name}: a fusion needs at least two layers")
-        elif missing := [f for f, c in zip(group, cands) if c is None]:
+        elif len(cands) < len(group):
+            missing = [f for f in group if f not in plan.layers]
             problems.append(f"  {name}: {', '.join(missing)} not in the plan's layers (bf16 layers do not fuse)")
-        elif len({c.name for c in cands}) > 1:  # type: ignore[union-attr]
-            problems.append(f"  {name}: the layers have different candidates "
-                            f"({', '.join(c.name for c in cands)}); a fusion needs one")  # type: ignore[union-attr]
-        elif not cands[0].fusable:  # type: ignore[union-attr]
-            problems.append(f"  {name}: {cands[0].name} does not fuse (its numbers span rows)")  # type: ignore[union-attr]
-        elif len({plan.kernels.get(f) for f in group}) > 1:
-            problems.append(f"  {name}: the layers have different kernels "
-                            f"({', '.join(str(plan.kernels.get(f)) for f in group)}); a fusion needs one")
+        elif len(names) > 1:
+            problems.append(f"  {name}: the layers have different candidates ({', '.join(names)}); a fusion needs one")
+        elif not cands[0].fusable:
+            problems.append(f"  {name}: {names[0]} does not fuse (its numbers span rows)")
+        elif len(kernels) > 1:
+            problems.append(f"  {name}: the layers have different kernels ({', '.join(kernels)}); a fusion needs one")
         elif len({(specs[f].in_features, specs[f].dtype) for f in group if f in specs}) > 1:
             problems.append(f"  {name}: the layers differ in in_features or dtype")
         for f in group:

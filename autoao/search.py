@@ -205,6 +205,13 @@ class TrialResult:
     seconds: float  # since the search started (this process)
     state: str  # COMPLETE / FAIL
     error: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # the proxy's metrics (kl, loss, ...)
+
+    @property
+    def proxy_error(self) -> float | None:
+        """A continuous error of the plan's outputs against the baseline's on the proxy inputs
+        (KL for language models, relative L2 error otherwise); None if not recorded."""
+        return self.metrics.get("kl", self.metrics.get("rel_error"))
 
 
 @dataclass
@@ -306,6 +313,7 @@ def _result(t: optuna.trial.FrozenTrial, start: float) -> TrialResult:
         feasible=ok and t.user_attrs.get("constraint", math.inf) <= 0, tier=t.user_attrs.get("tier", 1),
         seconds=t.user_attrs.get("elapsed", math.nan), state=t.state.name,
         error=str(t.system_attrs.get("fail_reason", "")) if not ok else "",
+        metrics=dict(t.user_attrs.get("metrics") or {}),
     )
 
 

@@ -191,3 +191,40 @@ def test_sigkill_mid_search_then_resume_loses_no_finished_trial(tmp_path):
     assert all(after[n] == v for n, v in before.items())  # nothing finished was lost or changed
     assert len([t for t in out.trials if t.state == "COMPLETE"]) >= len(before) + 5 - 1
     assert out.best is not None and math.isfinite(out.best.predicted_us)
+
+
+def test_tier2_check_skips_plans_the_calibrated_proxy_predicts_to_fail():
+    # The proxy's accuracy let all five plans through; on tier 2 the drop is 0.8 x the proxy's KL.
+    # After the fastest fails (KL 0.04 -> drop 0.032), plans predicted over 0.8 x the budget are
+    # skipped unchecked, so the fifth check is not needed to reach the plan that holds.
+    from autoao.api import _choose
+    from autoao.search import Group, SearchOutcome, TrialResult
+
+    groups = [Group(f"l{i}", (f"l{i}",), ("bf16", "int8_wo", "int8_dyn")) for i in range(3)]
+    kls = [0.04, 0.035, 0.03, 0.028, 0.005]
+    params = [{"l0": a, "l1": b, "l2": c} for a, b, c in
+              [("int8_dyn",) * 3, ("int8_dyn", "int8_dyn", "int8_wo"), ("int8_dyn", "int8_wo", "int8_dyn"),
+               ("int8_wo", "int8_dyn", "int8_dyn"), ("int8_wo",) * 3]]
+    trials = [TrialResult(i, p, 100.0 + i, 0.005, 0.5, True, 1, 0.0, "COMPLETE", metrics={"kl": kl})
+              for i, (p, kl) in enumerate(zip(params, kls))]
+    outcome = SearchOutcome(None, groups, trials, trials, trials[0], 0.0, "budget spent")
+    kl_of = {tuple(sorted(p.items())): kl for p, kl in zip(params, kls)}
+    checked = []
+
+    class Swapper:
+        def set(self, plan):
+            self.key = tuple(sorted((f, c.name) for f, c in plan.layers.items()))
+
+    swapper = Swapper()
+
+    def tier2(model, key):
+        checked.append(swapper.key)
+        drop = 0.8 * kl_of[swapper.key]
+        return Accuracy(2, 0.5 - drop, drop, {}, "fake lm-eval")
+
+    notes: list[str] = []
+    chosen, acc = _choose(outcome, groups, tier2, swapper, None, "w", 0.01, notes, lambda msg: None)
+    assert chosen is trials[4] and acc.drop == pytest.approx(0.004)
+    assert checked == [tuple(sorted(params[0].items())), tuple(sorted(params[4].items()))]
+    assert "trial 0" in notes[0] and "rejected" in notes[0]
+    assert notes[-1] == "chose trial 4: faster plans broke the budget on tier 2 or were predicted to (3 skipped unchecked)"
