@@ -114,10 +114,13 @@ def optimize(
     say(f"{len(prof.layers)} linear layers, token counts {token_counts(prof)}; timing candidates on {device}")
     siblings = prof.siblings if fuse_groups else []
     calls, timing_cache = _shape_calls(prof, siblings), TimingCache(rcache.path)
-    table = measure_latencies(_unique_shapes(prof), token_counts(prof), cands, device=device, dtype=_dtype(prof),
-                              cache=timing_cache, progress=progress, calls=calls)
-    # sibling groups as one module: only for the candidates that fuse and that the search may pick here
-    fusable = [c for c in cands if c.fusable and (allow_emulated or not c.emulated(device))]
+    # Emulated candidates can never be picked unless allowed, and their reference paths are the
+    # slowest to time (fp8 on the CPU: ~40x int8): they are not timed (`autoao kernels` times them).
+    pickable = [c for c in cands if allow_emulated or not c.emulated(device)]
+    table = measure_latencies(_unique_shapes(prof), token_counts(prof), pickable, device=device,
+                              dtype=_dtype(prof), cache=timing_cache, progress=progress, calls=calls)
+    # sibling groups as one module: only for the candidates that fuse
+    fusable = [c for c in pickable if c.fusable]
     fused_shapes = sorted({fused_shape(prof, g)[::-1] for g in siblings})
     if fused_shapes and fusable:
         table = table.merged(measure_latencies(fused_shapes, token_counts(prof), fusable, device=device,
@@ -273,6 +276,10 @@ def _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, d
         calls = all_calls[lay.fqn]
         times, errors, emulated = {}, {}, []
         for c in cands:
+            if c.name not in cost.layer_us[lay.fqn]:  # not timed (emulated and not allowed)
+                errors[c.name] = f"not timed: {c.emulated(device)} (allow_emulated=True times and allows it)"
+                emulated.append(c.name)
+                continue
             ts = [table.get(c.name, m, lay.in_features, lay.out_features) for m in calls]
             if all(t.ok for t in ts):
                 times[c.name] = cost.layer_us[lay.fqn][c.name]

@@ -103,6 +103,7 @@ def test_every_layer_explains_every_candidate(search):
                                         "not picked by the search (Pareto trade-off)")), c
         sparse = next(c for c in lay.choices if c.candidate == "sparse24")
         assert sparse.emulated and sparse.status == "excluded" and "emulated on cpu" in sparse.reason
+        assert sparse.time_us is None  # never picked here (allow_emulated is off), so never timed
     # in_features 64 is not a multiple of 128: that int4 variant is excluded with the reason
     up = next(lay for lay in data.layers if lay.fqn == "blocks.0.up_proj")
     g128 = next(c for c in up.choices if c.candidate == "int4_wo(group_size=128)")
