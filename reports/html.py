@@ -94,7 +94,7 @@ class Headline:
 def headline(data: ReportData) -> Headline:
     ctx, s = data.context, data.summary
     chosen = data.trial(data.chosen_trial)
-    base = dict(ctx["baseline_ms"])
+    base = dict((s or ctx)["baseline_ms"])  # finished: bf16 measured again next to the plan
     emulated = data.emulated_in_plan()
     speedup_why = (f"not reported: the plan uses {', '.join(emulated)}, only emulated on this device"
                    if emulated else "")

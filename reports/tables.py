@@ -87,7 +87,7 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
               f"{counts.get('FAIL', 0)} / {counts.get('RUNNING', 0)} / {counts.get('WAITING', 0)}"),
              ("shown plan", data.plan_source),
              ("bf16 latency predicted (ms)", _num(ctx["baseline_ms"].get("predicted"))),
-             ("bf16 latency measured (ms)", _num(ctx["baseline_ms"].get("measured")))]
+             ("bf16 latency measured (ms)", _num((s or ctx)["baseline_ms"].get("measured")))]
     chosen = data.trial(data.chosen_trial)
     if s:
         items += [("plan latency predicted (ms)", _num(s["plan_ms"]["predicted"])),

@@ -83,6 +83,10 @@ def test_loader_reads_the_finished_search(search):
     out, result, _ = search
     data = load(out)
     assert data.finished and data.summary is not None
+    # the measured speed-up divides two end-to-end times taken back to back after the search
+    s = data.summary
+    assert s["speedup"]["measured"] == pytest.approx(s["baseline_ms"]["measured"] / s["plan_ms"]["measured"])
+    assert s["baseline_ms"]["measured_at_start"] == pytest.approx(data.context["baseline_ms"]["measured"])
     assert [lay.fqn for lay in data.layers] == [f"blocks.{i}.{n}" for i in range(2) for n in ("up_proj", EVIL, "down_proj")]
     assert {f: c for f, c in data.plan.items() if c != "bf16"} == {f: c.name for f, c in result.plan.layers.items()}
     assert data.chosen_trial == result.plan.metadata.get("trial")
