@@ -248,6 +248,23 @@ class QuantizedLinear(nn.Module):
                 + (f", fused={self.fused[1]}/{len(self.fused[0].splits)}" if self.fused is not None else ""))
 
 
+class PerChannelWeights(QuantizedLinear):
+    """Base of the formats whose canonical tensors are qweight [N, K] in `qdtype` and scale [N]
+    float32 (w ~ qweight * scale[:, None], symmetric per output channel: int8, fp8 weight-only).
+    Subclasses set `qdtype` and implement quantize, _pack and _forward."""
+
+    rows_independent = True
+    qdtype: torch.dtype
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self._init_canonical()
+
+    def canonical_spec(self) -> CanonicalSpec:
+        n, k = self.out_features, self.in_features
+        return {"qweight": ((n, k), self.qdtype), "scale": ((n,), torch.float32)}
+
+
 def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] -> [M, K] (a view when possible)."""
     return x.reshape(-1, x.shape[-1])

@@ -13,6 +13,7 @@ import torch
 
 from autoao.kernels._base import (
     CanonicalSpec,
+    PerChannelWeights,
     QuantizedLinear,
     flatten_tokens,
     per_channel_weight_only,
@@ -83,7 +84,7 @@ class Fp8DynLinear(QuantizedLinear):
         return unflatten_tokens(self._add_bias(y), x)
 
 
-class Fp8WeightOnlyLinear(QuantizedLinear):
+class Fp8WeightOnlyLinear(PerChannelWeights):
     """fp8 e4m3 per-output-channel weights, activations in the model's dtype (decode-oriented:
     1 byte per weight like int8_wo, with e4m3's relative precision instead of a uniform grid).
 
@@ -94,15 +95,7 @@ class Fp8WeightOnlyLinear(QuantizedLinear):
 
     emulated_on = frozenset({"cpu"})
     kernels = ("triton",)
-    rows_independent = True
-
-    def __init__(self, in_features, out_features, bias, dtype, device=None):
-        super().__init__(in_features, out_features, bias, dtype, device)
-        self._init_canonical()
-
-    def canonical_spec(self) -> CanonicalSpec:
-        n, k = self.out_features, self.in_features
-        return {"qweight": ((n, k), FP8_DTYPE), "scale": ((n,), torch.float32)}
+    qdtype = FP8_DTYPE
 
     def quantize(self, weight, act_norm=None):
         q, s = quantize_fp8(weight, "row")

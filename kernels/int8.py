@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 
 from autoao.kernels._base import (
-    CanonicalSpec,
-    QuantizedLinear,
+    PerChannelWeights,
     flatten_tokens,
     pad_rows,
     per_channel_weight_only,
@@ -33,19 +32,11 @@ from autoao.kernels.quant import (
 _INT_MM_MIN_ROWS_CUDA = 17
 
 
-class _Int8Weights(QuantizedLinear):
+class _Int8Weights(PerChannelWeights):
     """Canonical: qweight [N, K] int8, scale [N] float32 (w ~ qweight * scale[:, None]), symmetric
     per output channel."""
 
-    rows_independent = True
-
-    def __init__(self, in_features, out_features, bias, dtype, device=None):
-        super().__init__(in_features, out_features, bias, dtype, device)
-        self._init_canonical()
-
-    def canonical_spec(self) -> CanonicalSpec:
-        n, k = self.out_features, self.in_features
-        return {"qweight": ((n, k), torch.int8), "scale": ((n,), torch.float32)}
+    qdtype = torch.int8
 
     def quantize(self, weight, act_norm=None):
         q, s = quantize_int8_per_channel(weight)
