@@ -93,8 +93,9 @@ def optimize(
         fuse_groups: sibling layers that read the same input (found by the profile: q/k/v and
             gate/up projections) share one choice, and run as one kernel on their concatenated
             weights where timing of the fused shape says that is faster.
-        allow_emulated: let the search pick candidates that are only emulated on this device (their
-            timings are real, but not those of a fast kernel); off by default.
+        allow_emulated: time the candidates that are only emulated on this device and let the search
+            pick them (their timings are real, but not those of a fast kernel); off by default, when
+            they are neither timed nor picked (`autoao kernels` still times them).
         lm_eval_limit: documents per lm-eval task (fast mode), None = all.
         progress: progress bars and stage messages on stderr.
         command: the command line that started this run, recorded for the report's "reproduce".

@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "weight-only kernels win")
     s.add_argument("--eval-seqs", type=int, default=2, help="held-out sequences for the tier-1 proxy (default %(default)s)")
     s.add_argument("--lm-eval-limit", type=int, default=None, help="documents per lm-eval task (default: all)")
-    s.add_argument("--allow-emulated", action="store_true", help="let the search pick candidates only emulated here")
+    s.add_argument("--allow-emulated", action="store_true", help="time candidates only emulated here and let the search pick them (off: they are not timed)")
     s.add_argument("--no-fuse", action="store_true",
                    help="sibling layers (same input: q/k/v, gate/up) choose independently and never run as one fused kernel")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
