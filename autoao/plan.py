@@ -109,10 +109,8 @@ class Plan:
         cannot fuse are skipped, not errors: they run layer by layer."""
         fused = {f for g in self.fusions for f in g}
         for group in siblings:
-            cands = {self.layers.get(f) for f in group}
-            kernels = {self.kernels.get(f) for f in group}
-            if (len(cands) == 1 and None not in cands and len(kernels) == 1 and not fused & set(group)
-                    and next(iter(cands)).fusable):
+            alone = Plan(self.layers, kernels=self.kernels, fusions=[tuple(group)])
+            if not fused & set(group) and not _fusion_problems(alone, {}):  # the rules validate applies
                 self.fusions.append(tuple(group))
                 fused.update(group)
         return self
@@ -262,7 +260,8 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
 
 
 def _fusion_problems(plan: Plan, specs: dict[str, LayerSpec]) -> list[str]:
-    """What is wrong with the plan's fusions, a line per group (before any module is built)."""
+    """What is wrong with the plan's fusions, a line per group (before any module is built).
+    specs: the model's layers, for the in_features / dtype check ({} skips it)."""
     problems, owner = [], {}
     for group in plan.fusions:
         name = "fusion [" + ", ".join(group) + "]"

@@ -211,7 +211,8 @@ class QuantizedLinear(nn.Module):
         return self
 
     def drop_runtime(self) -> None:
-        """Free the runtime tensors (a fused layer's kernels run on the group's module)."""
+        """Free the runtime tensors (before packing another kernel's layout; a fused layer's
+        kernels run on the group's module)."""
         for name in list(self._buffers):
             if name != "_device_anchor" and name in self._non_persistent_buffers_set:
                 del self._buffers[name]

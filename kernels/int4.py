@@ -69,8 +69,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def _pack(self, device):
         c = self._canon
-        for name in ("w_packed", "scales_and_zeros", "qweight_rt", "scales_rt", "zeros_rt"):
-            self._buffers.pop(name, None)  # the other kernel's layout, if any
+        self.drop_runtime()  # the other kernel's layout, if any
         self._gemv_rows = GEMV_MAX_ROWS  # rows up to which forward runs a GEMV (tinygemm or Triton)
         if device.type == "cuda" and (self.kernel == "tinygemm_dequant"
                                       or (self.kernel == "triton" and load_triton_ops())):
