@@ -3,8 +3,9 @@
     predicted(plan) = rest + sum over layers of sum over the layer's calls of time(candidate, M_call)
 
 where a fused group of sibling layers (Plan.fusions) counts once, at the time of its fused shape
-(N = the members' N summed), instead of its members' times, and `rest` (attention, norms, embeddings, ... everything that is not a linear layer) is the
-measured end-to-end bf16 time minus the bf16 layer times. It is additive by construction; the
+(N = the members' N summed), instead of its members' times, and `rest` (attention, norms,
+embeddings, ... everything that is not a linear layer) is the measured end-to-end bf16 time minus
+the bf16 layer times. It is additive by construction; the
 report puts the prediction next to the measured end-to-end time of the final plan.
 """
 
@@ -52,8 +53,8 @@ class CostModel:
     @classmethod
     def build(cls, profile: ModelProfile, table: LatencyTable, rest_us: float = 0.0) -> CostModel:
         """From a profile and a LatencyTable that holds every (layer shape, M) of the profile, and
-        for fused times every sibling group's fused shape (fused_shapes); groups whose fused shape
-        was not timed are never fused."""
+        for fused times each sibling group's fused shape (fused_shape); a candidate not timed on a
+        group's fused shape is never fused there."""
         layer_us: dict[str, dict[str, float]] = {}
         emulated: dict[str, set[str]] = {}
         calls = layer_calls(profile)
