@@ -49,6 +49,18 @@ def cuda_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+def capability_reason(device: torch.device, min_capability: tuple[int, int], what: str) -> str | None:
+    """None on the CPU or a GPU of at least `min_capability`, else "<what> needs compute capability
+    >= 9.0, this GPU has 8.0"."""
+    if device.type != "cuda":
+        return None
+    cap = cuda_capability(device)
+    if cap < min_capability:
+        return (f"{what} needs compute capability >= {min_capability[0]}.{min_capability[1]}, "
+                f"this GPU has {cap[0]}.{cap[1]}")
+    return None
+
+
 @dataclass(frozen=True)
 class Candidate(ABC):
     """Base of every candidate family. Subclasses are frozen dataclasses whose fields are the

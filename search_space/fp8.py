@@ -9,18 +9,15 @@ import torch
 
 from autoao.kernels import Fp8DynLinear, Fp8WeightOnlyLinear
 from autoao.kernels.fp8 import GRANULARITIES
-from autoao.search_space._base import Candidate, LayerSpec, cuda_capability, multiple_reason
+from autoao.search_space._base import Candidate, LayerSpec, capability_reason, multiple_reason
 from autoao.search_space._registry import register
 
 
 def fp8_reason(layer: LayerSpec, device: torch.device, min_capability: tuple[int, int]) -> str | None:
     if device.type != "cuda":
         return None
-    cap = cuda_capability(device)
-    if cap < min_capability:
-        return (f"fp8 needs compute capability >= {min_capability[0]}.{min_capability[1]}, "
-                f"this GPU has {cap[0]}.{cap[1]}")
-    return (multiple_reason("K", layer.in_features, 16, "fp8 matmul needs it")
+    return (capability_reason(device, min_capability, "fp8")
+            or multiple_reason("K", layer.in_features, 16, "fp8 matmul needs it")
             or multiple_reason("N", layer.out_features, 16, "fp8 matmul needs it"))
 
 
@@ -59,9 +56,7 @@ class Fp8WO(Candidate):
     sqnr_bound_db: ClassVar[float] = 25
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
-        if device.type == "cuda" and cuda_capability(device) < (8, 9):
-            return f"e4m3 conversion needs compute capability >= 8.9, this GPU has {cuda_capability(device)}"
-        return None
+        return capability_reason(device, (8, 9), "e4m3 conversion")
 
     def _emulation_reason(self, device: torch.device) -> str:
         return "no fp8 weight-only kernel on CPU: the weight is dequantized for every call (emulated)"

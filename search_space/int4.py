@@ -9,7 +9,7 @@ import torch
 
 from autoao.kernels import Int4WeightOnlyLinear
 from autoao.kernels.int4 import GROUP_SIZES
-from autoao.search_space._base import Candidate, LayerSpec, cuda_capability, multiple_reason
+from autoao.search_space._base import Candidate, LayerSpec, capability_reason, multiple_reason
 from autoao.search_space._registry import register
 
 
@@ -33,6 +33,5 @@ class Int4WO(Candidate):
             return f"K={layer.in_features} not a multiple of group size {self.group_size}"
         if device.type == "cpu":
             return multiple_reason("N", layer.out_features, 16, "the CPU int4 packing needs it")
-        if cuda_capability(device) < (8, 0):
-            return f"tinygemm needs compute capability >= 8.0, this GPU has {cuda_capability(device)}"
-        return multiple_reason("N", layer.out_features, 8, "tinygemm needs it")
+        return (capability_reason(device, (8, 0), "tinygemm")
+                or multiple_reason("N", layer.out_features, 8, "tinygemm needs it"))

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from autoao.kernels import Sparse24Fp8DynLinear, Sparse24Int8DynLinear, Sparse24Linear
-from autoao.search_space._base import Candidate, LayerSpec, cuda_capability, multiple_reason
+from autoao.search_space._base import Candidate, LayerSpec, capability_reason, multiple_reason
 from autoao.search_space._registry import register
 from autoao.search_space.fp8 import fp8_reason
 from autoao.search_space.int8 import int_mm_reason
@@ -24,9 +24,8 @@ def sparse24_reason(layer: LayerSpec, device: torch.device) -> str | None:
         return reason
     if not torch.backends.cusparselt.is_available():
         return "this torch build has no cuSPARSELt"
-    if cuda_capability(device) < (8, 0):
-        return f"2:4 sparse tensor cores need compute capability >= 8.0, this GPU has {cuda_capability(device)}"
-    return (multiple_reason("K", layer.in_features, 64, "cuSPARSELt tiles")
+    return (capability_reason(device, (8, 0), "2:4 (sparse tensor cores)")
+            or multiple_reason("K", layer.in_features, 64, "cuSPARSELt tiles")
             or multiple_reason("N", layer.out_features, 32, "cuSPARSELt tiles"))
 
 

@@ -182,3 +182,24 @@ def test_quantized_module_moves_and_deepcopies():
     assert torch.equal(copy.deepcopy(m)(x), y)
     m2 = copy.deepcopy(m).to(torch.float16)  # dtype casts must not change quantized numbers
     assert torch.equal(m2(x), y)
+
+
+def test_gpu_capability_reasons_name_what_needs_it(monkeypatch):
+    # an sm_80 GPU (A100): fp8 and e4m3 need 8.9 / 9.0; int4 (tinygemm) and 2:4 run from 8.0
+    import autoao.search_space._base as base
+
+    monkeypatch.setattr(base, "cuda_capability", lambda device: (8, 0))
+    monkeypatch.setattr(torch.backends.cusparselt, "is_available", lambda: True)
+    layer = LayerSpec("l", in_features=4096, out_features=4096, bias=False, dtype=torch.bfloat16)
+    cuda = torch.device("cuda")
+    assert search_space.get("fp8_dyn").supports(layer, cuda) == \
+        "fp8 needs compute capability >= 9.0, this GPU has 8.0"
+    assert search_space.get("fp8_wo").supports(layer, cuda) == \
+        "e4m3 conversion needs compute capability >= 8.9, this GPU has 8.0"
+    assert search_space.get("int4_wo", group_size=128).supports(layer, cuda) is None
+    assert search_space.get("sparse24").supports(layer, cuda) is None
+    monkeypatch.setattr(base, "cuda_capability", lambda device: (7, 5))
+    assert search_space.get("int4_wo", group_size=128).supports(layer, cuda) == \
+        "tinygemm needs compute capability >= 8.0, this GPU has 7.5"
+    assert search_space.get("sparse24").supports(layer, cuda) == \
+        "2:4 (sparse tensor cores) needs compute capability >= 8.0, this GPU has 7.5"
