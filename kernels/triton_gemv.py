@@ -20,8 +20,8 @@ group one tl.dot of the nibbles as bf16 128 + q (made 2 at a time by inline PTX)
 16 rows: the ALUs only convert (0.12-0.15 warp-instructions per weight byte against the byte
 kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does.
 Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
-it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed by torch, for
-layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them inside the kernel, the
+it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed and cast by a
+second small kernel, for layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them inside the kernel, the
 last program of a block reducing, measured slower end to end on the H200: benchmarks/NOTES.md.)
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
@@ -244,6 +244,18 @@ def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stri
 
 
 @triton.jit
+def _sum_splits_kernel(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    # p [SPLIT_K, M*N] fp32 partials -> y [M*N] in y's dtype: the sum and the cast in one launch
+    # (torch's `p.sum(0).to(bf16)` takes two, ~3.7 + 0.9 us a call on the H200: benchmarks/NOTES.md)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in tl.static_range(SPLIT_K):
+        acc += tl.load(p_ptr + i * MN + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, IS_INT8: tl.constexpr):
@@ -383,8 +395,15 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
 
 
 def _finish(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """_launch's result -> [M, N] in dtype: as is without split-K, else the partials summed in fp32."""
-    return y if y.dim() == 2 else y.sum(0).to(dtype)
+    """_launch's result -> [M, N] in dtype: as is without split-K, else the partials summed in fp32
+    and cast by one kernel."""
+    if y.dim() == 2:
+        return y
+    split_k, m, n = y.shape
+    out = torch.empty((m, n), dtype=dtype, device=y.device)
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](y, out, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
+    return out
 
 
 def _check_rows(x: torch.Tensor, k: int, name: str, max_rows: int) -> torch.Tensor:
