@@ -199,6 +199,15 @@ def _dot_bf16(a, b):
 
 
 @triton.jit
+def _dot_bf16_acc(a, b, acc):
+    # acc + a @ b for bf16 a, b (fp32 acc), one tensor-core op chain; see _dot_bf16
+    if _INTERPRET:
+        return acc + tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
@@ -240,6 +249,96 @@ def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stri
             z = tl.load(z_ptr + n64 * stride_sn + g).to(tl.float32)
             acc += s[:, None] * d
             acc += (z - 136.0 * s)[:, None] * xs[None, :]
+    _store_rows(y_ptr, tl.trans(acc), pid_k, M, N, offs_n, MP)
+
+
+@triton.jit
+def _bf16_dequant(u, s, z):
+    # u int16 [BN, W] as in _bf16_nibbles; s, z bf16 [BN, W] (each row's group scale and zero,
+    # broadcast). Returns four bf16 [BN, W] of the dequantized weights (q - 8) * s + z for k = 4i + 1,
+    # 4i, 4i + 3, 4i + 2. Per 32-bit register (two elements): the nibbles as bf16 128 + q (one LOP3,
+    # exact), minus 136 (an FMA by 1, exact), then one bf16x2 FMA with s and z: the weight rounded
+    # once to bf16, as tinygemm's own dequantization does. The interpreter computes the same in fp32.
+    if _INTERPRET:
+        sf = s.to(tl.float32)
+        zf = z.to(tl.float32)
+        return ((((u & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16),
+                ((((u >> 4) & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16),
+                ((((u >> 8) & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16),
+                ((((u >> 12) & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16))
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, n, one, m136;
+            mov.b32 one, 0x3f803f80;
+            mov.b32 m136, 0xc308c308;
+            lop3.b32 n, $4, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 n, n, one, m136;
+            fma.rn.bf16x2 $0, n, $5, $6;
+            shr.u32 t, $4, 4;
+            lop3.b32 n, t, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 n, n, one, m136;
+            fma.rn.bf16x2 $1, n, $5, $6;
+            shr.u32 t, $4, 8;
+            lop3.b32 n, t, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 n, n, one, m136;
+            fma.rn.bf16x2 $2, n, $5, $6;
+            shr.u32 t, $4, 12;
+            lop3.b32 n, t, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 n, n, one, m136;
+            fma.rn.bf16x2 $3, n, $5, $6;
+            }""", "=r,=r,=r,=r,r,r,r", [u, s, z], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=2)
+
+
+@triton.jit
+def _int4_dq_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
+                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    # Same contract as _int4_mma_kernel (q as int16 [N, K/4], K % BLOCK_K == 0, GROUP >= 64, x
+    # rounded to bf16). Marlin's order instead of the mma kernel's: the weights are dequantized in
+    # registers *with* their scales and zeros (_bf16_dequant), so every group's dot accumulates into
+    # one tensor-core accumulator (acc = dot(w, x^T, acc)) and the tensor cores run asynchronously
+    # across groups; the mma kernel waits for each group's dot to scale it (the H200 sweep put both
+    # it and the CUDA-core kernels at ~2 TB/s on the 14336- and 28672-wide layers). The scales and
+    # zeros of the next step are loaded one step ahead (2-byte loads: Triton does not pipeline them).
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    n64 = tl.minimum(offs_n, N - 1).to(tl.int64)  # rows past N clamped (see _int4_mma_kernel)
+    MP: tl.constexpr = 16 if BLOCK_M < 16 else BLOCK_M
+    W: tl.constexpr = GROUP // 4
+    NG: tl.constexpr = BLOCK_K // GROUP
+    rows = tl.arange(0, MP)
+    g_off = tl.arange(0, NG)
+    acc = tl.zeros([BLOCK_N, MP], dtype=tl.float32)
+    k_first = pid_k * BLOCK_K
+    step = BLOCK_K * SPLIT_K
+    sz = n64[:, None] * stride_sn + (k_first // GROUP + g_off)[None, :]  # [BN, NG]
+    zero = tl.zeros([BLOCK_N, NG], dtype=tl.int32)  # masks below: whether a step exists, as a tile
+    s_next = tl.load(s_ptr + sz, mask=zero + k_first < K, other=0.0)
+    z_next = tl.load(z_ptr + sz, mask=zero + k_first < K, other=0.0)
+    for k0 in range(k_first, K, step):
+        s_cur, z_cur = s_next, z_next
+        sz += step // GROUP
+        s_next = tl.load(s_ptr + sz, mask=zero + k0 + step < K, other=0.0)
+        z_next = tl.load(z_ptr + sz, mask=zero + k0 + step < K, other=0.0)
+        for j in tl.static_range(NG):
+            g = k0 // GROUP + j
+            u = tl.load(q_ptr + n64[:, None] * stride_qn + (g * W + tl.arange(0, W))[None, :])  # [BN, W]
+            kx = g * GROUP + tl.arange(0, GROUP)
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + kx[None, :], mask=(rows < M)[:, None],
+                        other=0.0).to(tl.bfloat16)  # [MP, G]
+            pick = (g_off == j)[None, :]
+            sj = tl.sum(tl.where(pick, s_cur, 0.0), axis=1).to(tl.bfloat16)  # [BN]: group j's column
+            zj = tl.sum(tl.where(pick, z_cur, 0.0), axis=1).to(tl.bfloat16)
+            w1, w0, w3, w2 = _bf16_dequant(u, tl.broadcast_to(sj[:, None], [BLOCK_N, W]),
+                                           tl.broadcast_to(zj[:, None], [BLOCK_N, W]))
+            # K order as in _int4_mma_kernel: (k % 4) * W + k // 4 on both operands
+            wk = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [BN, W, 2, 2]
+            wk = tl.reshape(tl.permute(wk, (0, 2, 3, 1)), [BLOCK_N, GROUP])
+            xk = tl.reshape(tl.permute(tl.reshape(x, [MP, W, 2, 2]), (0, 2, 3, 1)), [MP, GROUP])
+            acc = _dot_bf16_acc(wk, tl.trans(xk), acc)
     _store_rows(y_ptr, tl.trans(acc), pid_k, M, N, offs_n, MP)
 
 
@@ -293,7 +392,7 @@ class Config:
     block_k: int
     split_k: int
     num_warps: int
-    variant: str = ""  # int4 only: "" (_int4_kernel), "words" (_int4_words_kernel) or "mma" (_int4_mma_kernel)
+    variant: str = ""  # int4 only: "" (_int4_kernel), "words", "mma" or "dq" (_int4_{words,mma,dq}_kernel)
     num_stages: int = 3  # software-pipelining depth of the K loop (Triton's default)
 
 
@@ -332,10 +431,10 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
             q32 = q.view(torch.int32)  # [N, K/8]: 8 nibbles a word
             _int4_words_kernel[grid](x, q32, s, z, y, m, n, k, x.stride(0), q32.stride(0), s.stride(0),
                                      GROUP=group, **meta)
-        elif cfg.variant == "mma":
+        elif cfg.variant in ("mma", "dq"):
             q16 = q.view(torch.int16)  # [N, K/4]: 4 nibbles an element
-            _int4_mma_kernel[grid](x, q16, s, z, y, m, n, k, x.stride(0), q16.stride(0), s.stride(0),
-                                   GROUP=group, **meta)
+            kernel = _int4_mma_kernel if cfg.variant == "mma" else _int4_dq_kernel
+            kernel[grid](x, q16, s, z, y, m, n, k, x.stride(0), q16.stride(0), s.stride(0), GROUP=group, **meta)
         else:
             _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
     else:  # int8, fp8: the same kernel, the element type comes with the pointer
@@ -347,8 +446,8 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
 def _fits(cfg: Config, k: int, group: int) -> bool:
     # int4 steps hold whole groups (group 0: per-channel kernels); every split gets >= 1 step.
     whole = group == 0 or cfg.block_k % group == 0
-    even = cfg.variant not in ("words", "mma") or k % cfg.block_k == 0  # these two have no K masks
-    dot = cfg.variant != "mma" or group >= 64  # tl.dot needs K >= 16: a group's G/4 nibbles a position
+    even = cfg.variant not in ("words", "mma", "dq") or k % cfg.block_k == 0  # these have no K masks
+    dot = cfg.variant not in ("mma", "dq") or group >= 64  # tl.dot needs K >= 16: G/4 nibbles a position
     return whole and even and dot and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
 
 
@@ -356,7 +455,7 @@ def _candidates(kind: str, k: int, group: int, m: int) -> list[Config]:
     """The configs that can run (kind, K, group) at M rows: above MAX_ROWS only the tensor-core
     int4 kernel (its x tile is 16 rows whatever M is; the others unroll a loop over the rows)."""
     configs = INT4_CONFIGS if kind == "int4" else CONFIGS
-    return [c for c in configs if _fits(c, k, group) and (m <= MAX_ROWS or c.variant == "mma")]
+    return [c for c in configs if _fits(c, k, group) and (m <= MAX_ROWS or c.variant in ("mma", "dq"))]
 
 
 def int4_max_rows(k: int, group: int) -> int:

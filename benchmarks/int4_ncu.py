@@ -1,0 +1,72 @@
+"""The M=1 GEMVs of one layer shape under Nsight Compute: why int4 kernels stream at ~2 TB/s.
+
+    source benchmarks/device_env.sh
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section LaunchStats \
+        python3 benchmarks/int4_ncu.py [--shape 28672x4096] [--configs "words 16/1024/1/4/3;dq 128/128/1/8/3"]
+
+Compiles and warms every kernel first (Triton configs, the fp8 kernel's tuning, tinygemm), then
+opens the profiler range and launches each once: the Triton int4 configs given, tinygemm
+(`_weight_int4pack_mm`), the fp8 per-channel GEMV (same access pattern at 1 byte per weight; ~100%
+of roofline on the lm_head) and bf16 `F.linear` (cuBLAS, ~4.2 TB/s on this shape). Prints which
+kernel is which, in launch order, so ncu's report can be read against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from autoao.kernels import triton_gemv as tg
+from autoao.kernels.int4 import inner_k_tiles
+from autoao.kernels.quant import pack_int4, quantize_fp8, quantize_int4_groupwise
+
+
+def parse(spec: str) -> tg.Config:
+    """'dq 128/128/1/8/3' -> Config(block_n, block_k, split_k, num_warps, variant, num_stages)."""
+    variant, nums = spec.split()
+    bn, bk, sk, w, st = (int(v) for v in nums.split("/"))
+    return tg.Config(bn, bk, sk, w, "" if variant == "byte" else variant, st)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="28672x4096", help="NxK")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--configs", default="words 16/1024/1/4/3;mma 128/128/1/8/4;dq 128/128/1/8/3;dq 64/128/1/4/3")
+    args = ap.parse_args()
+    n, k = (int(v) for v in args.shape.split("x"))
+    g = args.group
+    torch.manual_seed(0)
+    w = torch.randn(n, k, device="cuda") * k ** -0.5
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    q, s, z = quantize_int4_groupwise(w, g)
+    t4 = (pack_int4(q), s, z)
+    packed = torch._convert_weight_to_int4pack(t4[0], inner_k_tiles(k))
+    sz = torch.stack([s.t(), z.t()], dim=-1).contiguous()
+    f8, sf = quantize_fp8(w, "row")
+    sf = sf.reshape(-1)
+    wb = w.to(torch.bfloat16)
+    runs = [(spec, lambda c=parse(spec): tg._finish(tg._launch("int4", x, t4, n, k, c, g), x.dtype))
+            for spec in args.configs.split(";")]
+    runs += [("tinygemm", lambda: torch._weight_int4pack_mm(x, packed, g, sz)),
+             ("fp8 per-channel (tuned)", lambda: tg.per_channel_gemv_triton(x, f8, sf)),
+             ("bf16 F.linear", lambda: F.linear(x, wb))]
+    for _, fn in runs:  # compile, tune, warm
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for name, fn in runs:
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"{n}x{k}, launch order: " + " | ".join(name for name, _ in runs), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
