@@ -46,13 +46,13 @@ MAX_LAYERS = 32
 def tensor_core_grid(variant: str, k: int, group: int) -> list[tg.Config]:
     """Configs of a tensor-core kernel ("mma" or "dq"): (BLOCK_N, warps) x BLOCK_K x stages x
     SPLIT_K, keeping shared memory per program (stages x (weights BN*BK/2 + x 16*BK*2 bytes)) under
-    ~180 KB. "mma" takes the wide grid of the first sweep (2026-11-30, session 4), "dq" the region
-    where "mma" won it (BLOCK_K 128-256, 2-4 stages) plus narrow tiles."""
+    ~180 KB. "mma" takes the wide grid of the first sweep (2026-11-30, session 4); "dq" steps one
+    group at a time (BLOCK_K = group)."""
     if variant == "mma":
         tiles, bks, stages_ = [(16, 1), (32, 1), (32, 2), (64, 4), (128, 4), (128, 8), (256, 4), (256, 8)], \
             (128, 256, 512), (2, 3, 4, 6)
     else:
-        tiles, bks, stages_ = [(16, 1), (32, 2), (64, 4), (128, 4), (128, 8), (256, 4), (256, 8)], (128, 256), (2, 3, 4)
+        tiles, bks, stages_ = [(16, 1), (32, 2), (64, 4), (128, 4), (128, 8), (256, 4), (256, 8)], (group,), (2, 3, 4, 6)
     out = []
     for bn, w in tiles:
         for bk in bks:

@@ -295,50 +295,36 @@ def _bf16_dequant(u, s, z):
 def _int4_dq_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    # Same contract as _int4_mma_kernel (q as int16 [N, K/4], K % BLOCK_K == 0, GROUP >= 64, x
-    # rounded to bf16). Marlin's order instead of the mma kernel's: the weights are dequantized in
-    # registers *with* their scales and zeros (_bf16_dequant), so every group's dot accumulates into
-    # one tensor-core accumulator (acc = dot(w, x^T, acc)) and the tensor cores run asynchronously
-    # across groups; the mma kernel waits for each group's dot to scale it (the H200 sweep put both
-    # it and the CUDA-core kernels at ~2 TB/s on the 14336- and 28672-wide layers). The scales and
-    # zeros of the next step are loaded one step ahead (2-byte loads: Triton does not pipeline them).
+    # Same contract as _int4_mma_kernel (q as int16 [N, K/4], K % BLOCK_K == 0, x rounded to bf16),
+    # plus BLOCK_K == GROUP. Marlin's order instead of the mma kernel's: the weights are dequantized
+    # in registers *with* their scales and zeros (_bf16_dequant), so every group's dot accumulates
+    # into one tensor-core accumulator (acc = dot(w, x^T, acc)) with no per-group scaling after it
+    # and no sum of x. (The scales are loaded in the loop: prefetching them a step ahead as
+    # loop-carried values made Triton route the dequantized weights through shared memory, 2x slower
+    # on the H200.)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     n64 = tl.minimum(offs_n, N - 1).to(tl.int64)  # rows past N clamped (see _int4_mma_kernel)
     MP: tl.constexpr = 16 if BLOCK_M < 16 else BLOCK_M
     W: tl.constexpr = GROUP // 4
-    NG: tl.constexpr = BLOCK_K // GROUP
     rows = tl.arange(0, MP)
-    g_off = tl.arange(0, NG)
     acc = tl.zeros([BLOCK_N, MP], dtype=tl.float32)
-    k_first = pid_k * BLOCK_K
-    step = BLOCK_K * SPLIT_K
-    sz = n64[:, None] * stride_sn + (k_first // GROUP + g_off)[None, :]  # [BN, NG]
-    zero = tl.zeros([BLOCK_N, NG], dtype=tl.int32)  # masks below: whether a step exists, as a tile
-    s_next = tl.load(s_ptr + sz, mask=zero + k_first < K, other=0.0)
-    z_next = tl.load(z_ptr + sz, mask=zero + k_first < K, other=0.0)
-    for k0 in range(k_first, K, step):
-        s_cur, z_cur = s_next, z_next
-        sz += step // GROUP
-        s_next = tl.load(s_ptr + sz, mask=zero + k0 + step < K, other=0.0)
-        z_next = tl.load(z_ptr + sz, mask=zero + k0 + step < K, other=0.0)
-        for j in tl.static_range(NG):
-            g = k0 // GROUP + j
-            u = tl.load(q_ptr + n64[:, None] * stride_qn + (g * W + tl.arange(0, W))[None, :])  # [BN, W]
-            kx = g * GROUP + tl.arange(0, GROUP)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + kx[None, :], mask=(rows < M)[:, None],
-                        other=0.0).to(tl.bfloat16)  # [MP, G]
-            pick = (g_off == j)[None, :]
-            sj = tl.sum(tl.where(pick, s_cur, 0.0), axis=1).to(tl.bfloat16)  # [BN]: group j's column
-            zj = tl.sum(tl.where(pick, z_cur, 0.0), axis=1).to(tl.bfloat16)
-            w1, w0, w3, w2 = _bf16_dequant(u, tl.broadcast_to(sj[:, None], [BLOCK_N, W]),
-                                           tl.broadcast_to(zj[:, None], [BLOCK_N, W]))
-            # K order as in _int4_mma_kernel: (k % 4) * W + k // 4 on both operands
-            wk = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [BN, W, 2, 2]
-            wk = tl.reshape(tl.permute(wk, (0, 2, 3, 1)), [BLOCK_N, GROUP])
-            xk = tl.reshape(tl.permute(tl.reshape(x, [MP, W, 2, 2]), (0, 2, 3, 1)), [MP, GROUP])
-            acc = _dot_bf16_acc(wk, tl.trans(xk), acc)
+    for k0 in range(pid_k * GROUP, K, GROUP * SPLIT_K):  # one group a step (_fits: BLOCK_K == GROUP)
+        g = k0 // GROUP
+        s = tl.load(s_ptr + n64 * stride_sn + g)  # [BN] bf16
+        z = tl.load(z_ptr + n64 * stride_sn + g)
+        u = tl.load(q_ptr + n64[:, None] * stride_qn + (g * W + tl.arange(0, W))[None, :])  # [BN, W]
+        kx = k0 + tl.arange(0, GROUP)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + kx[None, :], mask=(rows < M)[:, None],
+                    other=0.0).to(tl.bfloat16)  # [MP, G]
+        w1, w0, w3, w2 = _bf16_dequant(u, tl.broadcast_to(s[:, None], [BLOCK_N, W]),
+                                       tl.broadcast_to(z[:, None], [BLOCK_N, W]))
+        # K order as in _int4_mma_kernel: (k % 4) * W + k // 4 on both operands
+        wk = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [BN, W, 2, 2]
+        wk = tl.reshape(tl.permute(wk, (0, 2, 3, 1)), [BLOCK_N, GROUP])
+        xk = tl.reshape(tl.permute(tl.reshape(x, [MP, W, 2, 2]), (0, 2, 3, 1)), [MP, GROUP])
+        acc = _dot_bf16_acc(wk, tl.trans(xk), acc)
     _store_rows(y_ptr, tl.trans(acc), pid_k, M, N, offs_n, MP)
 
 
@@ -410,7 +396,8 @@ CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
 INT4_CONFIGS = tuple(Config(bn, bk, sk, w, variant) for bn, bk, w, variant in [
     (16, 512, 4, ""), (16, 1024, 8, ""), (16, 2048, 8, ""), (32, 256, 4, ""),
     (16, 512, 4, "words"), (32, 512, 4, "words"), (64, 256, 4, "words"), (16, 1024, 4, "words")]
-    for sk in (1, 4)) + tuple(Config(bn, 128, sk, 4, "mma") for bn, sk in [(64, 1), (64, 8), (256, 1), (256, 4)])
+    for sk in (1, 4)) + tuple(Config(bn, 128, sk, 4, "mma") for bn, sk in [(64, 1), (64, 8), (256, 1), (256, 4)]) \
+    + tuple(Config(bn, 128, sk, w, "dq") for bn, sk, w in [(64, 1, 4), (64, 4, 4), (128, 1, 8), (128, 8, 8), (256, 1, 4)])
 _DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
@@ -448,7 +435,8 @@ def _fits(cfg: Config, k: int, group: int) -> bool:
     whole = group == 0 or cfg.block_k % group == 0
     even = cfg.variant not in ("words", "mma", "dq") or k % cfg.block_k == 0  # these have no K masks
     dot = cfg.variant not in ("mma", "dq") or group >= 64  # tl.dot needs K >= 16: G/4 nibbles a position
-    return whole and even and dot and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
+    one_group = cfg.variant != "dq" or cfg.block_k == group  # dq steps one group at a time
+    return whole and even and dot and one_group and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
 
 
 def _candidates(kind: str, k: int, group: int, m: int) -> list[Config]:
