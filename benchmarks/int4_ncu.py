@@ -3,7 +3,7 @@
     source benchmarks/device_env.sh
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section LaunchStats \
-        python3 benchmarks/int4_ncu.py [--shape 28672x4096] [--configs "words 16/1024/1/4/3;dq 128/128/1/8/3"]
+        python3 benchmarks/int4_ncu.py [--shape 28672x4096] [--configs "words 16/1024/1/4/3;mma 128/128/1/8/4"]
 
 Compiles and warms every kernel first (Triton configs, the fp8 kernel's tuning, tinygemm), then
 opens the profiler range and launches each once: the Triton int4 configs given, tinygemm
@@ -26,7 +26,7 @@ from autoao.kernels.quant import pack_int4, quantize_fp8, quantize_int4_groupwis
 
 
 def parse(spec: str) -> tg.Config:
-    """'dq 128/128/1/8/3' -> Config(block_n, block_k, split_k, num_warps, variant, num_stages)."""
+    """'mma 128/128/1/8/4' -> Config(block_n, block_k, split_k, num_warps, variant, num_stages)."""
     variant, nums = spec.split()
     bn, bk, sk, w, st = (int(v) for v in nums.split("/"))
     return tg.Config(bn, bk, sk, w, "" if variant == "byte" else variant, st)
@@ -36,7 +36,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="28672x4096", help="NxK")
     ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--configs", default="words 16/1024/1/4/3;mma 128/128/1/8/4;dq 128/128/1/8/3;dq 64/128/1/4/3")
+    ap.add_argument("--configs", default="words 16/1024/1/4/3;mma 128/128/1/8/4")
     args = ap.parse_args()
     n, k = (int(v) for v in args.shape.split("x"))
     g = args.group

@@ -11,9 +11,10 @@ bf16 `F.linear` chains of the same layers are the references. Shapes are llama8'
 sibling fusion (q/k/v 6144x4096, o 4096x4096, gate/up 28672x4096, down 4096x14336, lm_head
 128256x4096), g128.
 
-Configs: the library's INT4_CONFIGS plus a grid of a tensor-core kernel (`--grid mma|dq`) over
-BLOCK_N x warps, BLOCK_K, num_stages (the weight tile is software-pipelined through shared memory
-with cp.async; more stages = more bytes in flight per SM) and SPLIT_K. All configs are compiled first by
+Configs: the library's INT4_CONFIGS plus a grid of the tensor-core kernel ("mma") over BLOCK_N x
+warps, BLOCK_K, num_stages (its weight tile is software-pipelined through shared memory with
+cp.async; more stages = more bytes in flight per SM) and SPLIT_K. (Session 4's second and third
+runs swept `--grid dq`, a kernel since removed: benchmarks/NOTES.md.) All configs are compiled first by
 a pool of processes (Triton's disk cache), then timed one at a time. Each config's output on layer 0
 is checked against the fp64 product with the dequantized weight. Writes int4_sweep.csv (every
 config) and int4_sweep.md (per shape: references and the 12 fastest).
@@ -43,40 +44,25 @@ CHAIN_BYTES = 256e6  # int4 bytes per chain (>= 5x the H200's 50 MB L2)
 MAX_LAYERS = 32
 
 
-def tensor_core_grid(variant: str, k: int, group: int) -> list[tg.Config]:
-    """Configs of a tensor-core kernel ("mma" or "dq"): (BLOCK_N, warps) x BLOCK_K x stages x
-    SPLIT_K, keeping shared memory per program (stages x (weights BN*BK/2 + x 16*BK*2 bytes)) under
-    ~180 KB. "mma" takes the wide grid of the first sweep (2026-11-30, session 4); "dq" steps one
-    group at a time (BLOCK_K = group)."""
-    if variant == "mma":
-        tiles, bks, stages_ = [(16, 1), (32, 1), (32, 2), (64, 4), (128, 4), (128, 8), (256, 4), (256, 8)], \
-            (128, 256, 512), (2, 3, 4, 6)
-    else:
-        tiles, bks, stages_ = [(16, 1), (32, 2), (64, 4), (128, 4), (128, 8), (256, 4), (256, 8)], (group,), (2, 3, 4, 6)
+def mma_grid(k: int, group: int) -> list[tg.Config]:
+    """Tensor-core kernel configs: (BLOCK_N, warps) x BLOCK_K x stages x SPLIT_K, keeping shared
+    memory per program (stages x (weights BN*BK/2 + x 16*BK*2 bytes)) under ~180 KB."""
     out = []
-    for bn, w in tiles:
-        for bk in bks:
-            for stages in stages_:
+    for bn, w in [(16, 1), (32, 1), (32, 2), (64, 4), (128, 4), (128, 8), (256, 4), (256, 8)]:
+        for bk in (128, 256, 512):
+            for stages in (2, 3, 4, 6):
                 if stages * (bn * bk // 2 + 32 * bk) > 180_000:
                     continue
                 for sk in (1, 2, 4, 8):
-                    cfg = tg.Config(bn, bk, sk, w, variant, stages)
+                    cfg = tg.Config(bn, bk, sk, w, "mma", stages)
                     if tg._fits(cfg, k, group):
                         out.append(cfg)
     return out
 
 
-# the "mma" configs that were fastest on some shape in the first (wide) sweep
-MMA_BEST = [tg.Config(128, 128, 1, 8, "mma", 4), tg.Config(64, 128, 4, 4, "mma", 3), tg.Config(128, 128, 8, 8, "mma", 3),
-            tg.Config(256, 128, 1, 4, "mma", 3), tg.Config(64, 128, 4, 4, "mma", 4)]
-GRID = ("mma", "dq")
-
-
-def configs_for(k: int, group: int, grid: str) -> list[tg.Config]:
-    """The library's INT4_CONFIGS plus `grid`'s tensor-core configs ("dq" also takes MMA_BEST)."""
+def configs_for(k: int, group: int) -> list[tg.Config]:
     lib = [c for c in tg.INT4_CONFIGS if tg._fits(c, k, group)]
-    extra = MMA_BEST if grid == "dq" else []
-    return list(dict.fromkeys(lib + [c for c in extra if tg._fits(c, k, group)] + tensor_core_grid(grid, k, group)))
+    return list(dict.fromkeys(lib + mma_grid(k, group)))
 
 
 def _compile(job: tuple[list[tg.Config], int, int]) -> int:
@@ -97,12 +83,12 @@ def _compile(job: tuple[list[tg.Config], int, int]) -> int:
     return failed
 
 
-def precompile(ks: list[int], group: int, grid: str, procs: int) -> None:
+def precompile(ks: list[int], group: int, procs: int) -> None:
     # one compile per config: the JIT's cache key does not hold K's value (every K here is a
     # multiple of 16), so each config runs on the largest K it fits
     fit: dict[tg.Config, int] = {}
     for k in sorted(ks, reverse=True):
-        for cfg in configs_for(k, group, grid):
+        for cfg in configs_for(k, group):
             fit.setdefault(cfg, k)
     jobs = [([c for c, kk in fit.items() if kk == k][i::procs], k, group) for k in ks for i in range(procs)]
     t0 = time.time()
@@ -121,14 +107,13 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="0,1,2,3,4", help=f"indices into {SHAPES}")
     ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--grid", choices=GRID, default="dq", help="which tensor-core kernel's grid to sweep")
     ap.add_argument("--procs", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")]
     g = args.group
-    precompile(sorted({k for _, k in shapes}), g, args.grid, args.procs)
+    precompile(sorted({k for _, k in shapes}), g, args.procs)
     bw = copy_bandwidth("cuda")
     rows, lines = [], []
     for n, k in shapes:
@@ -154,7 +139,7 @@ def main() -> int:
         bf16 = None  # free the bf16 weights before the sweep
         roof = (nbytes + 2 * (k + n)) / bw * 1e6  # us at the copy bandwidth
         results = []
-        for cfg in configs_for(k, g, args.grid):
+        for cfg in configs_for(k, g):
             def chain(cfg=cfg):
                 return [tg._finish(tg._launch("int4", x, t, n, k, cfg, g), x.dtype) for t in canon]
             try:

@@ -199,15 +199,6 @@ def _dot_bf16(a, b):
 
 
 @triton.jit
-def _dot_bf16_acc(a, b, acc):
-    # acc + a @ b for bf16 a, b (fp32 acc), one tensor-core op chain; see _dot_bf16
-    if _INTERPRET:
-        return acc + tl.dot(a.to(tl.float32), b.to(tl.float32))
-    else:
-        return tl.dot(a, b, acc)
-
-
-@triton.jit
 def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
@@ -249,82 +240,6 @@ def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stri
             z = tl.load(z_ptr + n64 * stride_sn + g).to(tl.float32)
             acc += s[:, None] * d
             acc += (z - 136.0 * s)[:, None] * xs[None, :]
-    _store_rows(y_ptr, tl.trans(acc), pid_k, M, N, offs_n, MP)
-
-
-@triton.jit
-def _bf16_dequant(u, s, z):
-    # u int16 [BN, W] as in _bf16_nibbles; s, z bf16 [BN, W] (each row's group scale and zero,
-    # broadcast). Returns four bf16 [BN, W] of the dequantized weights (q - 8) * s + z for k = 4i + 1,
-    # 4i, 4i + 3, 4i + 2. Per 32-bit register (two elements): the nibbles as bf16 128 + q (one LOP3,
-    # exact), minus 136 (an FMA by 1, exact), then one bf16x2 FMA with s and z: the weight rounded
-    # once to bf16, as tinygemm's own dequantization does. The interpreter computes the same in fp32.
-    if _INTERPRET:
-        sf = s.to(tl.float32)
-        zf = z.to(tl.float32)
-        return ((((u & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16),
-                ((((u >> 4) & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16),
-                ((((u >> 8) & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16),
-                ((((u >> 12) & 15) - 8).to(tl.float32) * sf + zf).to(tl.bfloat16))
-    else:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 t, n, one, m136;
-            mov.b32 one, 0x3f803f80;
-            mov.b32 m136, 0xc308c308;
-            lop3.b32 n, $4, 0x000f000f, 0x43004300, 0xea;
-            fma.rn.bf16x2 n, n, one, m136;
-            fma.rn.bf16x2 $0, n, $5, $6;
-            shr.u32 t, $4, 4;
-            lop3.b32 n, t, 0x000f000f, 0x43004300, 0xea;
-            fma.rn.bf16x2 n, n, one, m136;
-            fma.rn.bf16x2 $1, n, $5, $6;
-            shr.u32 t, $4, 8;
-            lop3.b32 n, t, 0x000f000f, 0x43004300, 0xea;
-            fma.rn.bf16x2 n, n, one, m136;
-            fma.rn.bf16x2 $2, n, $5, $6;
-            shr.u32 t, $4, 12;
-            lop3.b32 n, t, 0x000f000f, 0x43004300, 0xea;
-            fma.rn.bf16x2 n, n, one, m136;
-            fma.rn.bf16x2 $3, n, $5, $6;
-            }""", "=r,=r,=r,=r,r,r,r", [u, s, z], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=2)
-
-
-@triton.jit
-def _int4_dq_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn,
-                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    # Same contract as _int4_mma_kernel (q as int16 [N, K/4], K % BLOCK_K == 0, x rounded to bf16),
-    # plus BLOCK_K == GROUP. Marlin's order instead of the mma kernel's: the weights are dequantized
-    # in registers *with* their scales and zeros (_bf16_dequant), so every group's dot accumulates
-    # into one tensor-core accumulator (acc = dot(w, x^T, acc)) with no per-group scaling after it
-    # and no sum of x. (The scales are loaded in the loop: prefetching them a step ahead as
-    # loop-carried values made Triton route the dequantized weights through shared memory, 2x slower
-    # on the H200.)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    n64 = tl.minimum(offs_n, N - 1).to(tl.int64)  # rows past N clamped (see _int4_mma_kernel)
-    MP: tl.constexpr = 16 if BLOCK_M < 16 else BLOCK_M
-    W: tl.constexpr = GROUP // 4
-    rows = tl.arange(0, MP)
-    acc = tl.zeros([BLOCK_N, MP], dtype=tl.float32)
-    for k0 in range(pid_k * GROUP, K, GROUP * SPLIT_K):  # one group a step (_fits: BLOCK_K == GROUP)
-        g = k0 // GROUP
-        s = tl.load(s_ptr + n64 * stride_sn + g)  # [BN] bf16
-        z = tl.load(z_ptr + n64 * stride_sn + g)
-        u = tl.load(q_ptr + n64[:, None] * stride_qn + (g * W + tl.arange(0, W))[None, :])  # [BN, W]
-        kx = k0 + tl.arange(0, GROUP)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + kx[None, :], mask=(rows < M)[:, None],
-                    other=0.0).to(tl.bfloat16)  # [MP, G]
-        w1, w0, w3, w2 = _bf16_dequant(u, tl.broadcast_to(s[:, None], [BLOCK_N, W]),
-                                       tl.broadcast_to(z[:, None], [BLOCK_N, W]))
-        # K order as in _int4_mma_kernel: (k % 4) * W + k // 4 on both operands
-        wk = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [BN, W, 2, 2]
-        wk = tl.reshape(tl.permute(wk, (0, 2, 3, 1)), [BLOCK_N, GROUP])
-        xk = tl.reshape(tl.permute(tl.reshape(x, [MP, W, 2, 2]), (0, 2, 3, 1)), [MP, GROUP])
-        acc = _dot_bf16_acc(wk, tl.trans(xk), acc)
     _store_rows(y_ptr, tl.trans(acc), pid_k, M, N, offs_n, MP)
 
 
@@ -378,7 +293,7 @@ class Config:
     block_k: int
     split_k: int
     num_warps: int
-    variant: str = ""  # int4 only: "" (_int4_kernel), "words", "mma" or "dq" (_int4_{words,mma,dq}_kernel)
+    variant: str = ""  # int4 only: "" (_int4_kernel), "words" (_int4_words_kernel) or "mma" (_int4_mma_kernel)
     num_stages: int = 3  # software-pipelining depth of the K loop (Triton's default)
 
 
@@ -390,14 +305,15 @@ CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
     (16, 2048, 8)] for sk in (1, 2, 4))
 # int4: the byte kernel on the tiles that won its H200 sweep (gemv_v3), the words kernel (22-33%
 # fewer SASS instructions per byte, benchmarks/sass_stats.py) on its leanest tiles, and the
-# tensor-core kernel on the tiles that won a first H200 sweep (64 wide for the 4096/14336 layers,
-# 256 wide for the 128256-wide lm_head); kept short because every group size compiles its own set
-# on first use.
+# tensor-core kernel on the tiles that won H200 sweeps (64 wide for the 4096/14336 layers, 128 wide
+# with split-K 8 for 4096x14336, 256 wide for the 128256-wide lm_head; a sweep of ~330 tensor-core
+# configs, benchmarks/int4_sweep.py, found nothing > 2% faster than this list on llama8's shapes);
+# kept short because every group size compiles its own set on first use.
 INT4_CONFIGS = tuple(Config(bn, bk, sk, w, variant) for bn, bk, w, variant in [
     (16, 512, 4, ""), (16, 1024, 8, ""), (16, 2048, 8, ""), (32, 256, 4, ""),
     (16, 512, 4, "words"), (32, 512, 4, "words"), (64, 256, 4, "words"), (16, 1024, 4, "words")]
-    for sk in (1, 4)) + tuple(Config(bn, 128, sk, 4, "mma") for bn, sk in [(64, 1), (64, 8), (256, 1), (256, 4)]) \
-    + tuple(Config(bn, 128, sk, w, "dq") for bn, sk, w in [(64, 1, 4), (64, 4, 4), (128, 1, 8), (128, 8, 8), (256, 1, 4)])
+    for sk in (1, 4)) + tuple(Config(bn, 128, sk, w, "mma") for bn, sk, w in [(64, 1, 4), (64, 8, 4), (256, 1, 4),
+                                                                              (256, 4, 4), (128, 8, 8)])
 _DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
@@ -418,10 +334,10 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
             q32 = q.view(torch.int32)  # [N, K/8]: 8 nibbles a word
             _int4_words_kernel[grid](x, q32, s, z, y, m, n, k, x.stride(0), q32.stride(0), s.stride(0),
                                      GROUP=group, **meta)
-        elif cfg.variant in ("mma", "dq"):
+        elif cfg.variant == "mma":
             q16 = q.view(torch.int16)  # [N, K/4]: 4 nibbles an element
-            kernel = _int4_mma_kernel if cfg.variant == "mma" else _int4_dq_kernel
-            kernel[grid](x, q16, s, z, y, m, n, k, x.stride(0), q16.stride(0), s.stride(0), GROUP=group, **meta)
+            _int4_mma_kernel[grid](x, q16, s, z, y, m, n, k, x.stride(0), q16.stride(0), s.stride(0),
+                                   GROUP=group, **meta)
         else:
             _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
     else:  # int8, fp8: the same kernel, the element type comes with the pointer
@@ -433,17 +349,16 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
 def _fits(cfg: Config, k: int, group: int) -> bool:
     # int4 steps hold whole groups (group 0: per-channel kernels); every split gets >= 1 step.
     whole = group == 0 or cfg.block_k % group == 0
-    even = cfg.variant not in ("words", "mma", "dq") or k % cfg.block_k == 0  # these have no K masks
-    dot = cfg.variant not in ("mma", "dq") or group >= 64  # tl.dot needs K >= 16: G/4 nibbles a position
-    one_group = cfg.variant != "dq" or cfg.block_k == group  # dq steps one group at a time
-    return whole and even and dot and one_group and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
+    even = cfg.variant not in ("words", "mma") or k % cfg.block_k == 0  # these two have no K masks
+    dot = cfg.variant != "mma" or group >= 64  # tl.dot needs K >= 16: a group's G/4 nibbles a position
+    return whole and even and dot and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
 
 
 def _candidates(kind: str, k: int, group: int, m: int) -> list[Config]:
     """The configs that can run (kind, K, group) at M rows: above MAX_ROWS only the tensor-core
     int4 kernel (its x tile is 16 rows whatever M is; the others unroll a loop over the rows)."""
     configs = INT4_CONFIGS if kind == "int4" else CONFIGS
-    return [c for c in configs if _fits(c, k, group) and (m <= MAX_ROWS or c.variant in ("mma", "dq"))]
+    return [c for c in configs if _fits(c, k, group) and (m <= MAX_ROWS or c.variant == "mma")]
 
 
 def int4_max_rows(k: int, group: int) -> int:
@@ -464,17 +379,21 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
         if m > MAX_ROWS:
             return candidates[0]
         return _DEFAULT if _fits(_DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
-    from triton.testing import do_bench
+    # Timed as the model meets the layer: L2 flushed by a *read* before each run (autoao's
+    # time_cuda). triton's do_bench zeroes its flush buffer instead, and the write-back of those
+    # dirty lines lands on the timed kernel: its picks made llama8's int4 step 1.34x slower on the
+    # H200 than the picks of a chained-layer sweep (benchmarks/NOTES.md, session 4).
+    from autoao.evaluators.timing import time_cuda
 
-    best, best_ms = None, float("inf")
+    best, best_us = None, float("inf")
     for cfg in candidates:
         try:
-            ms = do_bench(lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype),
-                          warmup=5, rep=20)
+            us = time_cuda(lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype), reps=20,
+                           graph=False, max_seconds=0.05)[0]
         except Exception:  # noqa: BLE001 - a config that does not compile (registers) is skipped
             continue
-        if ms < best_ms:
-            best, best_ms = cfg, ms
+        if us < best_us:
+            best, best_us = cfg, us
     if best is None:
         raise RuntimeError(f"no {kind} GEMV configuration ran for N={n}, K={k}")
     _TUNED[key] = best

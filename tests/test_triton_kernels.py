@@ -97,10 +97,10 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
         from autoao.kernels import triton_gemv as tg
         torch.manual_seed(0)
         split = tg.Config(block_n=8, block_k=128, split_k=2, num_warps=4)
-        def check(name, y, ref, tol=6e-3):
+        def check(name, y, ref):
             assert y.shape == ref.shape and y.dtype == torch.bfloat16, (name, y.shape, y.dtype)
             err = ((y.double() - ref).norm() / ref.norm()).item()
-            assert err < tol, (name, err)  # bf16 output rounding is ~3e-3
+            assert err < 6e-3, (name, err)  # bf16 output rounding is ~3e-3
         for n, k, g in [(24, 384, 128), (40, 320, 32), (8, 512, 64)]:
             w = torch.randn(n, k)
             for m in (1, 3):
@@ -123,12 +123,6 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
                     if tg._fits(mma, k, g):
                         check(f"int4 {mma}", tg._finish(tg._launch("int4", x, t4, n, k, mma, g), x.dtype), ref)
                 assert not tg._fits(tg.Config(64, 128, 1, 4, "mma"), 512, 32)
-                # the dequantize-first tensor-core kernel: one group a step; its weights are rounded to
-                # bf16 once ((q - 8) * s + z by one bf16 FMA, as tinygemm does), hence the wider bar
-                for dq in (tg.Config(64, g, 1, 4, "dq"), tg.Config(16, g, 3, 4, "dq")):
-                    if tg._fits(dq, k, g):
-                        check(f"int4 {dq}", tg._finish(tg._launch("int4", x, t4, n, k, dq, g), x.dtype), ref, 9e-3)
-                assert not tg._fits(tg.Config(64, 256, 1, 4, "dq"), 512, 128)
                 q8, s8 = quantize_int8_per_channel(w)
                 s8 = s8.to(torch.bfloat16)
                 ref = x.double() @ (q8.double() * s8.double()[:, None]).t()
