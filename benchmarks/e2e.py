@@ -3,7 +3,7 @@ autoquant on Llama-shaped stacks with random weights (speed only).
 
     source benchmarks/device_env.sh; python3 benchmarks/e2e.py --out $OUT [--models llama8,smollm2]
         [--tokens 1,2048,2048+32x1] [--candidates "int4_wo(group_size=128);int8_wo"] [--no-search]
-        [--budget 40] [--torchao] [--only-torchao] [--profile]
+        [--budget 40] [--torchao] [--only-torchao] [--no-uniform] [--profile]
     python benchmarks/e2e.py --cpu-smoke --out /tmp/e2e_smoke    # tiny model on the CPU, no torchao
 
 Every row runs input tokens [1, M] through autoao's measure_model (CUDA: graph replay, L2 flushed
@@ -318,6 +318,8 @@ def main() -> int:
                     help="uniform rows with sibling layers (q/k/v, gate/up) fused into one module, without, "
                          "or both (default)")
     ap.add_argument("--no-search", action="store_true", help="skip the searched-plan row")
+    ap.add_argument("--no-uniform", action="store_true",
+                    help="skip the bf16-eager and uniform-plan rows (compiled bf16 and the search only)")
     ap.add_argument("--torchao", action="store_true", help="add torchao autoquant rows")
     ap.add_argument("--only-torchao", action="store_true", help="only compiled bf16 and torchao autoquant")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU, no CUDA graphs, no torchao")
@@ -364,9 +366,10 @@ def main() -> int:
             tag = f"{name}_m{spec.replace('+', '_')}"
             measure_row(report, ctx, "bf16 compiled", lambda r: base, reference=True)
             if not args.only_torchao:
-                measure_row(report, ctx, "bf16 eager", lambda r: base, lambda mod, r: timed(mod, inputs))
-                cands = ([search_space.get(c) for c in args.candidates.split(";")] if args.candidates
-                         else search_space.all_candidates())
+                if not args.no_uniform:
+                    measure_row(report, ctx, "bf16 eager", lambda r: base, lambda mod, r: timed(mod, inputs))
+                cands = ([] if args.no_uniform else [search_space.get(c) for c in args.candidates.split(";")]
+                         if args.candidates else search_space.all_candidates())
                 siblings = profile(base, inputs[0][0], max_sample_rows=0).siblings
                 fusing = {"both": (False, True), "only": (True,), "none": (False,)}[args.fuse]
                 for cand in cands:
