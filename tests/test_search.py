@@ -228,3 +228,41 @@ def test_tier2_check_skips_plans_the_calibrated_proxy_predicts_to_fail():
     assert checked == [tuple(sorted(params[0].items())), tuple(sorted(params[4].items()))]
     assert "trial 0" in notes[0] and "rejected" in notes[0]
     assert notes[-1] == "chose trial 4: faster plans broke the budget on tier 2 or were predicted to (3 skipped unchecked)"
+
+
+def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wins():
+    # Without tier 2, the feasible plans predicted within RERANK_BAND of the chosen one (distinct,
+    # at most RERANK_PLANS) are measured end to end; one replaces the chosen plan only when it runs
+    # more than RERANK_MARGIN faster. Out-of-band, infeasible and duplicate plans are not measured.
+    from autoao.api import RERANK_MARGIN, RERANK_PLANS, _rerank
+    from autoao.search import Group, SearchOutcome, TrialResult
+
+    assert RERANK_PLANS == 3
+    groups = [Group("l0", ("l0",), ("bf16", "int8_wo", "int8_dyn", "fp8_wo"))]
+    spec = [("int8_wo", 100.0, True), ("int8_dyn", 102.0, True), ("int8_wo", 101.0, True),  # 2 repeats 0
+            ("fp8_wo", 104.0, True), ("bf16", 101.5, False), ("int8_dyn", 120.0, True)]
+    trials = [TrialResult(i, {"l0": c}, us, 0.0, 0.5, ok, 1, 0.0, "COMPLETE") for i, (c, us, ok) in enumerate(spec)]
+    outcome = SearchOutcome(None, groups, trials, trials, trials[0], 0.0, "budget spent")
+
+    def run(measured):
+        calls, notes = [], []
+
+        def measure(params):
+            calls.append(params["l0"])
+            return measured[params["l0"]]
+
+        chosen, rows = _rerank(outcome, trials[0], measure, notes, lambda msg: None)
+        return chosen, rows, calls, notes
+
+    chosen, rows, calls, notes = run({"int8_wo": 100.0, "int8_dyn": 90.0, "fp8_wo": 95.0})
+    assert calls == ["int8_wo", "int8_dyn", "fp8_wo"]  # trial 2 repeats the chosen plan, 4 is infeasible
+    assert chosen is trials[1] and [r["chosen"] for r in rows] == [False, True, False]
+    assert [r["trial"] for r in rows] == [0, 1, 3] and rows[1]["measured_ms"] == pytest.approx(0.09)
+    assert "chose trial 1" in notes[0] and "trial 0" in notes[0]
+    # faster, but within the margin: the cost model's pick stays
+    close = 100.0 / (1 + RERANK_MARGIN) + 0.5
+    chosen, rows, _, notes = run({"int8_wo": 100.0, "int8_dyn": close, "fp8_wo": 101.0})
+    assert chosen is trials[0] and rows[0]["chosen"] and not notes
+    # nothing else in the band: nothing measured
+    lone = SearchOutcome(None, groups, trials[:1] + trials[5:], trials[:1], trials[0], 0.0, "budget spent")
+    assert _rerank(lone, trials[0], lambda p: pytest.fail("measured"), [], lambda msg: None) == (trials[0], [])
