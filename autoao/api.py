@@ -169,7 +169,9 @@ def optimize(
     config.study_name = "autoao-" + digest([(g.name, g.choices) for g in groups], max_accuracy_drop, weights_key)[:12]
     if budget.seconds is not None:
         # what runs after the trials: usually one or two tier-2 checks, the final apply and measurement
-        final = (2 * tier2_seconds if tier2 is not None else RERANK_PLANS * 12 * bf16_e2e / 1e6) + 24 * bf16_e2e / 1e6 + 5
+        # (without tier 2: up to RERANK_PLANS plans applied and measured end to end instead)
+        checks = 2 * tier2_seconds if tier2 is not None else RERANK_PLANS * 12 * bf16_e2e / 1e6
+        final = checks + 24 * bf16_e2e / 1e6 + 5
         config.budget = Budget(seconds=max(budget.seconds - spent, 1.0))
         config.reserve_seconds = min(final, 0.5 * config.budget.seconds)
     context = _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, device, proxy, tier2,
@@ -191,13 +193,17 @@ def optimize(
     chosen, chosen_acc = _choose(outcome, groups, tier2, swapper, model, weights_key, max_accuracy_drop, notes, say)
 
     def measure_plan(params: dict[str, str]) -> float:
-        """End-to-end us of the plan these params make, applied as it would ship (fused, kernels)."""
+        """End-to-end us of the plan these params make, applied as it would ship (fused, kernels);
+        inf if it cannot be applied or run (it is then not chosen; the search's pick still is)."""
         searched = plan_from_params(groups, params, cost.fusion_pays)
         swapper.restore()
-        apply(model, Plan.for_model(model, searched.layers, _kernels(searched, prof, table), searched.fusions),
-              act_norms=prof.act_norms())
         try:
+            apply(model, Plan.for_model(model, searched.layers, _kernels(searched, prof, table), searched.fusions),
+                  act_norms=prof.act_norms())
             return _measure_examples(model, examples)
+        except Exception as e:  # noqa: BLE001 - one plan failing must not lose the search's result
+            notes.append(f"a plan predicted as fast could not be measured: {type(e).__name__}: {e}")
+            return math.inf
         finally:
             swapper.restore()
 
@@ -477,6 +483,11 @@ def _rerank(outcome: SearchOutcome, chosen: TrialResult, measure: Callable[[dict
         notes.append(f"chose trial {plans[pick].number}: measured end to end at {times[pick] / 1e3:.3f} ms, "
                      f"{times[0] / times[pick]:.2f}x faster than trial {chosen.number}, the cost model's "
                      f"pick ({times[0] / 1e3:.3f} ms measured, {chosen.predicted_us / 1e3:.3f} ms predicted)")
+    else:
+        others = ", ".join(f"trial {r.number} {t / 1e3:.3f} ms" for r, t in zip(plans[1:], times[1:]))
+        notes.append(f"kept trial {chosen.number} ({times[0] / 1e3:.3f} ms measured end to end); the plans "
+                     f"predicted within {RERANK_BAND:.0%} of it were not more than {RERANK_MARGIN:.0%} "
+                     f"faster: {others}")
     return plans[pick], rows
 
 

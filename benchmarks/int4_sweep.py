@@ -152,20 +152,23 @@ def main() -> int:
             results.append((us, cfg, err))
             rows.append(dict(n=n, k=k, layers=layers, cfg=cfg, us=us, err=err))
         results.sort(key=lambda r: r[0])
+        first = len(lines)  # this shape's block starts here
         lines.append(f"\n## {n}x{k} (int4 g{g}: {nbytes / 1e6:.1f} MB; chain of {layers} layers; roofline "
                      f"{roof:.1f} us)\n")
         lines.append(" / ".join(f"{name} {us:.1f} us" for name, us in refs.items()) + "\n")
         lines.append("| config | us per layer | vs tinygemm | % roofline | rel err |")
         lines.append("|---|---|---|---|---|")
         for us, cfg, err in results[:12]:
-            lines.append(f"| {fmt(cfg)} | {us:.1f} | {refs['tinygemm'] / us:.2f}x | {100 * roof / us:.0f}% | {err:.1e} |")
+            lines.append(f"| {fmt(cfg)} | {us:.1f} | {refs['tinygemm'] / us:.2f}x | {100 * roof / us:.0f}% "
+                         f"| {err:.1e} |")
         best_of = {}
         for us, cfg, err in results:
             best_of.setdefault(cfg.variant or "byte", (us, cfg))
-        lines.append("\nbest per kernel: " + "; ".join(f"{v} {us:.1f} us ({fmt(c)})" for v, (us, c) in best_of.items()))
+        lines.append("\nbest per kernel: "
+                     + "; ".join(f"{v} {us:.1f} us ({fmt(c)})" for v, (us, c) in best_of.items()))
         bad = [fmt(c) for _, c, e in results if e > 1e-2]
         lines.append(f"\nconfigs with rel err > 1e-2: {bad or 'none'}")
-        print("\n".join(lines[-(len(results[:12]) + 8):]), flush=True)
+        print("\n".join(lines[first:]), flush=True)
         canon = tiny = None
         torch.cuda.empty_cache()
         (out / "int4_sweep.md").write_text(

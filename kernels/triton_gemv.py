@@ -21,8 +21,9 @@ group one tl.dot of the nibbles as bf16 128 + q (made 2 at a time by inline PTX)
 kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does.
 Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
 it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed and cast by a
-second small kernel, for layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them inside the kernel, the
-last program of a block reducing, measured slower end to end on the H200: benchmarks/NOTES.md.)
+second small kernel, for layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them
+inside the kernel, the last program of a block reducing, measured slower end to end on the H200:
+benchmarks/NOTES.md.)
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
 or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
@@ -381,8 +382,9 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
         return _DEFAULT if _fits(_DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
     # Timed as the model meets the layer: L2 flushed by a *read* before each run (autoao's
     # time_cuda). triton's do_bench zeroes its flush buffer instead, and the write-back of those
-    # dirty lines lands on the timed kernel: its picks made llama8's int4 step 1.34x slower on the
-    # H200 than the picks of a chained-layer sweep (benchmarks/NOTES.md, session 4).
+    # dirty lines lands on the timed kernel. With its picks llama8's int4 step ran 1.092 ms on the
+    # H200, with these 0.793 ms (the list also lost a kernel in between, which do_bench had picked
+    # on 16 of 33 launches; benchmarks/NOTES.md, session 4).
     from autoao.evaluators.timing import time_cuda
 
     best, best_us = None, float("inf")

@@ -262,7 +262,10 @@ def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wi
     # faster, but within the margin: the cost model's pick stays
     close = 100.0 / (1 + RERANK_MARGIN) + 0.5
     chosen, rows, _, notes = run({"int8_wo": 100.0, "int8_dyn": close, "fp8_wo": 101.0})
-    assert chosen is trials[0] and rows[0]["chosen"] and not notes
+    assert chosen is trials[0] and rows[0]["chosen"] and notes[0].startswith("kept trial 0")
+    # a plan that could not be measured (inf) is never taken
+    chosen, rows, _, _ = run({"int8_wo": 100.0, "int8_dyn": math.inf, "fp8_wo": 101.0})
+    assert chosen is trials[0]
     # nothing else in the band: nothing measured
     lone = SearchOutcome(None, groups, trials[:1] + trials[5:], trials[:1], trials[0], 0.0, "budget spent")
     assert _rerank(lone, trials[0], lambda p: pytest.fail("measured"), [], lambda msg: None) == (trials[0], [])
