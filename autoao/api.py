@@ -26,7 +26,7 @@ from autoao.evaluators.cache import ResultCache, TimingCache, cache_dir, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
 from autoao.evaluators.timing import LatencyTable, measure_latencies, measure_model, workload_us
-from autoao.plan import Plan, apply, atomic_write, save
+from autoao.plan import Plan, apply, atomic_write, save, set_module
 from autoao.profile import ModelProfile, profile
 from autoao.search import (Budget, Group, SearchConfig, SearchOutcome, TrialResult, make_groups,
                            plan_from_params, run_search)
@@ -413,13 +413,7 @@ def _choose(outcome: SearchOutcome, groups: list[Group], tier2, swapper: _Swappe
     if tier2 is None:
         best = front[0]
         return best, Accuracy(best.tier, best.accuracy, best.drop, {}, "proxy (tier 1)")
-    seen: set[tuple] = set()
-    order = []
-    for r in sorted((r for r in outcome.trials if r.feasible), key=lambda r: (r.predicted_us, r.drop)):
-        key = tuple(sorted(r.params.items()))
-        if key not in seen:
-            seen.add(key)
-            order.append(r)
+    order = _distinct_feasible(outcome)
     per_error, checked, skipped = 0.0, 0, 0
     for r in order:
         err = r.proxy_error
@@ -447,6 +441,19 @@ def _choose(outcome: SearchOutcome, groups: list[Group], tier2, swapper: _Swappe
     return None, None
 
 
+def _distinct_feasible(outcome: SearchOutcome) -> list[TrialResult]:
+    """The feasible trials, fastest predicted first (then least drop), each plan once (its first
+    trial: samplers revisit plans)."""
+    seen: set[tuple] = set()
+    out = []
+    for r in sorted((r for r in outcome.trials if r.feasible), key=lambda r: (r.predicted_us, r.drop)):
+        key = tuple(sorted(r.params.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
 def _rerank(outcome: SearchOutcome, chosen: TrialResult, measure: Callable[[dict[str, str]], float],
             notes: list[str], say) -> tuple[TrialResult, list[dict[str, Any]]]:
     """The chosen plan, or a feasible plan predicted nearly as fast that runs faster end to end.
@@ -460,16 +467,9 @@ def _rerank(outcome: SearchOutcome, chosen: TrialResult, measure: Callable[[dict
     RERANK_MARGIN faster. Only where the proxy decides accuracy: every plan here is feasible on it,
     as the chosen one is (with tier 2, only the chosen plan was checked there). Returns the plan and
     the measurements (summary.json's measured_plans)."""
-    seen = {tuple(sorted(chosen.params.items()))}
-    plans = [chosen]
-    for r in sorted((r for r in outcome.trials if r.feasible), key=lambda r: (r.predicted_us, r.drop)):
-        key = tuple(sorted(r.params.items()))
-        if key in seen or r.predicted_us > (1 + RERANK_BAND) * chosen.predicted_us:
-            continue
-        if len(plans) == RERANK_PLANS:
-            break
-        seen.add(key)
-        plans.append(r)
+    near = [r for r in _distinct_feasible(outcome)
+            if r.params != chosen.params and r.predicted_us <= (1 + RERANK_BAND) * chosen.predicted_us]
+    plans = [chosen, *near[:RERANK_PLANS - 1]]
     if len(plans) == 1:
         return chosen, []
     say(f"measuring the {len(plans)} plans predicted within {RERANK_BAND:.0%} of the fastest end to end")
@@ -516,16 +516,14 @@ class _Swapper:
                         norm = self.norms.get(fqn)
                         self.bank[(fqn, name)] = cand.build(orig, act_norm=norm, fqn=fqn)  # type: ignore[union-attr]
                 module = self.bank[(fqn, name)]
-            parent, _, child = fqn.rpartition(".")
-            setattr(self.model.get_submodule(parent) if parent else self.model, child, module)
+            set_module(self.model, fqn, module)
             self.current[fqn] = name
 
     def restore(self) -> None:
         """The original modules back in every profiled layer, whatever put others there (set, or
         plan.apply)."""
         for fqn, orig in self.original.items():
-            parent, _, child = fqn.rpartition(".")
-            setattr(self.model.get_submodule(parent) if parent else self.model, child, orig)
+            set_module(self.model, fqn, orig)
         self.current = {}
 
 

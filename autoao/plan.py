@@ -298,7 +298,8 @@ def fuse_layers(model: nn.Module, fusions: list[tuple[str, ...]]) -> None:
         FusedRows(members)  # type: ignore[arg-type]
 
 
-def _set_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
+def set_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
+    """Put `new` where the submodule `fqn` of `model` is."""
     parent_name, _, child = fqn.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
@@ -335,7 +336,7 @@ def apply(
             module = cand.build(modules[fqn], act_norm=norm, fqn=fqn)
             if fqn in plan.kernels:
                 module.set_kernel(plan.kernels[fqn])
-            _set_module(model, fqn, module)
+            set_module(model, fqn, module)
         fuse_layers(model, plan.fusions)
     return model
 
@@ -420,7 +421,7 @@ def load(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         module = cand.empty(specs[fqn], _module_device(modules[fqn]))
         if fqn in plan.kernels:
             module.set_kernel(plan.kernels[fqn])
-        _set_module(model, fqn, module)
+        set_module(model, fqn, module)
     try:
         state = load_file(weights)
         with safe_open(weights, framework="pt") as f:

@@ -119,6 +119,15 @@ def time_cuda(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3, grap
     return (*_quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]), reps)
 
 
+def tuning_us(fn: Callable[[], object]) -> float:
+    """Median us of fn() as the in-process kernel tuners rank their options (the Triton GEMVs'
+    launch configs, cuSPARSELt's algorithms): 20 runs, no graph, L2 flushed by a *read* before
+    each. (triton's do_bench flushes by zeroing: the write-back of those dirty lines lands on the
+    timed kernel, and its ranking of the int4 GEMV configs ran llama8's step 1.092 ms on the H200
+    where this one's ran 0.793 ms: benchmarks/NOTES.md, session 4.)"""
+    return time_cuda(fn, reps=20, graph=False, max_seconds=0.05)[0]
+
+
 def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2, threads: int | None = None,
              max_seconds: float = 0.5) -> tuple[float, float, float, int]:
     """(median, p20, p80 in us, repeats) of fn() on the CPU with a fixed thread count; repeats are

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
 from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
-from autoao.kernels.quant import FP8_DTYPE, dequantize_output, load_triton_ops, prune_24_mask, quantize_per_token
+from autoao.kernels.quant import FP8_DTYPE, dequantize_output, prune_24_mask, quantize_per_token
 
 # cuSPARSELt's dense operand needs its row count (our M) aligned: 16 covers bf16/fp16, int8, fp8.
 _CSLT_ROW_MULTIPLE = 16
@@ -68,13 +68,13 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
     key = (w_c.numel(), tuple(xt.shape), xt.dtype, out_dtype, alpha is not None, xt.device.index)
     if key in _ALG:
         return _ALG[key]
-    if (xt.is_cuda and torch.cuda.is_current_stream_capturing()) or not load_triton_ops():
-        return 0, False  # no timing inside a graph capture; without Triton no timer: torch's default
-    from triton.testing import do_bench
+    if xt.is_cuda and torch.cuda.is_current_stream_capturing():
+        return 0, False  # no timing inside a graph capture: torch's default
+    from autoao.evaluators.timing import tuning_us
 
     ref = _cslt_row_major(w_c, xt, alpha, out_dtype, 0, False).float()  # torch's default way
     tol = 1e-2 * ref.abs().max().item()
-    best, best_ms = (0, False), float("inf")
+    best, best_us = (0, False), float("inf")
     for alg in range(_alg_count()):
         for transposed in (True, False):
             try:
@@ -83,12 +83,11 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
                 # would be fast and wrong)
                 if not y.is_contiguous() or (y.float() - ref).abs().max().item() > tol:
                     continue
-                ms = do_bench(lambda a=alg, t=transposed: _cslt_row_major(w_c, xt, alpha, out_dtype, a, t),
-                              warmup=5, rep=20)
+                us = tuning_us(lambda a=alg, t=transposed: _cslt_row_major(w_c, xt, alpha, out_dtype, a, t))
             except RuntimeError:  # an algorithm or layout this problem does not support
                 continue
-            if ms < best_ms:
-                best, best_ms = (alg, transposed), ms
+            if us < best_us:
+                best, best_us = (alg, transposed), us
     _ALG[key] = best
     return best
 

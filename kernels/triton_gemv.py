@@ -380,18 +380,12 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
         if m > MAX_ROWS:
             return candidates[0]
         return _DEFAULT if _fits(_DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
-    # Timed as the model meets the layer: L2 flushed by a *read* before each run (autoao's
-    # time_cuda). triton's do_bench zeroes its flush buffer instead, and the write-back of those
-    # dirty lines lands on the timed kernel. With its picks llama8's int4 step ran 1.092 ms on the
-    # H200, with these 0.793 ms (the list also lost a kernel in between, which do_bench had picked
-    # on 16 of 33 launches; benchmarks/NOTES.md, session 4).
-    from autoao.evaluators.timing import time_cuda
+    from autoao.evaluators.timing import tuning_us  # L2 flushed by a read, as the model meets the layer
 
     best, best_us = None, float("inf")
     for cfg in candidates:
         try:
-            us = time_cuda(lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype), reps=20,
-                           graph=False, max_seconds=0.05)[0]
+            us = tuning_us(lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype))
         except Exception:  # noqa: BLE001 - a config that does not compile (registers) is skipped
             continue
         if us < best_us:

@@ -2,7 +2,8 @@
 
 The CPU has no cuSPARSELt, so torch._cslt_sparse_mm is replaced by a dense emulation with the same
 contract (compressed W [N, K] @ dense B [K, M] -> [N, M], or [M, N] with transpose_result) and
-do_bench by a table of times: what is tested is the choice, not the library.
+the tuners' timer (evaluators.timing.tuning_us) by a table of times: what is tested is the
+choice, not the library.
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ def fake_cslt(monkeypatch):
             y = y.t().contiguous() + (100.0 if alg_id == 1 else 0.0)  # alg 1: fast and wrong
         return y.to(out_dtype or xt.dtype)
 
-    def do_bench(fn, warmup, rep):
+    def tuning_us(fn):
         alg, transposed = fn.__defaults__
         timed.append((alg, transposed))
         return times[(alg, transposed)]
 
-    import triton.testing
+    from autoao.evaluators import timing
 
     monkeypatch.setattr(torch, "_cslt_sparse_mm", cslt)
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(timing, "tuning_us", tuning_us)
     monkeypatch.setattr(sparse24, "_alg_count", lambda: 3)
     monkeypatch.setattr(sparse24, "_ALG", {})
     return timed
