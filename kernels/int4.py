@@ -7,7 +7,10 @@ CUDA has three kernels (timing picks per layer):
   rows (kernels/triton_gemv.py) and, for more rows, dequantized to bf16 for one F.linear
   (tinygemm's large-M kernel is ~20x slower than bf16 at M=2048);
 - "tinygemm_dequant": tinygemm for M <= 8 rows and the dequantizing F.linear above, for workloads
-  with both decode and prefill; it keeps both layouts (1 byte per weight instead of 0.5).
+  with both decode and prefill; it keeps both layouts (1 byte per weight instead of 0.5);
+- "cuda": autoao's CUDA C++ tensor-core GEMV (kernels/cuda_int4.py; built with nvcc on first use)
+  on its own layout for M <= 8 rows, and for more rows that layout dequantized to bf16 for one
+  F.linear.
 The CPU runs torch._weight_int4pack_mm_for_cpu on its own tiled layout.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autoao.kernels import cuda_int4
 from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
 from autoao.kernels.quant import (
     dequantize_int4_groupwise,
@@ -40,7 +44,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
     with w ~ (q - 8) * scale + zero."""
 
-    kernels = ("tinygemm", "triton", "tinygemm_dequant")
+    kernels = ("tinygemm", "triton", "tinygemm_dequant", "cuda")
     rows_independent = True  # scales and zeros per (row, group)
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
@@ -70,7 +74,10 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     def _pack(self, device):
         c = self._canon
         self.drop_runtime()  # the other kernel's layout, if any
-        self._gemv_rows = GEMV_MAX_ROWS  # rows up to which forward runs a GEMV (tinygemm or Triton)
+        self._gemv_rows = GEMV_MAX_ROWS  # rows up to which forward runs a GEMV (tinygemm, Triton, CUDA)
+        if device.type == "cuda" and self.kernel == "cuda":
+            self._pack_mma(device)
+            return
         if device.type == "cuda" and (self.kernel == "tinygemm_dequant"
                                       or (self.kernel == "triton" and load_triton_ops())):
             self._pack_canonical(device)
@@ -99,10 +106,29 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         for name in ("qweight", "scales", "zeros"):
             self.register_buffer(f"{name}_rt", self._canon[name].to(device), persistent=False)
 
+    def _pack_mma(self, device: torch.device) -> None:
+        """The CUDA kernel's layout (cuda_int4.pack_mma) on `device`, its library built; raises
+        ValueError for a shape it cannot run and RuntimeError where it cannot be built."""
+        problem = cuda_int4.unsupported(self.out_features, self.in_features, self.group_size)
+        if problem:
+            raise ValueError(f"int4 kernel 'cuda': {problem}")
+        cuda_int4.library(self.group_size, device)
+        c = self._canon
+        qw, sz = cuda_int4.pack_mma(unpack_int4(c["qweight"]).to(device), c["scales"].to(device),
+                                    c["zeros"].to(device), self.group_size)
+        self.register_buffer("qweight_mma", qw, persistent=False)
+        self.register_buffer("scales_mma", sz, persistent=False)
+
     def _forward(self, x):
         x2 = flatten_tokens(x)
         small = x2.shape[0] <= self._gemv_rows
-        if "qweight_rt" in self._buffers and not (small and self.kernel == "tinygemm_dequant"):
+        if "qweight_mma" in self._buffers:
+            if small:
+                y = torch.ops.autoao.int4_gemv_cuda(x2, self.qweight_mma, self.scales_mma, self.group_size)
+            else:
+                w = cuda_int4.dequantize_mma(self.qweight_mma, self.scales_mma, self.group_size)
+                y = F.linear(x2.to(torch.bfloat16), w)
+        elif "qweight_rt" in self._buffers and not (small and self.kernel == "tinygemm_dequant"):
             xb = x2.to(torch.bfloat16)
             if small:
                 y = torch.ops.autoao.int4_gemv(xb, self.qweight_rt, self.scales_rt, self.zeros_rt, self.group_size)

@@ -1,0 +1,225 @@
+// int4 weight-only GEMV / skinny GEMM (M <= 8 tokens) on tensor cores: autoao's "cuda" int4 kernel.
+//
+// Built by kernels/cuda_int4.py with nvcc (one shared library per group size, -DAUTOAO_GROUP=G) and
+// called through ctypes on torch's current stream; the layouts are made by pack_mma() there.
+//
+// Why: at M = 1 a layer's only job is to stream its weights once. The Triton int4 kernels reach
+// ~2 TB/s on the H200: the CUDA-core ones issue ~3 instructions per nibble, and Triton's
+// tensor-core one routes x and the weight tile through shared memory with CTA barriers
+// (benchmarks/NOTES.md, session 4). Here every weight byte goes global memory -> registers ->
+// tensor core, with no shared memory and no barrier until the final cross-warp sum:
+// - the weights are pre-permuted (pack_mma) so that one 16-byte load per lane is exactly its
+//   mma.m16n8k16 A-operand registers for four k-steps of one 16-row tile;
+// - a nibble pair becomes the bf16x2 (128 + q0, 128 + q1) by one LOP3 (0x4300 | q is bf16 128 + q);
+//   3 shifts + 4 LOP3 per 8 weights, then one mma: ~1 instruction per weight;
+// - scales and zeros apply once per group and row: sum_k w x = s * sum (128 + q) x + (z - 136 s) X
+//   with X = sum_k x over the group, which a second mma (A = ones) gives in the C layout;
+// - several k-chunks of loads are in flight per warp (a register ring of PU units), warps of a
+//   CTA split K and add their partial sums through shared memory once at the end.
+//
+// Layouts (N, K: weight [N, K]; G: group size; UK = max(G, 64) k per unit; GU = UK / G):
+//   qw [N/16, K/64, 32 lanes, 4] uint32: word j (k-step within the 64-chunk) of lane (g, t)
+//     (g = lane / 4, t = lane % 4) holds rows 16T + g (nibbles at bits 0,16,8,24) and 16T + g + 8
+//     (bits 4,20,12,28) at k = 64c + 32(j/2) + 8t + 4(j%2) + e, e = 0..3 in that bit order.
+//   sz [N/16, K/UK, 8, GU, 2] uint32: (bf16 scale | bf16 zero << 16) for row 16T + g (+8 for the
+//     last index = 1) and group GU*u + i.
+//   x [M, K] bf16 with row stride x_stride (elements; a multiple of 8, 16-byte aligned rows);
+//   y [M, N] bf16.
+// So that 16-byte x loads match, the mma's k order is permuted the same way on both operands:
+// lane t's loads of x[64c + 32h + 8t .. +8] give its B registers for k-steps 2h and 2h + 1.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#ifndef AUTOAO_GROUP
+#error "compile with -DAUTOAO_GROUP=32|64|128"
+#endif
+
+namespace {
+
+constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1.0, 1.0)
+
+// bits 0-3 and 16-19 of w -> bf16x2 (128 + q_lo, 128 + q_hi): (w & 0x000f000f) | 0x43004300
+__device__ __forceinline__ uint32_t nib2(uint32_t w) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "n"(0x000f000f), "n"(0x43004300));
+  return r;
+}
+
+// c[4] (16x8 fp32 C fragment) += A (16x16 bf16, 4 registers) @ B (16x8 bf16, 2 registers)
+__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                    uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <int GU> struct SzVec;
+template <> struct SzVec<1> { using type = uint2; };
+template <> struct SzVec<2> { using type = uint4; };
+
+__device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
+
+template <int G, int RT, int KW, int PU>
+__global__ void __launch_bounds__(KW * 32)
+int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
+              __nv_bfloat16* __restrict__ y, int M, int N, int K, long long x_stride) {
+  constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
+  constexpr int UC = UK / 64;          // 64-k chunks per unit
+  constexpr int GU = UK / G;           // groups per unit
+  constexpr int SPG = G / 16;          // mma k-steps per group
+  using SZ = typename SzVec<GU>::type;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int ntiles = N / 16, nchunks = K / 64, nunits = K / UK;
+  const int tile0 = blockIdx.x * RT;
+  // this warp's units of K: [u0, u0 + nu); B column g is token g (with fewer tokens the extra
+  // columns repeat the last one: never stored)
+  const int u0 = warp * nunits / KW, nu = (warp + 1) * nunits / KW - u0;
+  const __nv_bfloat16* xq = x + (long long)min(g, M - 1) * x_stride + 8 * t + (long long)u0 * UK;
+  const uint4* wq[RT];
+  const SZ* sq[RT];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    const long long T = min(tile0 + r, ntiles - 1);  // past the last tile: a copy, never stored
+    wq[r] = qw + (T * nchunks + (long long)u0 * UC) * 32 + lane;
+    sq[r] = reinterpret_cast<const SZ*>(sz) + (T * nunits + u0) * 8 + g;
+  }
+
+  // The ring: PU units of loads; slot p holds unit u0 + i + p. A slot is refilled right after
+  // its unit is computed, so PU - 1 units are in flight during each unit's math. Offsets from the
+  // pointers are compile-time constants (folded into the load instructions); the pointers move
+  // once per PU units.
+  uint4 wb[PU][RT][UC];
+  uint4 xb[PU][UC][2];
+  SZ sb[PU][RT];
+  auto load = [&](uint4 (&w)[RT][UC], uint4 (&xv)[UC][2], SZ (&s)[RT], int off) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+      for (int ch = 0; ch < UC; ++ch) w[r][ch] = __ldcs(wq[r] + (off * UC + ch) * 32);  // streamed once
+      s[r] = __ldg(sq[r] + off * 8);
+    }
+#pragma unroll
+    for (int ch = 0; ch < UC; ++ch) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + off * UK + ch * 64 + 32 * h));
+    }
+  };
+
+  float acc[RT][4];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+
+#pragma unroll
+  for (int p = 0; p < PU; ++p)
+    if (p < nu) load(wb[p], xb[p], sb[p], p);
+
+  for (int i = 0; i < nu; i += PU) {
+#pragma unroll
+    for (int p = 0; p < PU; ++p) {
+      if (i + p < nu) {
+        float c[RT][4], xs[4];
+#pragma unroll
+        for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
+          const int ch = st / 4, j = st % 4;
+          if (st % SPG == 0) {
+            xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
+          }
+          const uint4& xv = xb[p][ch][j / 2];
+          const uint32_t b0 = word(xv, 2 * (j % 2)), b1 = word(xv, 2 * (j % 2) + 1);
+          mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            const uint32_t q = word(wb[p][r][ch], j);
+            mma(c[r], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
+          }
+          if (st % SPG == SPG - 1) {  // group done: scale, zero
+            const int gi = st / SPG;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              const uint32_t pa = word(sb[p][r], 2 * gi), pb = word(sb[p][r], 2 * gi + 1);  // rows g, g + 8
+              const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
+              const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
+              const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
+              acc[r][0] = fmaf(sa, c[r][0], fmaf(zza, xs[0], acc[r][0]));
+              acc[r][1] = fmaf(sa, c[r][1], fmaf(zza, xs[1], acc[r][1]));
+              acc[r][2] = fmaf(sb2, c[r][2], fmaf(zzb, xs[2], acc[r][2]));
+              acc[r][3] = fmaf(sb2, c[r][3], fmaf(zzb, xs[3], acc[r][3]));
+            }
+          }
+        }
+        if (i + p + PU < nu) load(wb[p], xb[p], sb[p], p + PU);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RT; ++r) wq[r] += PU * UC * 32, sq[r] += PU * 8;
+    xq += PU * UK;
+  }
+
+  // C fragment: acc[r][0] = (row g, token 2t), [1] = (g, 2t + 1), [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)
+  __shared__ float red[KW][RT][16][8];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    red[warp][r][g][2 * t] = acc[r][0];
+    red[warp][r][g][2 * t + 1] = acc[r][1];
+    red[warp][r][g + 8][2 * t] = acc[r][2];
+    red[warp][r][g + 8][2 * t + 1] = acc[r][3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < RT * 16 * M; i += KW * 32) {
+    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
+    if (tile0 + r >= ntiles) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) v += red[w][r][row][m];
+    y[(long long)m * N + (tile0 + r) * 16 + row] = __float2bfloat16(v);
+  }
+}
+
+template <int RT, int KW, int PU>
+int launch(const void* x, const void* qw, const void* sz, void* y, int M, int N, int K, long long x_stride,
+           cudaStream_t stream) {
+  const int tiles = N / 16;
+  int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU><<<(tiles + RT - 1) / RT, KW * 32, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz),
+      static_cast<__nv_bfloat16*>(y), M, N, K, x_stride);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+// The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them): RT row
+// tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of loads in flight per warp
+// (KW = 16 with more chunks in flight spills registers under the 128 a thread that 512 threads allow).
+#define AUTOAO_CONFIGS(X) \
+  X(1, 4, 2) X(1, 4, 4) X(1, 4, 8) X(1, 8, 2) X(1, 8, 4) X(1, 8, 8) X(1, 16, 2) X(1, 16, 4) \
+  X(2, 4, 2) X(2, 4, 4) X(2, 8, 2) X(2, 8, 4) X(2, 16, 2)
+
+extern "C" {
+
+// Returns 0 on success, -1 for a configuration not built, else the cudaError_t of the launch.
+int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, int M, int N, int K,
+                         long long x_stride, int rt, int kw, int cif, void* stream) {
+  constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
+#define AUTOAO_CASE(R, W, C)                                                                      \
+  if (rt == R && kw == W && cif == C)                                                             \
+    return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, M, N, K, x_stride,           \
+                                                    static_cast<cudaStream_t>(stream));
+  AUTOAO_CONFIGS(AUTOAO_CASE)
+#undef AUTOAO_CASE
+  return -1;
+}
+
+int autoao_int4_mma_group() { return AUTOAO_GROUP; }
+
+}  // extern "C"

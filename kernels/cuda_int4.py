@@ -1,0 +1,239 @@
+"""int4 weight-only GEMV on tensor cores in CUDA C++ (kernels/cuda/int4_mma.cu): the "cuda" kernel
+of Int4WeightOnlyLinear, for M <= 8 rows.
+
+Why a CUDA kernel next to the Triton ones: on the H200 the Triton int4 GEMVs stream weights at
+~2 TB/s (CUDA-core kernels issue ~3 instructions per nibble; Triton's tensor-core kernel passes x
+and each weight tile through shared memory with CTA barriers), about half the bandwidth roofline
+(benchmarks/NOTES.md, session 4). Here each lane's 16-byte weight load *is* its mma.m16n8k16
+A-operand registers for four k-steps (the layout pack_mma makes), nibbles become bf16 by LOP3s, and
+nothing touches shared memory until the warps of a CTA add their partial sums (the .cu file's
+header has the details). Two numbers per layer N x K at M rows: bytes = N*K/2 + 4*N*K/g (scales and
+zeros) + 2*M*(K + N); FLOPs = 2*M*N*K.
+
+Building: the .cu file ships with the package and is compiled on first use with the CUDA toolkit's
+nvcc (PATH, $CUDA_HOME or /usr/local/cuda) for the GPU's architecture (sm_80 or newer: bf16 mma),
+one shared library per group size, cached under autoao's cache directory keyed by the source's
+hash; it is called through ctypes on torch's current stream (so CUDA graphs capture it) and
+registered as the custom op `autoao::int4_gemv_cuda` (opaque to torch.compile). Where nvcc or a
+suitable GPU is missing, packing raises RuntimeError saying so, and timing records the kernel as
+failed (it is then never chosen).
+
+Layouts (made from autoao's canonical int4 tensors, see the .cu header):
+  qw [N/16, K/64, 32, 4] int32: per 16-row tile and 64-k chunk, each lane's four A-operand words;
+  sz [N/16, K/UK, 8, GU, 2] int32: (bf16 scale | bf16 zero << 16) per row and group, UK = max(g, 64)
+  and GU = UK / g, in the order each lane reads them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+MAX_ROWS = 8  # tokens per call: the mma's B operand has 8 columns
+_SOURCE = Path(__file__).with_name("cuda") / "int4_mma.cu"
+# lane (g, t) word j: nibble bit positions for row offset ro (0: row g, 1: row g + 8) and k offset
+# e = 0..3 (k = 64c + 32(j // 2) + 8t + 4(j % 2) + e)
+_SHIFTS = ((0, 16, 8, 24), (4, 20, 12, 28))
+
+
+def unit_k(group_size: int) -> int:
+    """k per unit of the kernel's loop: whole groups and whole 64-k chunks."""
+    return max(group_size, 64)
+
+
+def unsupported(n: int, k: int, group_size: int) -> str | None:
+    """Why the kernel cannot run an N x K layer with this group size (None: it can)."""
+    if group_size not in (32, 64, 128):
+        return f"group_size {group_size} (the CUDA int4 kernel is built for 32, 64, 128)"
+    if n % 16:
+        return f"out_features {n} is not a multiple of 16 (the mma tile's rows)"
+    if k % unit_k(group_size):
+        return f"in_features {k} is not a multiple of {unit_k(group_size)} (64-k chunks of whole groups)"
+    return None
+
+
+def pack_mma(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [N, K] integer values 0..15 (unpacked), scales/zeros [N, K/g] bf16 -> (qw, sz) in the
+    kernel's layouts (module docstring), on q's device. Raises ValueError for shapes the kernel
+    cannot run (unsupported)."""
+    n, k = q.shape
+    problem = unsupported(n, k, group_size)
+    if problem:
+        raise ValueError(f"pack_mma: {problem}")
+    # [N, K] -> [T, ro, g, c, h, t, s, e] (row 16T + 8ro + g, k = 64c + 32h + 8t + 4s + e)
+    # -> [T, c, g, t, h, s, ro, e]; the (ro, e) nibbles of a word are summed at their bit positions
+    q8 = q.to(torch.int64).reshape(n // 16, 2, 8, k // 64, 2, 4, 2, 4).permute(0, 3, 2, 5, 4, 6, 1, 7)
+    shifts = torch.tensor(_SHIFTS, dtype=torch.int64, device=q.device)
+    words = (q8 << shifts).sum(dim=(-2, -1))  # [T, c, g, t, h, s], 0 .. 2**32 - 1
+    qw = (words - (words >= 2 ** 31).to(torch.int64) * 2 ** 32).to(torch.int32).reshape(n // 16, k // 64, 32, 4)
+    uk = unit_k(group_size)
+    pair = (zeros.view(torch.int16).to(torch.int32) << 16) | (scales.view(torch.int16).to(torch.int32) & 0xFFFF)
+    # [N, K/g] -> [T, ro, g, u, i] (row 16T + 8ro + g, group u * GU + i) -> [T, u, g, i, ro]
+    sz = pair.reshape(n // 16, 2, 8, k // uk, uk // group_size).permute(0, 3, 2, 4, 1).contiguous()
+    return qw.contiguous(), sz
+
+
+def unpack_mma(qw: torch.Tensor, sz: torch.Tensor, group_size: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of pack_mma: (q [N, K] int32 0..15, scales [N, K/g] bf16, zeros [N, K/g] bf16)."""
+    tiles, chunks = qw.shape[:2]
+    n, k = tiles * 16, chunks * 64
+    words = qw.to(torch.int64).reshape(tiles, chunks, 8, 4, 2, 2) & 0xFFFFFFFF  # [T, c, g, t, h, s]
+    shifts = torch.tensor(_SHIFTS, dtype=torch.int64, device=qw.device)
+    q = (words[..., None, None] >> shifts) & 15  # [T, c, g, t, h, s, ro, e]
+    q = q.permute(0, 6, 2, 1, 4, 3, 5, 7).reshape(n, k).to(torch.int32)
+    pair = sz.permute(0, 4, 2, 1, 3).reshape(n, k // group_size)  # [T, ro, g, u, i] -> [N, K/g]
+    scales = (pair & 0xFFFF).to(torch.int16).view(torch.bfloat16)
+    zeros = (pair >> 16).to(torch.int16).view(torch.bfloat16)
+    return q, scales, zeros
+
+
+def dequantize_mma(qw: torch.Tensor, sz: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16
+                   ) -> torch.Tensor:
+    """The [N, K] weight (q - 8) * scale + zero, in `dtype`, from the kernel's layouts (the path
+    for more than MAX_ROWS rows, and the tests' reference)."""
+    q, scales, zeros = unpack_mma(qw, sz, group_size)
+    n, k = q.shape
+    w = (q.float() - 8).reshape(n, k // group_size, group_size) * scales.float()[..., None] + zeros.float()[..., None]
+    return w.reshape(n, k).to(dtype)
+
+
+##### build and load ###########################################################################
+
+_TOOLKIT_DEFAULT = "/usr/local/cuda"
+
+
+def _nvcc() -> str:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), _TOOLKIT_DEFAULT):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    raise RuntimeError("the CUDA int4 kernel needs nvcc (the CUDA toolkit) to build on first use: none on PATH, "
+                       "$CUDA_HOME, $CUDA_PATH or /usr/local/cuda. Install the toolkit matching your driver, or "
+                       "use int4's 'triton' or 'tinygemm' kernel.")
+
+
+_LIBS: dict[tuple[int, int], ctypes.CDLL] = {}
+
+
+def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
+    """The kernel built for `group_size` and the GPU's architecture, compiled with nvcc on first
+    use (a few seconds) and cached on disk; raises RuntimeError naming what is missing."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the CUDA int4 kernel needs a CUDA device")
+    major, minor = torch.cuda.get_device_capability(device)
+    key = (group_size, major * 10 + minor)
+    if key in _LIBS:
+        return _LIBS[key]
+    if major < 8:
+        raise RuntimeError(f"the CUDA int4 kernel needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
+    from autoao.evaluators.cache import cache_dir
+
+    arch = f"{major}{minor}"
+    flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+             f"-DAUTOAO_GROUP={group_size}"]
+    source = _SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    out = cache_dir() / "cuda" / f"int4_mma_g{group_size}_sm{arch}_{digest}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        cmd = [_nvcc(), *flags, "-o", tmp, str(_SOURCE)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            os.unlink(tmp)
+            raise RuntimeError(f"building the CUDA int4 kernel failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+        os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
+    lib = ctypes.CDLL(str(out))
+    lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
+        [ctypes.c_int] * 3 + [ctypes.c_void_p]
+    lib.autoao_int4_mma_gemv.restype = ctypes.c_int
+    _LIBS[key] = lib
+    return lib
+
+
+##### launch configurations ####################################################################
+
+@dataclass(frozen=True)
+class Config:
+    rows: int  # 16-row tiles per warp (RT)
+    warps: int  # warps per CTA, splitting K (KW)
+    chunks: int  # 64-k chunks of loads in flight per warp (CIF)
+
+
+# The instantiations in int4_mma.cu (AUTOAO_CONFIGS): keep the two lists equal.
+CONFIGS = tuple(Config(*c) for c in [
+    (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4), (1, 8, 8), (1, 16, 2), (1, 16, 4),
+    (2, 4, 2), (2, 4, 4), (2, 8, 2), (2, 8, 4), (2, 16, 2)])
+_DEFAULT = Config(1, 8, 4)
+_TUNED: dict[tuple, Config] = {}
+
+
+def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int, cfg: Config) -> torch.Tensor:
+    m, k = x.shape
+    n = qw.shape[0] * 16
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    lib = library(group_size, x.device)
+    err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), m, n, k, x.stride(0),
+                                   cfg.rows, cfg.warps, cfg.chunks, torch.cuda.current_stream(x.device).cuda_stream)
+    if err:
+        raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "
+                           + ("an unbuilt configuration" if err < 0 else f"CUDA error {err}"))
+    return y
+
+
+def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> Config:
+    """The fastest config for (N, K, M, group), timed once per process (the default while a CUDA
+    graph is being captured: nothing can be timed then)."""
+    m, k = x.shape
+    key = (qw.shape[0] * 16, k, m, group_size, x.device.index)
+    cfg = _TUNED.get(key)
+    if cfg is not None:
+        return cfg
+    if torch.cuda.is_current_stream_capturing():
+        return _DEFAULT
+    from autoao.evaluators.timing import tuning_us  # L2 flushed by a read, as the model meets the layer
+
+    best, best_us = _DEFAULT, float("inf")
+    for cfg in CONFIGS:
+        us = tuning_us(lambda: _launch(x, qw, sz, group_size, cfg))
+        if us < best_us:
+            best, best_us = cfg, us
+    _TUNED[key] = best
+    return best
+
+
+def int4_gemv_cuda_impl(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [M <= 8, K] -> [M, N] bf16 = x @ w^T for the int4 weight in the kernel's layouts (qw, sz
+    from pack_mma), w = (q - 8) * scale + zero; x is used as bf16."""
+    k = qw.shape[1] * 64
+    if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"int4_gemv_cuda: x must be [M <= {MAX_ROWS}, {k}], got {tuple(x.shape)}")
+    x = x.to(torch.bfloat16)
+    # 16-byte loads of x's rows: contiguous rows, 16-byte aligned start
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)
+    return _launch(x, qw, sz, group_size, _tune(x, qw, sz, group_size))
+
+
+@torch.library.custom_op("autoao::int4_gemv_cuda", mutates_args=())
+def int4_gemv_cuda(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Custom-op wrapper of int4_gemv_cuda_impl (opaque to torch.compile, capturable in CUDA graphs)."""
+    return int4_gemv_cuda_impl(x, qw, sz, group_size)
+
+
+@int4_gemv_cuda.register_fake
+def _(x, qw, sz, group_size):
+    return x.new_empty((x.shape[0], qw.shape[0] * 16), dtype=torch.bfloat16)

@@ -1,0 +1,138 @@
+"""The CUDA int4 kernel's layout (packing, on the CPU) and, where a GPU and nvcc exist, the kernel
+against the dequantized reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoao import search_space
+from autoao.kernels import cuda_int4
+from autoao.kernels.quant import dequantize_int4_groupwise, quantize_int4_groupwise
+
+
+@pytest.mark.parametrize("n,k,group", [(32, 128, 32), (48, 256, 64), (16, 384, 128), (64, 192, 64)])
+def test_pack_round_trips_and_dequantizes_like_the_canonical_format(n, k, group):
+    torch.manual_seed(0)
+    q, s, z = quantize_int4_groupwise(torch.randn(n, k), group)
+    qw, sz = cuda_int4.pack_mma(q, s, z, group)
+    assert qw.shape == (n // 16, k // 64, 32, 4) and qw.dtype == torch.int32
+    q2, s2, z2 = cuda_int4.unpack_mma(qw, sz, group)
+    assert torch.equal(q2, q.to(torch.int32)) and torch.equal(s2, s) and torch.equal(z2, z)
+    ref = dequantize_int4_groupwise(q, s, z).float()
+    assert torch.equal(cuda_int4.dequantize_mma(qw, sz, group, torch.float32), ref)
+
+
+def test_each_nibble_and_scale_sits_where_the_kernel_reads_it():
+    # The .cu header's contract: row 16T + 8ro + g, k = 64c + 32h + 8t + 4s + e sits in lane 4g + t,
+    # word 2h + s, at bit (0, 16, 8, 24)[e] + 4ro; scales and zeros of (row, group) at
+    # sz[T, u, g, i, ro] as (scale bits | zero bits << 16).
+    n, k, group = 32, 128, 32
+    for row, kk in [(0, 0), (9, 45), (31, 127), (20, 70)]:
+        q = torch.zeros(n, k, dtype=torch.int32)
+        q[row, kk] = 5
+        s = torch.zeros(n, k // group, dtype=torch.bfloat16)
+        s[row, kk // group] = 2.0  # bits 0x4000
+        z = torch.zeros_like(s)
+        z[row, kk // group] = -1.0  # bits 0xBF80
+        qw, sz = cuda_int4.pack_mma(q, s, z, group)
+        tile, ro, g = row // 16, (row % 16) // 8, row % 8
+        c, h, t, sub, e = kk // 64, (kk % 64) // 32, (kk % 32) // 8, (kk % 8) // 4, kk % 4
+        expected = torch.zeros_like(qw)
+        expected[tile, c, 4 * g + t, 2 * h + sub] = 5 << ((0, 16, 8, 24)[e] + 4 * ro)
+        assert torch.equal(qw, expected), (row, kk)
+        u, i = kk // 64, (kk % 64) // group  # units of 64 k: two groups of 32 each
+        (hit,) = (sz != 0).nonzero().tolist()
+        assert hit == [tile, u, g, i, ro], (row, kk, hit)
+        assert sz[tuple(hit)].item() & 0xFFFFFFFF == 0xBF804000
+
+
+def test_unsupported_shapes_are_named():
+    assert cuda_int4.unsupported(4096, 4096, 128) is None
+    assert "multiple of 16" in cuda_int4.unsupported(40, 4096, 128)
+    assert "multiple of 128" in cuda_int4.unsupported(4096, 576, 128)
+    assert cuda_int4.unsupported(4096, 576, 64) is None
+    assert "group_size 256" in cuda_int4.unsupported(4096, 4096, 256)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cuda_int4.pack_mma(torch.zeros(40, 128, dtype=torch.int32), torch.zeros(40, 1), torch.zeros(40, 1), 128)
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(cuda_int4.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(cuda_int4, "_TOOLKIT_DEFAULT", str(tmp_path))
+    with pytest.raises(RuntimeError, match="needs nvcc"):
+        cuda_int4._nvcc()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_no_gpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        cuda_int4.library(128)
+
+
+def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(monkeypatch):
+    # The module's CUDA "cuda" branch, on the CPU: the build is skipped and the op's body replaced by
+    # the layout's own dequantization, counting its calls.
+    calls = []
+
+    def fake_gemv(x, qw, sz, group_size):
+        calls.append(x.shape[0])
+        return x.to(torch.bfloat16) @ cuda_int4.dequantize_mma(qw, sz, group_size).t()
+
+    monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: None)
+    monkeypatch.setattr(cuda_int4, "int4_gemv_cuda_impl", fake_gemv)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 48, bias=True).to(torch.bfloat16)
+    mod = search_space.get("int4_wo", group_size=64).build(lin)
+    mod.kernel = "cuda"
+    mod._pack_mma(torch.device("cpu"))
+    for shape in [(1, 256), (2, 4, 256), (20, 256)]:
+        x = torch.randn(*shape).to(torch.bfloat16)
+        y, ref = mod._forward(x), mod.reference(x)
+        assert y.shape == ref.shape and y.dtype == torch.bfloat16
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2, shape
+    assert calls == [1, 8]  # 20 rows: the dequantized weight in one F.linear
+
+
+def test_kernel_rejects_a_shape_it_cannot_run():
+    lin = torch.nn.Linear(96, 32).to(torch.bfloat16)  # int4 g32 runs K=96; the CUDA kernel needs 64-k chunks
+    mod = search_space.get("int4_wo", group_size=32).build(lin)
+    mod.kernel = "cuda"
+    with pytest.raises(ValueError, match="kernel 'cuda': in_features 96"):
+        mod._pack_mma(torch.device("cpu"))
+
+
+def _cuda_kernel_ready() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        cuda_int4.library(128)
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _cuda_kernel_ready(), reason="needs a CUDA GPU (sm_80+) and nvcc")
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_cuda_kernel_matches_the_dequantized_reference(group):
+    torch.manual_seed(0)
+    for n, k in [(48, 256), (4096, 1024), (272, 2048)]:
+        w = torch.randn(n, k, device="cuda") * k ** -0.5
+        q, s, z = quantize_int4_groupwise(w, group)
+        qw, sz = cuda_int4.pack_mma(q, s, z, group)
+        wd = dequantize_int4_groupwise(q, s, z).double()
+        for m in (1, 3, 8):
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            ref = x.double() @ wd.t()
+            for cfg in cuda_int4.CONFIGS:
+                y = cuda_int4._launch(x, qw, sz, group, cfg)
+                err = ((y.double() - ref).norm() / ref.norm()).item()
+                assert err < 5e-3, (n, k, m, cfg, err)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                yg = cuda_int4.int4_gemv_cuda(x, qw, sz, group)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert ((yg.double() - ref).norm() / ref.norm()).item() < 5e-3
