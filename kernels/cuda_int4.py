@@ -157,8 +157,8 @@ def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
             raise RuntimeError(f"building the CUDA int4 kernel failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
     lib = ctypes.CDLL(str(out))
-    lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 3 + [ctypes.c_void_p]
+    lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
+        [ctypes.c_int] * 4 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     _LIBS[key] = lib
     return lib
@@ -170,15 +170,32 @@ def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
 class Config:
     rows: int  # 16-row tiles per warp (RT)
     warps: int  # warps per CTA, splitting K (KW)
-    chunks: int  # 64-k chunks of loads in flight per warp (CIF)
+    chunks: int  # 64-k chunks of weights in flight per warp (CIF)
+    split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
 
 
-# The instantiations in int4_mma.cu (AUTOAO_CONFIGS): keep the two lists equal.
-CONFIGS = tuple(Config(*c) for c in [
-    (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4), (1, 8, 8), (1, 16, 2), (1, 16, 4),
-    (2, 4, 2), (2, 4, 4), (2, 8, 2), (2, 8, 4), (2, 16, 2)])
-_DEFAULT = Config(1, 8, 4)
+# The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with split-K 1, 2, 4 and 8.
+_BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4),
+          (2, 2, 4), (2, 4, 2), (2, 4, 4), (2, 8, 2)]
+CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
+_DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
+# Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
+# counters. The kernel leaves the counters at zero, so layers of the same width share them (calls on
+# one stream run one after another), and they are never freed: a captured CUDA graph keeps using
+# the addresses it saw.
+_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(device: torch.device, n: int, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (device.index, n, split)
+    if key not in _SCRATCH:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("int4_gemv_cuda: split-K scratch must be allocated before CUDA graph capture "
+                               "(run the layer once first)")
+        _SCRATCH[key] = (torch.empty((split, MAX_ROWS, n), dtype=torch.float32, device=device),
+                         torch.zeros(-(-n // 16), dtype=torch.int32, device=device))
+    return _SCRATCH[key]
 
 
 def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int, cfg: Config) -> torch.Tensor:
@@ -186,8 +203,13 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     n = qw.shape[0] * 16
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     lib = library(group_size, x.device)
-    err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), m, n, k, x.stride(0),
-                                   cfg.rows, cfg.warps, cfg.chunks, torch.cuda.current_stream(x.device).cuda_stream)
+    partials = arrived = 0
+    if cfg.split > 1:
+        p, a = _scratch(x.device, n, cfg.split)
+        partials, arrived = p.data_ptr(), a.data_ptr()
+    err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
+                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
+                                   torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "
                            + ("an unbuilt configuration" if err < 0 else f"CUDA error {err}"))
@@ -207,7 +229,10 @@ def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
     from autoao.evaluators.timing import tuning_us  # L2 flushed by a read, as the model meets the layer
 
     best, best_us = _DEFAULT, float("inf")
+    units = k // unit_k(group_size)
     for cfg in CONFIGS:
+        if cfg.split * cfg.warps > units:  # idle warps
+            continue
         us = tuning_us(lambda: _launch(x, qw, sz, group_size, cfg))
         if us < best_us:
             best, best_us = cfg, us

@@ -69,7 +69,8 @@ __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 
 template <int G, int RT, int KW, int PU>
 __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
-              __nv_bfloat16* __restrict__ y, int M, int N, int K, long long x_stride) {
+              __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
+              int K, long long x_stride) {
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
@@ -80,9 +81,10 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   const int g = lane >> 2, t = lane & 3;
   const int ntiles = N / 16, nchunks = K / 64, nunits = K / UK;
   const int tile0 = blockIdx.x * RT;
-  // this warp's units of K: [u0, u0 + nu); B column g is token g (with fewer tokens the extra
-  // columns repeat the last one: never stored)
-  const int u0 = warp * nunits / KW, nu = (warp + 1) * nunits / KW - u0;
+  // This CTA's units of K (split-K over gridDim.y CTAs), then this warp's share: [u0, u0 + nu).
+  const int cu0 = blockIdx.y * nunits / gridDim.y, cnu = (blockIdx.y + 1) * nunits / gridDim.y - cu0;
+  const int u0 = cu0 + warp * cnu / KW, nu = cu0 + (warp + 1) * cnu / KW - u0;
+  // B column g is token g (with fewer tokens the extra columns repeat the last one: never stored)
   const __nv_bfloat16* xq = x + (long long)min(g, M - 1) * x_stride + 8 * t + (long long)u0 * UK;
   const uint4* wq[RT];
   const SZ* sq[RT];
@@ -93,24 +95,19 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
     sq[r] = reinterpret_cast<const SZ*>(sz) + (T * nunits + u0) * 8 + g;
   }
 
-  // The ring: PU units of loads; slot p holds unit u0 + i + p. A slot is refilled right after
-  // its unit is computed, so PU - 1 units are in flight during each unit's math. Offsets from the
-  // pointers are compile-time constants (folded into the load instructions); the pointers move
-  // once per PU units.
+  // The ring of weight loads: PU units; slot p holds unit u0 + i + p and is refilled right after
+  // its unit is computed, so PU - 1 units of weights are in flight during each unit's math.
+  // Offsets from the pointers are compile-time constants (folded into the load instructions); the
+  // pointers move once per PU units. x is not in the ring (its registers would halve the weights'
+  // depth): it is read per unit from L1, where the whole of x (<= 8 x K bf16) stays after first use.
   uint4 wb[PU][RT][UC];
-  uint4 xb[PU][UC][2];
   SZ sb[PU][RT];
-  auto load = [&](uint4 (&w)[RT][UC], uint4 (&xv)[UC][2], SZ (&s)[RT], int off) {
+  auto load = [&](uint4 (&w)[RT][UC], SZ (&s)[RT], int off) {
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
 #pragma unroll
       for (int ch = 0; ch < UC; ++ch) w[r][ch] = __ldcs(wq[r] + (off * UC + ch) * 32);  // streamed once
       s[r] = __ldg(sq[r] + off * 8);
-    }
-#pragma unroll
-    for (int ch = 0; ch < UC; ++ch) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + off * UK + ch * 64 + 32 * h));
     }
   };
 
@@ -120,12 +117,18 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 
 #pragma unroll
   for (int p = 0; p < PU; ++p)
-    if (p < nu) load(wb[p], xb[p], sb[p], p);
+    if (p < nu) load(wb[p], sb[p], p);
 
   for (int i = 0; i < nu; i += PU) {
 #pragma unroll
     for (int p = 0; p < PU; ++p) {
       if (i + p < nu) {
+        uint4 xv[UC][2];
+#pragma unroll
+        for (int ch = 0; ch < UC; ++ch) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * UK + ch * 64 + 32 * h));
+        }
         float c[RT][4], xs[4];
 #pragma unroll
         for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
@@ -135,8 +138,8 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
             for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
           }
-          const uint4& xv = xb[p][ch][j / 2];
-          const uint32_t b0 = word(xv, 2 * (j % 2)), b1 = word(xv, 2 * (j % 2) + 1);
+          const uint4& xw = xv[ch][j / 2];
+          const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
           mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
@@ -158,7 +161,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
             }
           }
         }
-        if (i + p + PU < nu) load(wb[p], xb[p], sb[p], p + PU);
+        if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
       }
     }
 #pragma unroll
@@ -168,6 +171,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 
   // C fragment: acc[r][0] = (row g, token 2t), [1] = (g, 2t + 1), [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)
   __shared__ float red[KW][RT][16][8];
+  __shared__ bool last;
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
     red[warp][r][g][2 * t] = acc[r][0];
@@ -176,45 +180,69 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
     red[warp][r][g + 8][2 * t + 1] = acc[r][3];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < RT * 16 * M; i += KW * 32) {
-    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
-    if (tile0 + r >= ntiles) continue;
-    float v = 0.f;
+  const int split = gridDim.y, outs = RT * 16 * M;
+  // thread i < outs owns output (row r * 16 + i % 16 of this CTA, token (i / 16) % M)
+  const int mine = threadIdx.x, r = mine / (16 * M), m = (mine / 16) % M, row = mine % 16;
+  const long long n = (long long)(tile0 + r) * 16 + row;
+  const bool owner = mine < outs && tile0 + r < ntiles;
+  float v = 0.f;
+  if (mine < outs) {
 #pragma unroll
     for (int w = 0; w < KW; ++w) v += red[w][r][row][m];
-    y[(long long)m * N + (tile0 + r) * 16 + row] = __float2bfloat16(v);
   }
+  if (split == 1) {
+    if (owner) y[m * N + n] = __float2bfloat16(v);
+    return;
+  }
+  // Split-K: partials [split, M, N] fp32; the last CTA of this column block to arrive adds them up,
+  // writes y and re-arms the counter (so the next call, or a CUDA graph's next replay, starts at 0).
+  if (owner) partials[((long long)blockIdx.y * M + m) * N + n] = v;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrived + blockIdx.x, 1) == split - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (owner) {
+    float sum = 0.f;
+    for (int s2 = 0; s2 < split; ++s2) sum += __ldcg(partials + ((long long)s2 * M + m) * N + n);
+    y[m * N + n] = __float2bfloat16(sum);
+  }
+  if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
 }
 
 template <int RT, int KW, int PU>
-int launch(const void* x, const void* qw, const void* sz, void* y, int M, int N, int K, long long x_stride,
-           cudaStream_t stream) {
+int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
+           long long x_stride, int split, cudaStream_t stream) {
   const int tiles = N / 16;
-  int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU><<<(tiles + RT - 1) / RT, KW * 32, 0, stream>>>(
+  const dim3 grid((tiles + RT - 1) / RT, split);
+  int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU><<<grid, KW * 32, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz),
-      static_cast<__nv_bfloat16*>(y), M, N, K, x_stride);
+      static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride);
   return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
-// The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them): RT row
-// tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of loads in flight per warp
-// (KW = 16 with more chunks in flight spills registers under the 128 a thread that 512 threads allow).
+// The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them with
+// split-K 1, 2, 4 and 8): RT row tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of
+// weights in flight per warp while one unit is computed (the ring holds CIF / UC + 1 units).
 #define AUTOAO_CONFIGS(X) \
-  X(1, 4, 2) X(1, 4, 4) X(1, 4, 8) X(1, 8, 2) X(1, 8, 4) X(1, 8, 8) X(1, 16, 2) X(1, 16, 4) \
-  X(2, 4, 2) X(2, 4, 4) X(2, 8, 2) X(2, 8, 4) X(2, 16, 2)
+  X(1, 2, 4) X(1, 2, 8) X(1, 4, 2) X(1, 4, 4) X(1, 4, 8) X(1, 8, 2) X(1, 8, 4) \
+  X(2, 2, 4) X(2, 4, 2) X(2, 4, 4) X(2, 8, 2)
 
 extern "C" {
 
 // Returns 0 on success, -1 for a configuration not built, else the cudaError_t of the launch.
-int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, int M, int N, int K,
-                         long long x_stride, int rt, int kw, int cif, void* stream) {
+// split > 1: partials must hold split * M * N floats and arrived ceil(N / 16 / rt) ints, zero
+// before the first call (the kernel leaves them so).
+int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
-#define AUTOAO_CASE(R, W, C)                                                                      \
-  if (rt == R && kw == W && cif == C)                                                             \
-    return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, M, N, K, x_stride,           \
-                                                    static_cast<cudaStream_t>(stream));
+#define AUTOAO_CASE(R, W, C)                                                                        \
+  if (rt == R && kw == W && cif == C)                                                               \
+    return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, partials, arrived, M, N, K,   \
+                                                        x_stride, split, static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
   return -1;
