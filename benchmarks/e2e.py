@@ -3,7 +3,7 @@ autoquant on Llama-shaped stacks with random weights (speed only).
 
     source benchmarks/device_env.sh; python3 benchmarks/e2e.py --out $OUT [--models llama8,smollm2]
         [--tokens 1,2048,2048+32x1] [--candidates "int4_wo(group_size=128);int8_wo"] [--no-search]
-        [--budget 40] [--torchao] [--only-torchao] [--no-uniform] [--profile]
+        [--budget 40] [--torchao] [--only-torchao] [--no-uniform] [--kernels triton,cuda] [--profile]
     python benchmarks/e2e.py --cpu-smoke --out /tmp/e2e_smoke    # tiny model on the CPU, no torchao
 
 Every row runs input tokens [1, M] through autoao's measure_model (CUDA: graph replay, L2 flushed
@@ -314,6 +314,9 @@ def main() -> int:
     ap.add_argument("--budget", default=None, help="optimize's budget: trials (default 40) or time (5s, 2m)")
     ap.add_argument("--candidates", default=None,
                     help="';'-separated candidate names for the uniform rows (default: all)")
+    ap.add_argument("--kernels", default=None,
+                    help="comma-separated CUDA kernels for the uniform rows of candidates that have several "
+                         "(e.g. triton,cuda for int4; default: every kernel)")
     ap.add_argument("--fuse", choices=("both", "only", "none"), default="both",
                     help="uniform rows with sibling layers (q/k/v, gate/up) fused into one module, without, "
                          "or both (default)")
@@ -374,6 +377,8 @@ def main() -> int:
                 fusing = {"both": (False, True), "only": (True,), "none": (False,)}[args.fuse]
                 for cand in cands:
                     for kern in kernel_names(cand, device):  # each CUDA kernel of the candidate
+                        if args.kernels and kern is not None and kern not in args.kernels.split(","):
+                            continue
                         for fuse in fusing if cand.fusable else (False,):
                             label = f"uniform {cand.name}" + (f"@{kern}" if kern else "") + (" +fused" if fuse else "")
                             measure_row(report, ctx, label, lambda r, c=cand, k=kern, f=fuse:

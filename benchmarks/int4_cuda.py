@@ -10,7 +10,7 @@ flushed by a read before each repeat; the time per layer is the chain's median /
 is the library's tuned choice (int4_gemv_triton: its tuner picks per shape, as in the model).
 Correctness: every config's output on layer 0 against the fp64 product with the dequantized
 weight, at M = 1, 3 and 8, and once more through a captured CUDA graph. Every launch config
-(rows/warps/stages/split, cuda_int4.Config) is timed at the first M, the tuner's pick at each.
+(rows/warps/chunks/split, cuda_int4.Config) is timed at the first M, the tuner's pick at each.
 Writes int4_cuda.md and int4_cuda.csv.
 """
 
@@ -39,7 +39,7 @@ MAX_LAYERS = 32
 
 
 def fmt(c: ci.Config) -> str:
-    return f"{c.rows}/{c.warps}/{c.stages}/s{c.split}"
+    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}"
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -170,13 +170,13 @@ def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
 class Config:
     rows: int  # 16-row tiles per warp (RT)
     warps: int  # warps per CTA, splitting K (KW)
-    stages: int  # units of the warp's shared-memory ring of weights (ST; ST - 1 in flight)
+    chunks: int  # 64-k chunks of weights in flight per warp (CIF)
     split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
 
 
 # The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with split-K 1, 2, 4 and 8.
-_BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 4), (1, 4, 8), (1, 8, 4), (1, 8, 8), (2, 2, 4), (2, 4, 4), (2, 4, 8),
-          (2, 8, 4)]
+_BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4),
+          (2, 2, 4), (2, 4, 2), (2, 4, 4), (2, 8, 2)]
 CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
@@ -210,7 +210,7 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
         p, a = _scratch(x.device, n, cfg.split)
         partials, arrived = p.data_ptr(), a.data_ptr()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
-                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.stages, cfg.split,
+                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "

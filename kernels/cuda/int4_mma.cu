@@ -14,10 +14,8 @@
 //   3 shifts + 4 LOP3 per 8 weights, then one mma: ~1 instruction per weight;
 // - scales and zeros apply once per group and row: sum_k w x = s * sum (128 + q) x + (z - 136 s) X
 //   with X = sum_k x over the group, which a second mma (A = ones) gives in the C layout;
-// - each lane copies its weight pieces with cp.async into its own slots of a shared-memory ring
-//   (ST units deep: ST - 1 in flight, no registers held, no barrier); warps of a CTA split K and
-//   add their partial sums through shared memory once at the end; optionally CTAs split K too,
-//   the last to finish adding the fp32 partials.
+// - several k-chunks of loads are in flight per warp (a register ring of PU units), warps of a
+//   CTA split K and add their partial sums through shared memory once at the end.
 //
 // Layouts (N, K: weight [N, K]; G: group size; UK = max(G, 64) k per unit; GU = UK / G):
 //   qw [N/16, K/64, 32 lanes, 4] uint32: word j (k-step within the 64-chunk) of lane (g, t)
@@ -68,26 +66,7 @@ template <> struct SzVec<2> { using type = uint4; };
 
 [[maybe_unused]] __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src));
-}
-[[maybe_unused]] __device__ __forceinline__ void cp_async(uint4* dst, const uint4* src) { cp_async16(dst, src); }
-[[maybe_unused]] __device__ __forceinline__ void cp_async(uint2* dst, const uint2* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-template <int G, int RT, int ST>
-__host__ __device__ constexpr int smem_per_warp() {
-  constexpr int UK = G > 64 ? G : 64;
-  return ST * RT * 32 * (UK / 64 * 16 + UK / G * 8);  // weights (16 B a lane a chunk) + scales/zeros
-}
-
-template <int G, int RT, int KW, int ST>
+template <int G, int RT, int KW, int PU>
 __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
@@ -97,7 +76,6 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   constexpr int GU = UK / G;           // groups per unit
   constexpr int SPG = G / 16;          // mma k-steps per group
   using SZ = typename SzVec<GU>::type;
-  static_assert((ST & (ST - 1)) == 0, "stages: a power of 2");
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -117,83 +95,79 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
     sq[r] = reinterpret_cast<const SZ*>(sz) + (T * nunits + u0) * 8 + g;
   }
 
-  // The ring: ST stages of one unit each in shared memory, private to each lane (a lane reads back
-  // only the 16-byte pieces it copied: no barrier, cp.async.wait_group alone orders them). ST - 1
-  // units of weights are in flight while one is computed, without holding registers.
-  extern __shared__ uint4 smem[];
-  uint4* wring = smem + (long long)warp * (smem_per_warp<G, RT, ST>() / 16) + lane;  // [ST][RT][UC][32]
-  SZ* sring = reinterpret_cast<SZ*>(wring - lane + ST * RT * UC * 32) + lane;        // [ST][RT][32]
-  auto issue = [&](int u) {
-    if (u < nu) {
-      const int stage = u & (ST - 1);
+  // The ring of weight loads: PU units; slot p holds unit u0 + i + p and is refilled right after
+  // its unit is computed, so PU - 1 units of weights are in flight during each unit's math.
+  // Offsets from the pointers are compile-time constants (folded into the load instructions); the
+  // pointers move once per PU units. x is not in the ring (its registers would halve the weights'
+  // depth): it is read per unit from L1, where the whole of x (<= 8 x K bf16) stays after first use.
+  uint4 wb[PU][RT][UC];
+  SZ sb[PU][RT];
+  auto load = [&](uint4 (&w)[RT][UC], SZ (&s)[RT], int off) {
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
+    for (int r = 0; r < RT; ++r) {
 #pragma unroll
-        for (int ch = 0; ch < UC; ++ch) cp_async(wring + ((stage * RT + r) * UC + ch) * 32, wq[r] + (u * UC + ch) * 32);
-        cp_async(sring + (stage * RT + r) * 32, sq[r] + u * 8);
-      }
+      for (int ch = 0; ch < UC; ++ch) w[r][ch] = __ldcs(wq[r] + (off * UC + ch) * 32);  // streamed once
+      s[r] = __ldg(sq[r] + off * 8);
     }
-    cp_async_commit();  // one group per unit, empty past the end: the wait count stays uniform
   };
 
   float acc[RT][4];
 #pragma unroll
   for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
-#pragma unroll
-  for (int u = 0; u < ST - 1; ++u) issue(u);
 
-  for (int u = 0; u < nu; ++u) {
-    cp_async_wait<ST - 2>();  // unit u has landed
-    const int stage = u & (ST - 1);
-    uint4 w[RT][UC];
-    SZ s[RT];
 #pragma unroll
-    for (int r = 0; r < RT; ++r) {
+  for (int p = 0; p < PU; ++p)
+    if (p < nu) load(wb[p], sb[p], p);
+
+  for (int i = 0; i < nu; i += PU) {
 #pragma unroll
-      for (int ch = 0; ch < UC; ++ch) w[r][ch] = wring[((stage * RT + r) * UC + ch) * 32];
-      s[r] = sring[(stage * RT + r) * 32];
-    }
-    issue(u + ST - 1);  // into the stage read in the previous iteration
-    uint4 xv[UC][2];  // x: from L1, where all of it (<= 8 x K bf16) stays after first use
+    for (int p = 0; p < PU; ++p) {
+      if (i + p < nu) {
+        uint4 xv[UC][2];
 #pragma unroll
-    for (int ch = 0; ch < UC; ++ch) {
+        for (int ch = 0; ch < UC; ++ch) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + u * UK + ch * 64 + 32 * h));
-    }
-    float c[RT][4], xs[4];
-#pragma unroll
-    for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
-      const int ch = st / 4, j = st % 4;
-      if (st % SPG == 0) {
-        xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
-      }
-      const uint4& xw = xv[ch][j / 2];
-      const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
-      mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const uint32_t q = word(w[r][ch], j);
-        mma(c[r], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
-      }
-      if (st % SPG == SPG - 1) {  // group done: scale, zero
-        const int gi = st / SPG;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          const uint32_t pa = word(s[r], 2 * gi), pb = word(s[r], 2 * gi + 1);  // rows g, g + 8
-          const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
-          const float sb = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
-          const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb, zb);
-          acc[r][0] = fmaf(sa, c[r][0], fmaf(zza, xs[0], acc[r][0]));
-          acc[r][1] = fmaf(sa, c[r][1], fmaf(zza, xs[1], acc[r][1]));
-          acc[r][2] = fmaf(sb, c[r][2], fmaf(zzb, xs[2], acc[r][2]));
-          acc[r][3] = fmaf(sb, c[r][3], fmaf(zzb, xs[3], acc[r][3]));
+          for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * UK + ch * 64 + 32 * h));
         }
+        float c[RT][4], xs[4];
+#pragma unroll
+        for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
+          const int ch = st / 4, j = st % 4;
+          if (st % SPG == 0) {
+            xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
+          }
+          const uint4& xw = xv[ch][j / 2];
+          const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
+          mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            const uint32_t q = word(wb[p][r][ch], j);
+            mma(c[r], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
+          }
+          if (st % SPG == SPG - 1) {  // group done: scale, zero
+            const int gi = st / SPG;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              const uint32_t pa = word(sb[p][r], 2 * gi), pb = word(sb[p][r], 2 * gi + 1);  // rows g, g + 8
+              const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
+              const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
+              const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
+              acc[r][0] = fmaf(sa, c[r][0], fmaf(zza, xs[0], acc[r][0]));
+              acc[r][1] = fmaf(sa, c[r][1], fmaf(zza, xs[1], acc[r][1]));
+              acc[r][2] = fmaf(sb2, c[r][2], fmaf(zzb, xs[2], acc[r][2]));
+              acc[r][3] = fmaf(sb2, c[r][3], fmaf(zzb, xs[3], acc[r][3]));
+            }
+          }
+        }
+        if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
       }
     }
+#pragma unroll
+    for (int r = 0; r < RT; ++r) wq[r] += PU * UC * 32, sq[r] += PU * 8;
+    xq += PU * UK;
   }
-  cp_async_wait<0>();  // no copy may land after the CTA (and its shared memory) is gone
 
   // C fragment: acc[r][0] = (row g, token 2t), [1] = (g, 2t + 1), [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)
   __shared__ float red[KW][RT][16][8];
@@ -240,17 +214,12 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
 }
 
-template <int RT, int KW, int ST>
+template <int RT, int KW, int PU>
 int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
            long long x_stride, int split, cudaStream_t stream) {
-  constexpr int smem = KW * smem_per_warp<AUTOAO_GROUP, RT, ST>();
-  auto kernel = int4_mma_gemv<AUTOAO_GROUP, RT, KW, ST>;
-  static const cudaError_t attr =  // once per configuration: above 48 KB needs an opt-in
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr != cudaSuccess) return static_cast<int>(attr);
   const int tiles = N / 16;
   const dim3 grid((tiles + RT - 1) / RT, split);
-  kernel<<<grid, KW * 32, smem, stream>>>(
+  int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU><<<grid, KW * 32, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz),
       static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride);
   return static_cast<int>(cudaGetLastError());
@@ -259,22 +228,24 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
 }  // namespace
 
 // The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them with
-// split-K 1, 2, 4 and 8): RT row tiles of 16 per warp, KW warps splitting K, ST stages of the
-// shared-memory ring (ST - 1 units of weights in flight per warp).
+// split-K 1, 2, 4 and 8): RT row tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of
+// weights in flight per warp while one unit is computed (the ring holds CIF / UC + 1 units).
 #define AUTOAO_CONFIGS(X) \
-  X(1, 2, 4) X(1, 2, 8) X(1, 4, 4) X(1, 4, 8) X(1, 8, 4) X(1, 8, 8) X(2, 2, 4) X(2, 4, 4) X(2, 4, 8) X(2, 8, 4)
+  X(1, 2, 4) X(1, 2, 8) X(1, 4, 2) X(1, 4, 4) X(1, 4, 8) X(1, 8, 2) X(1, 8, 4) \
+  X(2, 2, 4) X(2, 4, 2) X(2, 4, 4) X(2, 8, 2)
 
 extern "C" {
 
-// Returns 0 on success, -1 for a configuration not built, else a cudaError_t.
+// Returns 0 on success, -1 for a configuration not built, else the cudaError_t of the launch.
 // split > 1: partials must hold split * M * N floats and arrived ceil(N / 16 / rt) ints, zero
 // before the first call (the kernel leaves them so).
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
-                         int M, int N, int K, long long x_stride, int rt, int kw, int stages, int split, void* stream) {
-#define AUTOAO_CASE(R, W, S)                                                                              \
-  if (rt == R && kw == W && stages == S)                                                                  \
-    return launch<R, W, S>(x, qw, sz, y, partials, arrived, M, N, K, x_stride, split,                     \
-                           static_cast<cudaStream_t>(stream));
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, void* stream) {
+  constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
+#define AUTOAO_CASE(R, W, C)                                                                        \
+  if (rt == R && kw == W && cif == C)                                                               \
+    return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, partials, arrived, M, N, K,   \
+                                                        x_stride, split, static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
   return -1;
