@@ -4,11 +4,11 @@
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section LaunchStats \
         python3 benchmarks/int4_ncu.py [--shape 28672x4096] [--configs "words 16/1024/1/4/3;mma 128/128/1/8/4"]
-        [--cuda "4/3/1;8/2/1"]
+        [--cuda "1/4/2/1;2/4/2/1"]
 
 Compiles and warms every kernel first (Triton configs, the fp8 kernel's tuning, tinygemm), then
 opens the profiler range and launches each once: the Triton int4 configs given, autoao's CUDA int4
-kernel's configs given (warps/ring/fill, kernels/cuda_int4.py), tinygemm
+kernel's configs given (rows/warps/chunks/split, kernels/cuda_int4.py), tinygemm
 (`_weight_int4pack_mm`), the fp8 per-channel GEMV (same access pattern at 1 byte per weight; ~100%
 of roofline on the lm_head) and bf16 `F.linear` (cuBLAS, ~4.2 TB/s on this shape). Prints which
 kernel is which, in launch order, so ncu's report can be read against it.
@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--shape", default="28672x4096", help="NxK")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--configs", default="words 16/1024/1/4/3;mma 128/128/1/8/4")
-    ap.add_argument("--cuda", default="", help="';'-separated warps/ring/fill of the CUDA int4 kernel")
+    ap.add_argument("--cuda", default="", help="';'-separated rows/warps/chunks/split of the CUDA int4 kernel")
     args = ap.parse_args()
     n, k = (int(v) for v in args.shape.split("x"))
     g = args.group

@@ -158,7 +158,7 @@ def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        [ctypes.c_int] * 6 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     _LIBS[key] = lib
     return lib
@@ -168,32 +168,35 @@ def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
 
 @dataclass(frozen=True)
 class Config:
-    warps: int  # warps per CTA (KW)
-    ring: int  # units of loads in each warp's register ring (PU; PU - 1 in flight)
-    fill: int = 1  # launch fill x the warps the GPU holds at once (each streams 1/fill as much)
+    rows: int  # 16-row tiles per warp (RT)
+    warps: int  # warps per CTA, splitting K (KW)
+    chunks: int  # 64-k chunks of weights in flight per warp (CIF)
+    split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
+    interleave: bool = False  # a CTA's warps take units w, w + KW, ... (else contiguous runs)
+    ldg: bool = False  # weights through the read-only path (else streaming loads, evict-first)
 
 
-# The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with fill 1 and 2.
-CONFIGS = tuple(Config(w, r, f) for w in (4, 8) for r in (2, 3, 4) for f in (1, 2))
-_DEFAULT = Config(4, 3)
+# The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with split-K 1, 2, 4 and 8.
+_BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4),
+          (2, 2, 4), (2, 4, 2), (2, 4, 4), (2, 8, 2)]
+CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
+_DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
-# Per (device, N): the fp32 sums [8, N] of tiles that several warps share and their arrival
-# counters [N / 16]. The kernel leaves both at zero, so layers of the same width share them (calls
-# on one stream run one after another); never freed: a captured CUDA graph keeps the addresses.
+# Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
+# counters. The kernel leaves the counters at zero, so layers of the same width share them (calls on
+# one stream run one after another), and they are never freed: a captured CUDA graph keeps using
+# the addresses it saw.
 _SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def scratch(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's scratch for layers N wide on `device`, allocated on first use (before any CUDA
-    graph capture: Int4WeightOnlyLinear asks for it when it packs)."""
-    device = torch.device(device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(), n)
+def _scratch(device: torch.device, n: int, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (device.index, n, split)
     if key not in _SCRATCH:
         if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"int4_gemv_cuda: no scratch for N={n} yet, and none can be allocated during CUDA graph "
-                               "capture: run the layer once before capturing")
-        _SCRATCH[key] = (torch.zeros((MAX_ROWS, n), dtype=torch.float32, device=device),
-                         torch.zeros(n // 16, dtype=torch.int32, device=device))
+            raise RuntimeError("int4_gemv_cuda: split-K scratch must be allocated before CUDA graph capture "
+                               "(run the layer once first)")
+        _SCRATCH[key] = (torch.empty((split, MAX_ROWS, n), dtype=torch.float32, device=device),
+                         torch.zeros(-(-n // 16), dtype=torch.int32, device=device))
     return _SCRATCH[key]
 
 
@@ -204,9 +207,13 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     n = qw.shape[0] * 16
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device) if out is None else out
     lib = library(group_size, x.device)
-    sums, arrived = scratch(n, x.device)
-    err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), sums.data_ptr(),
-                                   arrived.data_ptr(), m, n, k, x.stride(0), cfg.warps, cfg.ring, cfg.fill,
+    partials = arrived = 0
+    if cfg.split > 1:
+        p, a = _scratch(x.device, n, cfg.split)
+        partials, arrived = p.data_ptr(), a.data_ptr()
+    err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
+                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
+                                   int(cfg.interleave), int(cfg.ldg),
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "
@@ -227,7 +234,10 @@ def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
     from autoao.evaluators.timing import tuning_us  # L2 flushed by a read, as the model meets the layer
 
     best, best_us = _DEFAULT, float("inf")
+    units = k // unit_k(group_size)
     for cfg in CONFIGS:
+        if cfg.split * cfg.warps > units:  # idle warps
+            continue
         us = tuning_us(lambda: _launch(x, qw, sz, group_size, cfg))
         if us < best_us:
             best, best_us = cfg, us

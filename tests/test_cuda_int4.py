@@ -82,7 +82,6 @@ def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(mon
         return x.to(torch.bfloat16) @ cuda_int4.dequantize_mma(qw, sz, group_size).t()
 
     monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: None)
-    monkeypatch.setattr(cuda_int4, "scratch", lambda n, device: None)
     monkeypatch.setattr(cuda_int4, "int4_gemv_cuda_impl", fake_gemv)
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 48, bias=True).to(torch.bfloat16)

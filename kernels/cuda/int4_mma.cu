@@ -14,9 +14,8 @@
 //   3 shifts + 4 LOP3 per 8 weights, then one mma: ~1 instruction per weight;
 // - scales and zeros apply once per group and row: sum_k w x = s * sum (128 + q) x + (z - 136 s) X
 //   with X = sum_k x over the group, which a second mma (A = ones) gives in the C layout;
-// - persistent stream-K schedule: each warp streams an equal run of the layer's (tile, unit)
-//   sequence with a register ring of PU units of loads (PU - 1 in flight); tiles split between
-//   warps are summed by fp32 atomics, the last contributor writing the output.
+// - several k-chunks of loads are in flight per warp (a register ring of PU units), warps of a
+//   CTA split K and add their partial sums through shared memory once at the end.
 //
 // Layouts (N, K: weight [N, K]; G: group size; UK = max(G, 64) k per unit; GU = UK / G):
 //   qw [N/16, K/64, 32 lanes, 4] uint32: word j (k-step within the 64-chunk) of lane (g, t)
@@ -67,88 +66,66 @@ template <> struct SzVec<2> { using type = uint4; };
 
 [[maybe_unused]] __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
-// Output of one tile's partial sums (C fragment acc: [0] = (row g, token 2t), [1] = (g, 2t + 1),
-// [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)). A warp that ran the whole tile writes y; otherwise it
-// adds into the fp32 scratch and the last of the tile's `parts` contributors to arrive converts
-// the sums to y and zeroes the scratch and the counter behind it (ready for the next call, or a
-// CUDA graph's next replay).
-__device__ __forceinline__ void flush(const float (&acc)[4], int tile, int parts, int g, int t, int lane, int M, int N,
-                                      __nv_bfloat16* __restrict__ y, float* __restrict__ sums, int* __restrict__ arrived) {
-  const long long n0 = (long long)tile * 16 + g, n1 = n0 + 8;
-  const int m0 = 2 * t, m1 = 2 * t + 1;
-  if (parts == 1) {
-    if (m0 < M) y[m0 * N + n0] = __float2bfloat16(acc[0]), y[m0 * N + n1] = __float2bfloat16(acc[2]);
-    if (m1 < M) y[m1 * N + n0] = __float2bfloat16(acc[1]), y[m1 * N + n1] = __float2bfloat16(acc[3]);
-    return;
-  }
-  if (m0 < M) atomicAdd(sums + m0 * N + n0, acc[0]), atomicAdd(sums + m0 * N + n1, acc[2]);
-  if (m1 < M) atomicAdd(sums + m1 * N + n0, acc[1]), atomicAdd(sums + m1 * N + n1, acc[3]);
-  __threadfence();
-  __syncwarp();
-  int last = 0;
-  if (lane == 0) last = atomicAdd(arrived + tile, 1) == parts - 1;
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  __threadfence();
-  if (m0 < M) {
-    y[m0 * N + n0] = __float2bfloat16(atomicExch(sums + m0 * N + n0, 0.f));
-    y[m0 * N + n1] = __float2bfloat16(atomicExch(sums + m0 * N + n1, 0.f));
-  }
-  if (m1 < M) {
-    y[m1 * N + n0] = __float2bfloat16(atomicExch(sums + m1 * N + n0, 0.f));
-    y[m1 * N + n1] = __float2bfloat16(atomicExch(sums + m1 * N + n1, 0.f));
-  }
-  if (lane == 0) arrived[tile] = 0;
-}
-
-// One warp streams `per_warp` consecutive units of the layer's (tile, unit) sequence: a persistent,
-// stream-K schedule over as many warps as fit on the GPU at once, so every warp's pipeline fills once
-// and stays full across tile boundaries (a warp per tile-slice restarted it for each short slice,
-// and the last wave ran half empty).
-template <int G, int KW, int PU>
+template <int G, int RT, int KW, int PU, bool LDG>
 __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
-              __nv_bfloat16* __restrict__ y, float* __restrict__ sums, int* __restrict__ arrived, int M, int N, int K,
-              long long x_stride, int per_warp) {
+              __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
+              int K, long long x_stride, int interleave) {
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
   constexpr int SPG = G / 16;          // mma k-steps per group
   using SZ = typename SzVec<GU>::type;
 
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int units = K / UK;                                 // per tile
-  const long long total = (long long)(N / 16) * units;      // in the layer
-  const long long f0 = ((long long)blockIdx.x * KW + (threadIdx.x >> 5)) * per_warp;
-  if (f0 >= total) return;
-  const int nu = (int)min((long long)per_warp, total - f0);
-  int tile = (int)(f0 / units), u = (int)(f0 % units);  // the unit being computed
+  const int ntiles = N / 16, nchunks = K / 64, nunits = K / UK;
+  const int tile0 = blockIdx.x * RT;
+  // This CTA's units of K (split-K over gridDim.y CTAs), then this warp's share: [u0, u0 + nu).
+  const int cu0 = blockIdx.y * nunits / gridDim.y, cnu = (blockIdx.y + 1) * nunits / gridDim.y - cu0;
+  // Blocked: warp w takes a contiguous run of the CTA's units; interleaved: units w, w + KW, ...
+  // (the CTA's warps then read adjacent units at the same time).
+  const int u0 = interleave ? cu0 + warp : cu0 + warp * cnu / KW;
+  const int nu = interleave ? (cnu - warp + KW - 1) / KW : cu0 + (warp + 1) * cnu / KW - u0;
+  const int us = interleave ? KW : 1;  // unit stride
   // B column g is token g (with fewer tokens the extra columns repeat the last one: never stored)
-  const __nv_bfloat16* xrow = x + (long long)min(g, M - 1) * x_stride + 8 * t;
-  // the layouts are [tile][unit] contiguous: unit f of the layer sits at f * (unit size)
-  const uint4* wq = qw + f0 * UC * 32 + lane;
-  const SZ* sq = reinterpret_cast<const SZ*>(sz) + f0 * 8 + g;
-  auto parts = [&](int tl) {  // warps contributing to tile tl
-    return (int)(((long long)tl * units + units - 1) / per_warp - (long long)tl * units / per_warp + 1);
+  const __nv_bfloat16* xq = x + (long long)min(g, M - 1) * x_stride + 8 * t + (long long)u0 * UK;
+  const uint4* wq[RT];
+  const SZ* sq[RT];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    const long long T = min(tile0 + r, ntiles - 1);  // past the last tile: a copy, never stored
+    wq[r] = qw + (T * nchunks + (long long)u0 * UC) * 32 + lane;
+    sq[r] = reinterpret_cast<const SZ*>(sz) + (T * nunits + u0) * 8 + g;
+  }
+
+  // The ring of weight loads: PU units; slot p holds unit u0 + i + p and is refilled right after
+  // its unit is computed, so PU - 1 units of weights are in flight during each unit's math.
+  // Offsets from the pointers are compile-time constants (folded into the load instructions); the
+  // pointers move once per PU units. x is not in the ring (its registers would halve the weights'
+  // depth): it is read per unit from L1, where the whole of x (<= 8 x K bf16) stays after first use.
+  uint4 wb[PU][RT][UC];
+  SZ sb[PU][RT];
+  auto load = [&](uint4 (&w)[RT][UC], SZ (&s)[RT], int off) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+      for (int ch = 0; ch < UC; ++ch) {
+        const uint4* src = wq[r] + (off * us * UC + ch) * 32;
+        w[r][ch] = LDG ? __ldg(src) : __ldcs(src);  // read-only path / streamed (evict first)
+      }
+      s[r] = __ldg(sq[r] + off * us * 8);
+    }
   };
 
-  // The ring: PU units of loads in registers; slot p holds the unit i + p and is refilled right
-  // after its unit is computed, so PU - 1 units are in flight during each unit's math. Offsets
-  // from the pointers are compile-time constants; the pointers move once per PU units. x is not in
-  // the ring (its registers would halve the weights' depth): it is read per unit from L1, where the
-  // whole of x (<= 8 x K bf16) stays after first use.
-  uint4 wb[PU][UC];
-  SZ sb[PU];
-  auto load = [&](uint4 (&w)[UC], SZ& s, int off) {
+  float acc[RT][4];
 #pragma unroll
-    for (int ch = 0; ch < UC; ++ch) w[ch] = __ldcs(wq + (off * UC + ch) * 32);  // streamed once
-    s = __ldg(sq + off * 8);
-  };
+  for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+
 #pragma unroll
   for (int p = 0; p < PU; ++p)
     if (p < nu) load(wb[p], sb[p], p);
 
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int i = 0; i < nu; i += PU) {
 #pragma unroll
     for (int p = 0; p < PU; ++p) {
@@ -157,85 +134,130 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
         for (int ch = 0; ch < UC; ++ch) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xrow + u * UK + ch * 64 + 32 * h));
+          for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * us * UK + ch * 64 + 32 * h));
         }
-        float c[4], xs[4];
+        float c[RT][4], xs[4];
 #pragma unroll
         for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
           const int ch = st / 4, j = st % 4;
-          if (st % SPG == 0) xs[0] = xs[1] = xs[2] = xs[3] = c[0] = c[1] = c[2] = c[3] = 0.f;
+          if (st % SPG == 0) {
+            xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
+          }
           const uint4& xw = xv[ch][j / 2];
           const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
           mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
-          const uint32_t q = word(wb[p][ch], j);
-          mma(c, nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            const uint32_t q = word(wb[p][r][ch], j);
+            mma(c[r], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
+          }
           if (st % SPG == SPG - 1) {  // group done: scale, zero
             const int gi = st / SPG;
-            const uint32_t pa = word(sb[p], 2 * gi), pb = word(sb[p], 2 * gi + 1);  // rows g, g + 8
-            const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
-            const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
-            const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
-            acc[0] = fmaf(sa, c[0], fmaf(zza, xs[0], acc[0]));
-            acc[1] = fmaf(sa, c[1], fmaf(zza, xs[1], acc[1]));
-            acc[2] = fmaf(sb2, c[2], fmaf(zzb, xs[2], acc[2]));
-            acc[3] = fmaf(sb2, c[3], fmaf(zzb, xs[3], acc[3]));
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              const uint32_t pa = word(sb[p][r], 2 * gi), pb = word(sb[p][r], 2 * gi + 1);  // rows g, g + 8
+              const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
+              const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
+              const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
+              acc[r][0] = fmaf(sa, c[r][0], fmaf(zza, xs[0], acc[r][0]));
+              acc[r][1] = fmaf(sa, c[r][1], fmaf(zza, xs[1], acc[r][1]));
+              acc[r][2] = fmaf(sb2, c[r][2], fmaf(zzb, xs[2], acc[r][2]));
+              acc[r][3] = fmaf(sb2, c[r][3], fmaf(zzb, xs[3], acc[r][3]));
+            }
           }
         }
         if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
-        if (++u == units || i + p + 1 == nu) {  // the tile ends here, or this warp's share does
-          flush(acc, tile, parts(tile), g, t, lane, M, N, y, sums, arrived);
-          acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-          ++tile;
-          u = 0;
-        }
       }
     }
-    wq += PU * UC * 32;
-    sq += PU * 8;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) wq[r] += PU * us * UC * 32, sq[r] += PU * us * 8;
+    xq += PU * us * UK;
   }
+
+  // C fragment: acc[r][0] = (row g, token 2t), [1] = (g, 2t + 1), [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)
+  __shared__ float red[KW][RT][16][8];
+  __shared__ bool last;
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    red[warp][r][g][2 * t] = acc[r][0];
+    red[warp][r][g][2 * t + 1] = acc[r][1];
+    red[warp][r][g + 8][2 * t] = acc[r][2];
+    red[warp][r][g + 8][2 * t + 1] = acc[r][3];
+  }
+  __syncthreads();
+  // outputs i < RT * 16 * M: row r * 16 + i % 16 of this CTA, token (i / 16) % M
+  const int split = gridDim.y, outs = RT * 16 * M;
+  for (int i = threadIdx.x; i < outs; i += KW * 32) {
+    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
+    if (tile0 + r >= ntiles) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) v += red[w][r][row][m];
+    const long long o = (long long)m * N + (tile0 + r) * 16 + row;
+    if (split == 1)
+      y[o] = __float2bfloat16(v);
+    else
+      partials[(long long)blockIdx.y * M * N + o] = v;
+  }
+  if (split == 1) return;
+  // Split-K: partials [split, M, N] fp32; the last CTA of this column block to arrive adds them up,
+  // writes y and re-arms the counter (so the next call, or a CUDA graph's next replay, starts at 0).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrived + blockIdx.x, 1) == split - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < outs; i += KW * 32) {
+    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
+    if (tile0 + r >= ntiles) continue;
+    const long long o = (long long)m * N + (tile0 + r) * 16 + row;
+    float sum = 0.f;
+    for (int s2 = 0; s2 < split; ++s2) sum += __ldcg(partials + (long long)s2 * M * N + o);
+    y[o] = __float2bfloat16(sum);
+  }
+  if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
 }
 
-template <int KW, int PU>
-int launch(const void* x, const void* qw, const void* sz, void* y, void* sums, void* arrived, int M, int N, int K,
-           long long x_stride, int fill, cudaStream_t stream) {
-  auto kernel = int4_mma_gemv<AUTOAO_GROUP, KW, PU>;
-  static int resident = 0;  // warps of this kernel the whole GPU holds at once (asked once)
-  if (resident == 0) {
-    int device, sms, blocks;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, KW * 32, 0);
-    resident = sms * blocks * KW;
-  }
-  constexpr int UK = AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64;
-  const long long total = (long long)(N / 16) * (K / UK);
-  const long long warps = (long long)resident * fill;
-  const int per_warp = (int)((total + warps - 1) / warps);
-  const long long used = (total + per_warp - 1) / per_warp;
-  kernel<<<(unsigned)((used + KW - 1) / KW), KW * 32, 0, stream>>>(
+template <int RT, int KW, int PU, bool LDG>
+int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
+           long long x_stride, int split, int interleave, cudaStream_t stream) {
+  const int tiles = N / 16;
+  const dim3 grid((tiles + RT - 1) / RT, split);
+  int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, LDG><<<grid, KW * 32, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz),
-      static_cast<__nv_bfloat16*>(y), static_cast<float*>(sums), static_cast<int*>(arrived), M, N, K, x_stride,
-      per_warp);
+      static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
+      interleave);
   return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
 // The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them with
-// fill 1 and 2): KW warps per CTA, PU units in each warp's register ring (PU - 1 in flight).
-#define AUTOAO_CONFIGS(X) X(4, 2) X(4, 3) X(4, 4) X(8, 2) X(8, 3) X(8, 4)
+// split-K 1, 2, 4 and 8): RT row tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of
+// weights in flight per warp while one unit is computed (the ring holds CIF / UC + 1 units).
+#define AUTOAO_CONFIGS(X) \
+  X(1, 2, 4) X(1, 2, 8) X(1, 4, 2) X(1, 4, 4) X(1, 4, 8) X(1, 8, 2) X(1, 8, 4) \
+  X(2, 2, 4) X(2, 4, 2) X(2, 4, 4) X(2, 8, 2)
 
 extern "C" {
 
-// Returns 0 on success, -1 for a configuration not built, else a cudaError_t. Launches `fill` x
-// as many warps as the GPU holds at once (fewer if the layer has fewer units). sums: M * N floats,
-// arrived: N / 16 ints, both zero before the first call (the kernel leaves them so).
-int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* sums, void* arrived, int M,
-                         int N, int K, long long x_stride, int kw, int ring, int fill, void* stream) {
-#define AUTOAO_CASE(W, P)                                                                                     \
-  if (kw == W && ring == P)                                                                                   \
-    return launch<W, P>(x, qw, sz, y, sums, arrived, M, N, K, x_stride, fill, static_cast<cudaStream_t>(stream));
+// Returns 0 on success, -1 for a configuration not built, else the cudaError_t of the launch.
+// split > 1: partials must hold split * M * N floats and arrived ceil(N / 16 / rt) ints, zero
+// before the first call (the kernel leaves them so).
+int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, int interleave,
+                         int ldg, void* stream) {
+  constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
+#define AUTOAO_CASE(R, W, C)                                                                              \
+  if (rt == R && kw == W && cif == C) {                                                                   \
+    constexpr int P = (C / UC > 0 ? C / UC : 1) + 1;                                                      \
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);                                            \
+    return ldg ? launch<R, W, P, true>(x, qw, sz, y, partials, arrived, M, N, K, x_stride, split, interleave, st) \
+               : launch<R, W, P, false>(x, qw, sz, y, partials, arrived, M, N, K, x_stride, split, interleave, st); \
+  }
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
   return -1;
