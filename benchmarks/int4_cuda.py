@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
-import dataclasses
 import math
 import sys
 import time
@@ -37,12 +36,10 @@ from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]  # llama8, fused siblings
 CHAIN_BYTES = 256e6
 MAX_LAYERS = 32
-# --variants: v2's best configs on llama8's shapes (results/2026-11-30-h200/s5_call2)
-VARIANT_BASES = [(1, 8, 2, 1), (1, 4, 2, 1), (2, 4, 2, 1), (2, 8, 2, 1), (1, 4, 4, 1), (1, 4, 2, 4)]
 
 
 def fmt(c: ci.Config) -> str:
-    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}" + ("/il" if c.interleave else "") + ("/ldg" if c.ldg else "")
+    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}"
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -55,9 +52,6 @@ def main() -> int:
     ap.add_argument("--shapes", default="0,1,2,3,4", help=f"indices into {SHAPES}")
     ap.add_argument("--groups", default="128,64,32")
     ap.add_argument("--tokens", default="1,8", help="M values to time")
-    ap.add_argument("--variants", action="store_true",
-                    help="at the first M, time only the configs in VARIANT_BASES, each blocked/interleaved x "
-                         "streaming/read-only loads, instead of every config")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,8 +70,6 @@ def main() -> int:
     bw = copy_bandwidth("cuda")
     lines.append(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
-    timed_configs = tuple(dataclasses.replace(ci.Config(*b), interleave=il, ldg=ld) for b in VARIANT_BASES
-                          for il in (False, True) for ld in (False, True)) if args.variants else ci.CONFIGS
 
     def flush_md():
         (out / "int4_cuda.md").write_text("\n".join(lines) + "\n")
@@ -109,7 +101,7 @@ def main() -> int:
             for m in (1, 3, 8):
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
                 ref = x.double() @ wd.t()
-                for cfg in dict.fromkeys(ci.CONFIGS + timed_configs):
+                for cfg in ci.CONFIGS:
                     nan = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")  # all written?
                     worst[cfg] = max(worst.get(cfg, 0.0), rel_err(ci._launch(x, *mma[0], g, cfg, out=nan), ref))
                 graph = torch.cuda.CUDAGraph()
@@ -131,7 +123,7 @@ def main() -> int:
                 res = {}
                 res["tinygemm"] = time_cuda(lambda: [torch._weight_int4pack_mm(x, p, g, sz) for p, sz in tiny])[0]
                 res["triton (tuned)"] = time_cuda(lambda: [tg.int4_gemv_triton(x, *c, g) for c in canon])[0]
-                for cfg in timed_configs if m == tokens[0] else ():  # every config at the first M only
+                for cfg in ci.CONFIGS if m == tokens[0] else ():  # every config at the first M only
                     if cfg.split * cfg.warps <= k // ci.unit_k(g):
                         res[f"cuda {fmt(cfg)}"] = time_cuda(
                             lambda cfg=cfg: [ci._launch(x, qw, sz, g, cfg) for qw, sz in mma])[0]

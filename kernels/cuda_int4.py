@@ -158,7 +158,7 @@ def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 6 + [ctypes.c_void_p]
+        [ctypes.c_int] * 4 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     _LIBS[key] = lib
     return lib
@@ -172,8 +172,6 @@ class Config:
     warps: int  # warps per CTA, splitting K (KW)
     chunks: int  # 64-k chunks of weights in flight per warp (CIF)
     split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
-    interleave: bool = False  # a CTA's warps take units w, w + KW, ... (else contiguous runs)
-    ldg: bool = False  # weights through the read-only path (else streaming loads, evict-first)
 
 
 # The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with split-K 1, 2, 4 and 8.
@@ -213,7 +211,6 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
         partials, arrived = p.data_ptr(), a.data_ptr()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
                                    m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
-                                   int(cfg.interleave), int(cfg.ldg),
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "

@@ -66,11 +66,11 @@ template <> struct SzVec<2> { using type = uint4; };
 
 [[maybe_unused]] __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
-template <int G, int RT, int KW, int PU, bool LDG>
+template <int G, int RT, int KW, int PU>
 __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
-              int K, long long x_stride, int interleave) {
+              int K, long long x_stride) {
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
@@ -83,11 +83,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   const int tile0 = blockIdx.x * RT;
   // This CTA's units of K (split-K over gridDim.y CTAs), then this warp's share: [u0, u0 + nu).
   const int cu0 = blockIdx.y * nunits / gridDim.y, cnu = (blockIdx.y + 1) * nunits / gridDim.y - cu0;
-  // Blocked: warp w takes a contiguous run of the CTA's units; interleaved: units w, w + KW, ...
-  // (the CTA's warps then read adjacent units at the same time).
-  const int u0 = interleave ? cu0 + warp : cu0 + warp * cnu / KW;
-  const int nu = interleave ? (cnu - warp + KW - 1) / KW : cu0 + (warp + 1) * cnu / KW - u0;
-  const int us = interleave ? KW : 1;  // unit stride
+  const int u0 = cu0 + warp * cnu / KW, nu = cu0 + (warp + 1) * cnu / KW - u0;
   // B column g is token g (with fewer tokens the extra columns repeat the last one: never stored)
   const __nv_bfloat16* xq = x + (long long)min(g, M - 1) * x_stride + 8 * t + (long long)u0 * UK;
   const uint4* wq[RT];
@@ -110,11 +106,8 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
 #pragma unroll
-      for (int ch = 0; ch < UC; ++ch) {
-        const uint4* src = wq[r] + (off * us * UC + ch) * 32;
-        w[r][ch] = LDG ? __ldg(src) : __ldcs(src);  // read-only path / streamed (evict first)
-      }
-      s[r] = __ldg(sq[r] + off * us * 8);
+      for (int ch = 0; ch < UC; ++ch) w[r][ch] = __ldcs(wq[r] + (off * UC + ch) * 32);  // streamed once
+      s[r] = __ldg(sq[r] + off * 8);
     }
   };
 
@@ -134,7 +127,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
         for (int ch = 0; ch < UC; ++ch) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * us * UK + ch * 64 + 32 * h));
+          for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * UK + ch * 64 + 32 * h));
         }
         float c[RT][4], xs[4];
 #pragma unroll
@@ -172,8 +165,8 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
       }
     }
 #pragma unroll
-    for (int r = 0; r < RT; ++r) wq[r] += PU * us * UC * 32, sq[r] += PU * us * 8;
-    xq += PU * us * UK;
+    for (int r = 0; r < RT; ++r) wq[r] += PU * UC * 32, sq[r] += PU * 8;
+    xq += PU * UK;
   }
 
   // C fragment: acc[r][0] = (row g, token 2t), [1] = (g, 2t + 1), [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)
@@ -221,15 +214,14 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
 }
 
-template <int RT, int KW, int PU, bool LDG>
+template <int RT, int KW, int PU>
 int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
-           long long x_stride, int split, int interleave, cudaStream_t stream) {
+           long long x_stride, int split, cudaStream_t stream) {
   const int tiles = N / 16;
   const dim3 grid((tiles + RT - 1) / RT, split);
-  int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, LDG><<<grid, KW * 32, 0, stream>>>(
+  int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU><<<grid, KW * 32, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz),
-      static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
-      interleave);
+      static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -248,16 +240,12 @@ extern "C" {
 // split > 1: partials must hold split * M * N floats and arrived ceil(N / 16 / rt) ints, zero
 // before the first call (the kernel leaves them so).
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
-                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, int interleave,
-                         int ldg, void* stream) {
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
-#define AUTOAO_CASE(R, W, C)                                                                              \
-  if (rt == R && kw == W && cif == C) {                                                                   \
-    constexpr int P = (C / UC > 0 ? C / UC : 1) + 1;                                                      \
-    const cudaStream_t st = static_cast<cudaStream_t>(stream);                                            \
-    return ldg ? launch<R, W, P, true>(x, qw, sz, y, partials, arrived, M, N, K, x_stride, split, interleave, st) \
-               : launch<R, W, P, false>(x, qw, sz, y, partials, arrived, M, N, K, x_stride, split, interleave, st); \
-  }
+#define AUTOAO_CASE(R, W, C)                                                                        \
+  if (rt == R && kw == W && cif == C)                                                               \
+    return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, partials, arrived, M, N, K,   \
+                                                        x_stride, split, static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
   return -1;
