@@ -39,8 +39,6 @@ MAX_LAYERS = 32
 
 
 def fmt(c: ci.Config) -> str:
-    if c.bulk:
-        return f"bulk w{c.warps}/b{c.bulk}/st{c.chunks}/s{c.split}"
     return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}"
 
 

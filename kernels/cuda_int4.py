@@ -158,7 +158,7 @@ def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 5 + [ctypes.c_void_p]
+        [ctypes.c_int] * 4 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     _LIBS[key] = lib
     return lib
@@ -172,15 +172,12 @@ class Config:
     warps: int  # warps per CTA, splitting K (KW)
     chunks: int  # 64-k chunks of weights in flight per warp (CIF)
     split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
-    bulk: int = 0  # > 0: the bulk-copy variant, this many units a copy (rows = 1, chunks = ring stages)
 
 
 # The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with split-K 1, 2, 4 and 8.
 _BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4),
           (2, 2, 4), (2, 4, 2), (2, 4, 4), (2, 8, 2)]
-_BUILT_BULK = [(4, 2, 4), (4, 4, 4), (4, 4, 2), (8, 2, 4), (8, 4, 2), (2, 4, 4), (4, 8, 2)]  # (warps, units, stages)
-CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8)) + tuple(
-    Config(1, w, st, split, b) for w, b, st in _BUILT_BULK for split in (1, 2, 4))
+CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
@@ -213,7 +210,7 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
         p, a = _scratch(x.device, n, cfg.split)
         partials, arrived = p.data_ptr(), a.data_ptr()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
-                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split, cfg.bulk,
+                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "

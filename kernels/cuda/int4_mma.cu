@@ -66,101 +66,6 @@ template <> struct SzVec<2> { using type = uint4; };
 
 [[maybe_unused]] __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
-// One unit of k (UK = max(G, 64)) for RT 16-row tiles: w the lane's A-operand words, s its scales
-// and zeros, xv its x (B operand) for the unit; adds to acc (C fragments, fp32).
-template <int G, int RT>
-__device__ __forceinline__ void unit_math(float (&acc)[RT][4], const uint4 (&w)[RT][(G > 64 ? G : 64) / 64],
-                                          const typename SzVec<(G > 64 ? G : 64) / G>::type (&s)[RT],
-                                          const uint4 (&xv)[(G > 64 ? G : 64) / 64][2]) {
-  constexpr int UC = (G > 64 ? G : 64) / 64;
-  constexpr int SPG = G / 16;  // mma k-steps per group
-  float c[RT][4], xs[4];
-#pragma unroll
-  for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
-    const int ch = st / 4, j = st % 4;
-    if (st % SPG == 0) {
-      xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
-#pragma unroll
-      for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
-    }
-    const uint4& xw = xv[ch][j / 2];
-    const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
-    mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-      const uint32_t q = word(w[r][ch], j);
-      mma(c[r], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
-    }
-    if (st % SPG == SPG - 1) {  // group done: scale, zero
-      const int gi = st / SPG;
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const uint32_t pa = word(s[r], 2 * gi), pb = word(s[r], 2 * gi + 1);  // rows g, g + 8
-        const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
-        const float sb = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
-        const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb, zb);
-        acc[r][0] = fmaf(sa, c[r][0], fmaf(zza, xs[0], acc[r][0]));
-        acc[r][1] = fmaf(sa, c[r][1], fmaf(zza, xs[1], acc[r][1]));
-        acc[r][2] = fmaf(sb, c[r][2], fmaf(zzb, xs[2], acc[r][2]));
-        acc[r][3] = fmaf(sb, c[r][3], fmaf(zzb, xs[3], acc[r][3]));
-      }
-    }
-  }
-}
-
-// The warps' partial sums acc (C fragments: [r][0] = (row g, token 2t), [1] = (g, 2t + 1),
-// [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)) of this CTA's RT tiles, added across its KW warps
-// through shared memory; then y, or with split-K (gridDim.y > 1) fp32 partials [split, M, N] that
-// the last CTA of the column block to arrive adds up, writes to y, and re-arms the counter for (so
-// the next call, or a CUDA graph's next replay, starts at 0).
-template <int RT, int KW>
-__device__ __forceinline__ void store(const float (&acc)[RT][4], __nv_bfloat16* __restrict__ y,
-                                      float* __restrict__ partials, int* __restrict__ arrived, int M, int N) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int ntiles = N / 16, tile0 = blockIdx.x * RT;
-  __shared__ float red[KW][RT][16][8];
-  __shared__ bool last;
-#pragma unroll
-  for (int r = 0; r < RT; ++r) {
-    red[warp][r][g][2 * t] = acc[r][0];
-    red[warp][r][g][2 * t + 1] = acc[r][1];
-    red[warp][r][g + 8][2 * t] = acc[r][2];
-    red[warp][r][g + 8][2 * t + 1] = acc[r][3];
-  }
-  __syncthreads();
-  // outputs i < RT * 16 * M: row r * 16 + i % 16 of this CTA, token (i / 16) % M
-  const int split = gridDim.y, outs = RT * 16 * M;
-  for (int i = threadIdx.x; i < outs; i += KW * 32) {
-    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
-    if (tile0 + r >= ntiles) continue;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < KW; ++w) v += red[w][r][row][m];
-    const long long o = (long long)m * N + (tile0 + r) * 16 + row;
-    if (split == 1)
-      y[o] = __float2bfloat16(v);
-    else
-      partials[(long long)blockIdx.y * M * N + o] = v;
-  }
-  if (split == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrived + blockIdx.x, 1) == split - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < outs; i += KW * 32) {
-    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
-    if (tile0 + r >= ntiles) continue;
-    const long long o = (long long)m * N + (tile0 + r) * 16 + row;
-    float sum = 0.f;
-    for (int s2 = 0; s2 < split; ++s2) sum += __ldcg(partials + (long long)s2 * M * N + o);
-    y[o] = __float2bfloat16(sum);
-  }
-  if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
-}
-
-
 template <int G, int RT, int KW, int PU>
 __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
@@ -169,6 +74,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
+  constexpr int SPG = G / 16;          // mma k-steps per group
   using SZ = typename SzVec<GU>::type;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -223,7 +129,38 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
           for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * UK + ch * 64 + 32 * h));
         }
-        unit_math<G, RT>(acc, wb[p], sb[p], xv);
+        float c[RT][4], xs[4];
+#pragma unroll
+        for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
+          const int ch = st / 4, j = st % 4;
+          if (st % SPG == 0) {
+            xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
+          }
+          const uint4& xw = xv[ch][j / 2];
+          const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
+          mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            const uint32_t q = word(wb[p][r][ch], j);
+            mma(c[r], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
+          }
+          if (st % SPG == SPG - 1) {  // group done: scale, zero
+            const int gi = st / SPG;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              const uint32_t pa = word(sb[p][r], 2 * gi), pb = word(sb[p][r], 2 * gi + 1);  // rows g, g + 8
+              const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
+              const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
+              const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
+              acc[r][0] = fmaf(sa, c[r][0], fmaf(zza, xs[0], acc[r][0]));
+              acc[r][1] = fmaf(sa, c[r][1], fmaf(zza, xs[1], acc[r][1]));
+              acc[r][2] = fmaf(sb2, c[r][2], fmaf(zzb, xs[2], acc[r][2]));
+              acc[r][3] = fmaf(sb2, c[r][3], fmaf(zzb, xs[3], acc[r][3]));
+            }
+          }
+        }
         if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
       }
     }
@@ -232,7 +169,49 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
     xq += PU * UK;
   }
 
-  store<RT, KW>(acc, y, partials, arrived, M, N);
+  // C fragment: acc[r][0] = (row g, token 2t), [1] = (g, 2t + 1), [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)
+  __shared__ float red[KW][RT][16][8];
+  __shared__ bool last;
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    red[warp][r][g][2 * t] = acc[r][0];
+    red[warp][r][g][2 * t + 1] = acc[r][1];
+    red[warp][r][g + 8][2 * t] = acc[r][2];
+    red[warp][r][g + 8][2 * t + 1] = acc[r][3];
+  }
+  __syncthreads();
+  // outputs i < RT * 16 * M: row r * 16 + i % 16 of this CTA, token (i / 16) % M
+  const int split = gridDim.y, outs = RT * 16 * M;
+  for (int i = threadIdx.x; i < outs; i += KW * 32) {
+    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
+    if (tile0 + r >= ntiles) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) v += red[w][r][row][m];
+    const long long o = (long long)m * N + (tile0 + r) * 16 + row;
+    if (split == 1)
+      y[o] = __float2bfloat16(v);
+    else
+      partials[(long long)blockIdx.y * M * N + o] = v;
+  }
+  if (split == 1) return;
+  // Split-K: partials [split, M, N] fp32; the last CTA of this column block to arrive adds them up,
+  // writes y and re-arms the counter (so the next call, or a CUDA graph's next replay, starts at 0).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrived + blockIdx.x, 1) == split - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < outs; i += KW * 32) {
+    const int r = i / (16 * M), m = (i / 16) % M, row = i % 16;
+    if (tile0 + r >= ntiles) continue;
+    const long long o = (long long)m * N + (tile0 + r) * 16 + row;
+    float sum = 0.f;
+    for (int s2 = 0; s2 < split; ++s2) sum += __ldcg(partials + (long long)s2 * M * N + o);
+    y[o] = __float2bfloat16(sum);
+  }
+  if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
 }
 
 template <int RT, int KW, int PU>
@@ -241,109 +220,6 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
   const int tiles = N / 16;
   const dim3 grid((tiles + RT - 1) / RT, split);
   int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU><<<grid, KW * 32, 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz),
-      static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride);
-  return static_cast<int>(cudaGetLastError());
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Variant "bulk" (RT = 1): the same math, but each warp's weights and scales arrive by 1-D bulk
-// copies (the copy engine behind TMA: cp.async.bulk) of B units at a time into an ST-stage
-// shared-memory ring, one mbarrier per stage; lane 0 issues, all lanes wait on the barrier and then
-// read their own 16-byte pieces. Few large requests instead of one 16-byte load per lane.
-template <int G, int KW, int B, int ST>
-__global__ void __launch_bounds__(KW * 32)
-int4_bulk_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
-               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
-               int K, long long x_stride) {
-  constexpr int UK = G > 64 ? G : 64, UC = UK / 64, GU = UK / G;
-  using SZ = typename SzVec<GU>::type;
-  constexpr int WB = B * UC * 512;  // weight bytes per batch (a unit: UC chunks of 32 lanes x 16 B)
-  constexpr int SB = B * 8 * sizeof(SZ);  // scale bytes per batch
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int ntiles = N / 16, nchunks = K / 64, nunits = K / UK;
-  const int T = min((int)blockIdx.x, ntiles - 1);
-  const int cu0 = blockIdx.y * nunits / gridDim.y, cnu = (blockIdx.y + 1) * nunits / gridDim.y - cu0;
-  const int u0 = cu0 + warp * cnu / KW, nu = cu0 + (warp + 1) * cnu / KW - u0;
-  const __nv_bfloat16* xq = x + (long long)min(g, M - 1) * x_stride + 8 * t + (long long)u0 * UK;
-  // this warp's run is contiguous in both layouts
-  const char* wsrc = reinterpret_cast<const char*>(qw + ((long long)T * nchunks + (long long)u0 * UC) * 32);
-  const char* ssrc = reinterpret_cast<const char*>(reinterpret_cast<const SZ*>(sz) + ((long long)T * nunits + u0) * 8);
-
-  extern __shared__ __align__(128) unsigned char dyn[];
-  unsigned char* wring = dyn + (size_t)warp * ST * (WB + SB);  // [ST][WB + SB]
-  __shared__ __align__(8) uint64_t bars[KW][ST];
-  const int batches = (nu + B - 1) / B;
-  if (lane == 0) {
-    for (int st = 0; st < ST; ++st)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[warp][st])));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncwarp();
-  auto issue = [&](int b) {  // lane 0: batch b into stage b % ST
-    const int st = b % ST, n = min(B, nu - b * B);
-    const uint32_t wbytes = n * UC * 512, sbytes = n * 8 * sizeof(SZ);
-    unsigned char* dst = wring + st * (WB + SB);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bars[warp][st])),
-                 "r"(wbytes + sbytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_addr(dst)), "l"(wsrc + (long long)b * WB), "r"(wbytes), "r"(smem_addr(&bars[warp][st]))
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_addr(dst + WB)), "l"(ssrc + (long long)b * SB), "r"(sbytes),
-                 "r"(smem_addr(&bars[warp][st])) : "memory");
-  };
-  if (lane == 0)
-    for (int b = 0; b < ST && b < batches; ++b) issue(b);
-
-  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-  for (int b = 0; b < batches; ++b) {
-    const int st = b % ST;
-    const uint32_t phase = (b / ST) & 1;
-    asm volatile(
-        "{\n .reg .pred P1;\n LAB_WAIT:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-        " @P1 bra DONE;\n bra LAB_WAIT;\n DONE:\n}" ::"r"(smem_addr(&bars[warp][st])), "r"(phase) : "memory");
-    const uint4* wst = reinterpret_cast<const uint4*>(wring + st * (WB + SB)) + lane;
-    const SZ* sst = reinterpret_cast<const SZ*>(wring + st * (WB + SB) + WB) + g;
-    const int n = min(B, nu - b * B);
-#pragma unroll
-    for (int i = 0; i < B; ++i) {
-      if (i < n) {
-        uint4 w[1][UC], xv[UC][2];
-        SZ s[1] = {sst[i * 8]};
-#pragma unroll
-        for (int ch = 0; ch < UC; ++ch) {
-          w[0][ch] = wst[(i * UC + ch) * 32];
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + (b * B + i) * UK + ch * 64 + 32 * h));
-        }
-        unit_math<G, 1>(acc, w, s, xv);
-      }
-    }
-    __syncwarp();  // every lane has read stage st: it may be refilled
-    if (lane == 0 && b + ST < batches) issue(b + ST);
-  }
-  store<1, KW>(acc, y, partials, arrived, M, N);
-}
-
-template <int KW, int B, int ST>
-int launch_bulk(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N,
-                int K, long long x_stride, int split, cudaStream_t stream) {
-  constexpr int UK = AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64;
-  using SZ = typename SzVec<UK / AUTOAO_GROUP>::type;
-  constexpr int smem = KW * ST * B * (UK / 64 * 512 + 8 * (int)sizeof(SZ));
-  auto kernel = int4_bulk_gemv<AUTOAO_GROUP, KW, B, ST>;
-  static const cudaError_t attr =  // once per configuration: above 48 KB needs an opt-in
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr != cudaSuccess) return static_cast<int>(attr);
-  const dim3 grid(N / 16, split);
-  kernel<<<grid, KW * 32, smem, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz),
       static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride);
   return static_cast<int>(cudaGetLastError());
@@ -358,26 +234,13 @@ int launch_bulk(const void* x, const void* qw, const void* sz, void* y, void* pa
   X(1, 2, 4) X(1, 2, 8) X(1, 4, 2) X(1, 4, 4) X(1, 4, 8) X(1, 8, 2) X(1, 8, 4) \
   X(2, 2, 4) X(2, 4, 2) X(2, 4, 4) X(2, 8, 2)
 
-// The bulk variant's configurations (KW warps, B units per copy, ST stages).
-#define AUTOAO_BULK_CONFIGS(X) X(4, 2, 4) X(4, 4, 4) X(4, 4, 2) X(8, 2, 4) X(8, 4, 2) X(2, 4, 4) X(4, 8, 2)
-
 extern "C" {
 
 // Returns 0 on success, -1 for a configuration not built, else the cudaError_t of the launch.
 // split > 1: partials must hold split * M * N floats and arrived ceil(N / 16 / rt) ints, zero
 // before the first call (the kernel leaves them so).
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
-                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, int bulk,
-                         void* stream) {
-  if (bulk) {  // rt: ignored (1); cif: stages; bulk: units per copy
-#define AUTOAO_BULK(W, B, S)                                                                                 \
-    if (kw == W && bulk == B && cif == S)                                                                    \
-      return launch_bulk<W, B, S>(x, qw, sz, y, partials, arrived, M, N, K, x_stride, split,                 \
-                                  static_cast<cudaStream_t>(stream));
-    AUTOAO_BULK_CONFIGS(AUTOAO_BULK)
-#undef AUTOAO_BULK
-    return -1;
-  }
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
 #define AUTOAO_CASE(R, W, C)                                                                        \
   if (rt == R && kw == W && cif == C)                                                               \
