@@ -8,7 +8,10 @@ and each weight tile through shared memory with CTA barriers), about half the ba
 A-operand registers for four k-steps (the layout pack_mma makes), nibbles become bf16 by LOP3s, and
 nothing touches shared memory until the warps of a CTA add their partial sums (the .cu file's
 header has the details). Two numbers per layer N x K at M rows: bytes = N*K/2 + 4*N*K/g (scales and
-zeros) + 2*M*(K + N); FLOPs = 2*M*N*K.
+zeros) + 2*M*(K + N); FLOPs = 2*M*N*K. Measured on the H200 (session 5): 1.3-1.5x faster than the
+Triton int4 kernels on llama8's layers at M=1, 56-83% of roofline on the large ones, and M=8 costs
+what M=1 does; deeper register rings, a cp.async shared-memory ring, a persistent stream-K
+schedule and 1-D bulk copies all measured slower (benchmarks/NOTES.md).
 
 Building: the .cu file ships with the package and is compiled on first use with the CUDA toolkit's
 nvcc (PATH, $CUDA_HOME or /usr/local/cuda) for the GPU's architecture (sm_80 or newer: bf16 mma),
