@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from autoao.evaluators.timing import copy_bandwidth, time_cuda
 from autoao.kernels import cuda_int4 as ci
 from autoao.kernels import triton_gemv as tg
-from autoao.kernels.int4 import inner_k_tiles
+from autoao.kernels.int4 import tinygemm_layout
 from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]  # llama8, fused siblings
@@ -90,8 +90,7 @@ def main() -> int:
                 w = torch.randn(n, k, device="cuda") * k ** -0.5
                 q, s, z = quantize_int4_groupwise(w, g)
                 canon.append((pack_int4(q), s, z))
-                tiny.append((torch._convert_weight_to_int4pack(canon[-1][0], inner_k_tiles(k)),
-                             torch.stack([s.t(), z.t()], dim=-1).contiguous()))
+                tiny.append(tinygemm_layout(*canon[-1]))
                 mma.append(ci.pack_mma(q, s, z, g))
                 if i == 0:
                     wd = dequantize_int4_groupwise(q, s, z).double()

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from autoao.kernels import cuda_int4 as ci
 from autoao.kernels import triton_gemv as tg
-from autoao.kernels.int4 import inner_k_tiles
+from autoao.kernels.int4 import tinygemm_layout
 from autoao.kernels.quant import pack_int4, quantize_fp8, quantize_int4_groupwise
 
 
@@ -49,8 +49,7 @@ def main() -> int:
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     q, s, z = quantize_int4_groupwise(w, g)
     t4 = (pack_int4(q), s, z)
-    packed = torch._convert_weight_to_int4pack(t4[0], inner_k_tiles(k))
-    sz = torch.stack([s.t(), z.t()], dim=-1).contiguous()
+    packed, sz = tinygemm_layout(*t4)
     f8, sf = quantize_fp8(w, "row")
     sf = sf.reshape(-1)
     wb = w.to(torch.bfloat16)

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from autoao.evaluators.timing import copy_bandwidth, time_cuda
 from autoao.kernels import triton_gemv as tg
-from autoao.kernels.int4 import inner_k_tiles
+from autoao.kernels.int4 import tinygemm_layout
 from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]  # (N, K)
@@ -126,8 +126,7 @@ def main() -> int:
             w = torch.randn(n, k, device="cuda") * k ** -0.5
             q, s, z = quantize_int4_groupwise(w, g)
             canon.append((pack_int4(q), s, z))
-            packed = torch._convert_weight_to_int4pack(canon[-1][0], inner_k_tiles(k))
-            tiny.append((packed, torch.stack([s.t(), z.t()], dim=-1).contiguous()))
+            tiny.append(tinygemm_layout(*canon[-1]))
             bf16.append(w.to(torch.bfloat16))
             if i == 0:
                 ref = x.double() @ dequantize_int4_groupwise(q, s, z).double().t()

@@ -32,6 +32,16 @@ from autoao.kernels.quant import (
 GROUP_SIZES = (32, 64, 128)
 
 
+def tinygemm_layout(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """autoao's canonical int4 tensors (qweight [N, K/2] uint8, scales/zeros [N, K/g] bf16, on a
+    CUDA device) -> tinygemm's (tiled weight, scales_and_zeros [K/g, N, 2]) for
+    torch._weight_int4pack_mm."""
+    tiles = inner_k_tiles(qweight.shape[1] * 2)
+    return (torch._convert_weight_to_int4pack(qweight, tiles),
+            torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
+
+
 def inner_k_tiles(in_features: int) -> int | None:
     """tinygemm's innerKTiles for K: K must be a multiple of 16 * innerKTiles (8, 4 or 2)."""
     for tiles in (8, 4, 2):
@@ -86,16 +96,13 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
                 self._gemv_rows = int4_max_rows(self.in_features, self.group_size)
                 return
-        # tinygemm wants scales and zeros interleaved: [K/g, N, 2]
-        sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).contiguous()
-        if device.type == "cuda":
-            tiles = inner_k_tiles(self.in_features)
-            packed = torch._convert_weight_to_int4pack(c["qweight"].to(device), tiles)
-            sz = sz.to(device)  # tinygemm on CUDA: bf16 only
+        if device.type == "cuda":  # tinygemm on CUDA: bf16 scales only
+            packed, sz = tinygemm_layout(*(c[name].to(device) for name in ("qweight", "scales", "zeros")))
         else:
             q32 = unpack_int4(c["qweight"]).to(torch.int32)  # [N, K]
             packed = torch._convert_weight_to_int4pack_for_cpu(q32, 2)
-            sz = sz.to(self.dtype)  # the CPU kernel takes scales in the activation dtype
+            # scales and zeros interleaved [K/g, N, 2], in the activation dtype (the CPU kernel's)
+            sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).to(self.dtype).contiguous()
         self.register_buffer("w_packed", packed, persistent=False)
         self.register_buffer("scales_and_zeros", sz, persistent=False)
 
