@@ -395,7 +395,7 @@ def main() -> int:
                 finally:
                     torch._inductor.config.load_config(saved)
                     torch.set_float32_matmul_precision(precision)
-        del base
+        base = None  # free the model before the next one is built (the rows above hold no reference)
         gc.collect()
     print(f"done in {time.perf_counter() - start:.0f} s: {out}/e2e.md, {out}/e2e.json", flush=True)
     return 0

@@ -120,7 +120,7 @@ def main() -> int:
                                  f"{c} | {alt_us / us:.2f}x | {t_bf16 / us:.2f}x | {roof:.0f}% | {err:.1e} |")
                     print(lines[-1], f"(bf16 {t_bf16:.1f} us; torch: "
                           + ", ".join(f"{a} {t:.1f}" for a, t in alts.items()) + ")", flush=True)
-        del lin, tiny, kinds, w, wb, q4, s4, z4, p4, q8, f8, deq8
+        lin = tiny = kinds = w = wb = q4 = s4 = z4 = p4 = q8 = f8 = deq8 = None  # free the layer before the next
         torch.cuda.empty_cache()
         torch._dynamo.reset()
         (out / "gemv_bench.md").write_text(
