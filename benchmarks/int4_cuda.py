@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
-import math
 import sys
 import time
 from pathlib import Path
@@ -31,11 +30,12 @@ from autoao.evaluators.timing import copy_bandwidth, time_cuda
 from autoao.kernels import cuda_int4 as ci
 from autoao.kernels import triton_gemv as tg
 from autoao.kernels.int4 import tinygemm_layout
-from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise
+from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4
+
+sys.path.insert(0, str(Path(__file__).parent))
+from int4_sweep import chain_weights  # noqa: E402  (the chains int4_sweep.py times)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]  # llama8, fused siblings
-CHAIN_BYTES = 256e6
-MAX_LAYERS = 32
 
 
 def fmt(c: ci.Config) -> str:
@@ -83,18 +83,16 @@ def main() -> int:
             if ci.unsupported(n, k, g):
                 continue
             nbytes = n * k / 2 + 4 * n * k / g
-            layers = max(1, min(MAX_LAYERS, math.ceil(CHAIN_BYTES / nbytes)))
             torch.manual_seed(0)
             canon, tiny, mma = [], [], []
-            for i in range(layers):
-                w = torch.randn(n, k, device="cuda") * k ** -0.5
-                q, s, z = quantize_int4_groupwise(w, g)
+            for i, (w, q, s, z) in enumerate(chain_weights(n, k, g)):
                 canon.append((pack_int4(q), s, z))
                 tiny.append(tinygemm_layout(*canon[-1]))
                 mma.append(ci.pack_mma(q, s, z, g))
                 if i == 0:
                     wd = dequantize_int4_groupwise(q, s, z).double()
                 del w, q
+            layers = len(canon)
             # correctness of every config, and through a CUDA graph
             worst = {}
             for m in (1, 3, 8):

@@ -44,6 +44,16 @@ CHAIN_BYTES = 256e6  # int4 bytes per chain (>= 5x the H200's 50 MB L2)
 MAX_LAYERS = 32
 
 
+def chain_weights(n: int, k: int, group: int):
+    """The layers of one chain (enough distinct N x K layers for >= CHAIN_BYTES of int4 weights, at
+    most MAX_LAYERS), drawn from the current RNG one at a time: yields (w fp32, q, scales, zeros) with
+    q, scales, zeros autoao's group-wise int4 of w."""
+    nbytes = n * k / 2 + 4 * n * k / group  # int4 weights + bf16 scales and zeros
+    for _ in range(max(1, min(MAX_LAYERS, math.ceil(CHAIN_BYTES / nbytes)))):
+        w = torch.randn(n, k, device="cuda") * k ** -0.5
+        yield (w, *quantize_int4_groupwise(w, group))
+
+
 def mma_grid(k: int, group: int) -> list[tg.Config]:
     """Tensor-core kernel configs: (BLOCK_N, warps) x BLOCK_K x stages x SPLIT_K, keeping shared
     memory per program (stages x (weights BN*BK/2 + x 16*BK*2 bytes)) under ~180 KB."""
@@ -118,19 +128,17 @@ def main() -> int:
     rows, lines = [], []
     for n, k in shapes:
         nbytes = n * k / 2 + 4 * n * k / g  # int4 weights + bf16 scales and zeros
-        layers = max(1, min(MAX_LAYERS, math.ceil(CHAIN_BYTES / nbytes)))
         torch.manual_seed(0)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         canon, tiny, bf16 = [], [], []
-        for i in range(layers):
-            w = torch.randn(n, k, device="cuda") * k ** -0.5
-            q, s, z = quantize_int4_groupwise(w, g)
+        for i, (w, q, s, z) in enumerate(chain_weights(n, k, g)):
             canon.append((pack_int4(q), s, z))
             tiny.append(tinygemm_layout(*canon[-1]))
             bf16.append(w.to(torch.bfloat16))
             if i == 0:
                 ref = x.double() @ dequantize_int4_groupwise(q, s, z).double().t()
             del w, q
+        layers = len(canon)
         refs = {
             "bf16 F.linear": time_cuda(lambda: [F.linear(x, w) for w in bf16])[0] / layers,
             "tinygemm": time_cuda(lambda: [torch._weight_int4pack_mm(x, p, g, sz) for p, sz in tiny])[0] / layers,

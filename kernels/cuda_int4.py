@@ -127,18 +127,20 @@ def _nvcc() -> str:
                        "use int4's 'triton' or 'tinygemm' kernel.")
 
 
-_LIBS: dict[tuple[int, int], ctypes.CDLL] = {}
+_LIBS: dict[tuple[int, int | None], ctypes.CDLL] = {}  # (group size, device index) -> loaded library
 
 
-def library(group_size: int, device: torch.device | None = None) -> ctypes.CDLL:
+def library(group_size: int, device: torch.device | str | None = None) -> ctypes.CDLL:
     """The kernel built for `group_size` and the GPU's architecture, compiled with nvcc on first
-    use (a few seconds) and cached on disk; raises RuntimeError naming what is missing."""
+    use (a few seconds) and cached on disk; raises RuntimeError naming what is missing. Every
+    launch calls this: after the first, it is one dict lookup."""
+    key = (group_size, torch.device(device).index if device is not None else None)
+    lib = _LIBS.get(key)
+    if lib is not None:
+        return lib
     if not torch.cuda.is_available():
         raise RuntimeError("the CUDA int4 kernel needs a CUDA device")
     major, minor = torch.cuda.get_device_capability(device)
-    key = (group_size, major * 10 + minor)
-    if key in _LIBS:
-        return _LIBS[key]
     if major < 8:
         raise RuntimeError(f"the CUDA int4 kernel needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
     from autoao.evaluators.cache import cache_dir
@@ -197,7 +199,7 @@ def _scratch(device: torch.device, n: int, split: int) -> tuple[torch.Tensor, to
             raise RuntimeError("int4_gemv_cuda: split-K scratch must be allocated before CUDA graph capture "
                                "(run the layer once first)")
         _SCRATCH[key] = (torch.empty((split, MAX_ROWS, n), dtype=torch.float32, device=device),
-                         torch.zeros(-(-n // 16), dtype=torch.int32, device=device))
+                         torch.zeros(n // 16, dtype=torch.int32, device=device))
     return _SCRATCH[key]
 
 

@@ -238,7 +238,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
 extern "C" {
 
 // Returns 0 on success, -1 for a configuration not built, else the cudaError_t of the launch.
-// split > 1: partials must hold split * M * N floats and arrived ceil(N / 16 / rt) ints, zero
+// split > 1: partials must hold split * M * N floats and arrived N / 16 ints, zero
 // before the first call (the kernel leaves them so).
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
                          int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, void* stream) {
@@ -251,7 +251,5 @@ int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y,
 #undef AUTOAO_CASE
   return -1;
 }
-
-int autoao_int4_mma_group() { return AUTOAO_GROUP; }
 
 }  // extern "C"
