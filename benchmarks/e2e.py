@@ -41,6 +41,7 @@ import llama_stack  # noqa: E402
 
 import autoao  # noqa: E402
 from autoao import search_space  # noqa: E402
+from autoao.kernels import cuda_int4  # noqa: E402
 from autoao.profile import profile  # noqa: E402
 from autoao.evaluators.timing import (Timing, copy_bandwidth, device_name, kernel_names,  # noqa: E402
                                      measure_model)
@@ -349,7 +350,9 @@ def main() -> int:
               f"command: python {' '.join(sys.argv)}\n\n"
               f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
               f"device: {device_name(device)}; torch {torch.__version__}, triton {_version('triton')}, "
-              f"torchao {_version('torchao')}; peak copy bandwidth {bw / 1e9:.0f} GB/s\n\n"
+              f"torchao {_version('torchao')}; peak copy bandwidth {bw / 1e9:.0f} GB/s; programmatic dependent "
+              f"launch: autoao's CUDA int4 GEMV {'on' if cuda_int4.PDL else 'off'} (AUTOAO_CUDA_PDL), inductor's "
+              f"kernels {'on' if torch._inductor.config.triton.enable_pdl else 'off'} (TORCHINDUCTOR_ENABLE_PDL)\n\n"
               f"Random weights (speed only), tokens [1, M] (M column: the workload, e.g. 2048+32x1 = one "
               f"2048-token forward + 32 one-token forwards, times summed); median of autoao's measure_model "
               f"({'CUDA graph replay, L2 flushed' if device.type == 'cuda' else 'CPU wall clock'}); "

@@ -39,7 +39,7 @@ SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 409
 
 
 def fmt(c: ci.Config) -> str:
-    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}"
+    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}" + ("/pf" if c.prefetch else "")
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -53,6 +53,7 @@ def main() -> int:
     ap.add_argument("--groups", default="128,64,32")
     ap.add_argument("--tokens", default="1,8", help="M values to time")
     args = ap.parse_args()
+    pdl_default = ci.PDL  # every config is timed with it (AUTOAO_CUDA_PDL), the tuned one both ways
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     groups = [int(g) for g in args.groups.split(",")]
@@ -124,8 +125,12 @@ def main() -> int:
                     if cfg.split * cfg.warps <= k // ci.unit_k(g):
                         res[f"cuda {fmt(cfg)}"] = time_cuda(
                             lambda cfg=cfg: [ci._launch(x, qw, sz, g, cfg) for qw, sz in mma])[0]
-                res[f"cuda (tuned: {fmt(ci._tune(x, *mma[0], g))})"] = time_cuda(
-                    lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g) for qw, sz in mma])[0]
+                tuned = fmt(ci._tune(x, *mma[0], g))
+                for pdl in (True, False):  # programmatic dependent launch: each layer may start in the last's tail
+                    ci.PDL = pdl
+                    res[f"cuda (tuned: {tuned}){'' if pdl else ' PDL off'}"] = time_cuda(
+                        lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g) for qw, sz in mma])[0]
+                ci.PDL = pdl_default
                 lines.append(f"M={m}: roofline {roof:.1f} us/layer\n")
                 lines.append("| kernel | us per layer | % roofline | vs tinygemm | vs triton |")
                 lines.append("|---|---|---|---|---|")

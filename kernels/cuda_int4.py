@@ -163,8 +163,9 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        [ctypes.c_int] * 6 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
+    lib.sm90 = major >= 9  # griddepcontrol and bulk prefetches exist from sm_90
     _LIBS[key] = lib
     return lib
 
@@ -177,12 +178,17 @@ class Config:
     warps: int  # warps per CTA, splitting K (KW)
     chunks: int  # 64-k chunks of weights in flight per warp (CIF)
     split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
+    prefetch: bool = False  # sm_90+: bulk-prefetch each warp's weights into L2 first
 
 
 # The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with split-K 1, 2, 4 and 8.
 _BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4),
           (2, 2, 4), (2, 4, 2), (2, 4, 4), (2, 8, 2)]
-CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
+CONFIGS = tuple(Config(*c, split, pf) for c in _BUILT for split in (1, 2, 4, 8) for pf in (False, True))
+# Programmatic dependent launch on sm_90+ (the .cu's pdl flag): each GEMV may start while the
+# previous kernel finishes, prefetching its weights. AUTOAO_CUDA_PDL=0 turns it off (benchmarks
+# compare both).
+PDL = os.environ.get("AUTOAO_CUDA_PDL", "1") != "0"
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
@@ -216,6 +222,7 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
         partials, arrived = p.data_ptr(), a.data_ptr()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
                                    m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
+                                   int(cfg.prefetch and lib.sm90), int(PDL and lib.sm90),
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "
