@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from autoao import search_space
-from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem
+from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem, link_prefetch
 from autoao.search_space import Candidate, LayerSpec
 
 PLAN_VERSION = 1
@@ -338,6 +338,7 @@ def apply(
                 module.set_kernel(plan.kernels[fqn])
             set_module(model, fqn, module)
         fuse_layers(model, plan.fusions)
+    link_prefetch([m for m in model.modules() if isinstance(m, QuantizedLinear)])
     return model
 
 
@@ -440,4 +441,5 @@ def load(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         raise PlanError(f"{weights} does not match the model: missing {missing[:10]}, "
                         f"unexpected {result.unexpected_keys[:10]}")
     fuse_layers(model, plan.fusions)
+    link_prefetch([m for m in model.modules() if isinstance(m, QuantizedLinear)])
     return model

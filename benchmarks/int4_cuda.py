@@ -39,7 +39,7 @@ SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 409
 
 
 def fmt(c: ci.Config) -> str:
-    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}" + ("/pf" if c.prefetch else "")
+    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}"
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -131,6 +131,10 @@ def main() -> int:
                     res[f"cuda (tuned: {tuned}){'' if pdl else ' PDL off'}"] = time_cuda(
                         lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g) for qw, sz in mma])[0]
                 ci.PDL = pdl_default
+                # each layer prefetching the next one's first PREFETCH_BYTES into L2, as in a model
+                res[f"cuda (tuned: {tuned}) +next {ci.PREFETCH_BYTES >> 20} MB"] = time_cuda(
+                    lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g, *mma[(i + 1) % layers])
+                             for i, (qw, sz) in enumerate(mma)])[0]
                 lines.append(f"M={m}: roofline {roof:.1f} us/layer\n")
                 lines.append("| kernel | us per layer | % roofline | vs tinygemm | vs triton |")
                 lines.append("|---|---|---|---|---|")

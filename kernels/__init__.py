@@ -11,7 +11,7 @@ from autoao.kernels._base import QuantizedLinear
 from autoao.kernels.dense import Bf16Linear
 from autoao.kernels.fused import FusedRows, fuse_problem
 from autoao.kernels.fp8 import Fp8DynLinear, Fp8WeightOnlyLinear
-from autoao.kernels.int4 import Int4WeightOnlyLinear
+from autoao.kernels.int4 import Int4WeightOnlyLinear, link_prefetch
 from autoao.kernels.int8 import Int8DynLinear, Int8WeightOnlyLinear
 from autoao.kernels.sparse24 import Sparse24Fp8DynLinear, Sparse24Int8DynLinear, Sparse24Linear
 
@@ -28,4 +28,5 @@ __all__ = [
     "Sparse24Fp8DynLinear",
     "FusedRows",
     "fuse_problem",
+    "link_prefetch",
 ]

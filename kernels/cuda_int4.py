@@ -163,7 +163,7 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 6 + [ctypes.c_void_p]
+        [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int, ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     lib.sm90 = major >= 9  # griddepcontrol and bulk prefetches exist from sm_90
     _LIBS[key] = lib
@@ -178,17 +178,18 @@ class Config:
     warps: int  # warps per CTA, splitting K (KW)
     chunks: int  # 64-k chunks of weights in flight per warp (CIF)
     split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
-    prefetch: bool = False  # sm_90+: bulk-prefetch each warp's weights into L2 first
 
 
 # The instantiations in int4_mma.cu (AUTOAO_CONFIGS), each with split-K 1, 2, 4 and 8.
 _BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 8, 4),
           (2, 2, 4), (2, 4, 2), (2, 4, 4), (2, 8, 2)]
-CONFIGS = tuple(Config(*c, split, pf) for c in _BUILT for split in (1, 2, 4, 8) for pf in (False, True))
-# Programmatic dependent launch on sm_90+ (the .cu's pdl flag): each GEMV may start while the
-# previous kernel finishes, prefetching its weights. AUTOAO_CUDA_PDL=0 turns it off (benchmarks
-# compare both).
+CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
+# sm_90+: programmatic dependent launch (each GEMV may launch while the previous kernel finishes;
+# it waits for it before reading x) and an L2 prefetch of the first PREFETCH_BYTES of the next
+# GEMV's weights at the end of each CTA. AUTOAO_CUDA_PDL=0 and AUTOAO_CUDA_PREFETCH_MB=0 turn them
+# off (benchmarks compare).
 PDL = os.environ.get("AUTOAO_CUDA_PDL", "1") != "0"
+PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "24")) * 2 ** 20)
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
@@ -209,9 +210,18 @@ def _scratch(device: torch.device, n: int, split: int) -> tuple[torch.Tensor, to
     return _SCRATCH[key]
 
 
+def _prefix(t: torch.Tensor | None, fraction: float, device: torch.device) -> tuple[int, int]:
+    """(address, bytes) of the first `fraction` of t's bytes, whole 16-byte blocks ((0, 0): none)."""
+    if t is None or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
+        return 0, 0
+    return t.data_ptr(), int(t.numel() * t.element_size() * fraction) // 16 * 16
+
+
 def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int, cfg: Config,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-    """One launch with cfg, into `out` ([M, N] bf16; tests pass one filled with NaN) or a new tensor."""
+            out: torch.Tensor | None = None, next_qw: torch.Tensor | None = None,
+            next_sz: torch.Tensor | None = None) -> torch.Tensor:
+    """One launch with cfg, into `out` ([M, N] bf16; tests pass one filled with NaN) or a new tensor.
+    next_qw/next_sz: the next GEMV's layouts, whose first PREFETCH_BYTES the kernel prefetches."""
     m, k = x.shape
     n = qw.shape[0] * 16
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device) if out is None else out
@@ -220,9 +230,14 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     if cfg.split > 1:
         p, a = _scratch(x.device, n, cfg.split)
         partials, arrived = p.data_ptr(), a.data_ptr()
+    next_w = next_s = (0, 0)
+    if lib.sm90 and next_qw is not None and PREFETCH_BYTES > 0:
+        # the same leading fraction of the scales as of the weights: the first CTAs' rows of both
+        fraction = min(1.0, PREFETCH_BYTES / (next_qw.numel() * next_qw.element_size()))
+        next_w, next_s = _prefix(next_qw, fraction, x.device), _prefix(next_sz, fraction, x.device)
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
                                    m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
-                                   int(cfg.prefetch and lib.sm90), int(PDL and lib.sm90),
+                                   *next_w, *next_s, int(PDL and lib.sm90),
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "
@@ -254,9 +269,12 @@ def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
     return best
 
 
-def int4_gemv_cuda_impl(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+def int4_gemv_cuda_impl(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int,
+                        next_qw: torch.Tensor | None = None, next_sz: torch.Tensor | None = None) -> torch.Tensor:
     """x [M <= 8, K] -> [M, N] bf16 = x @ w^T for the int4 weight in the kernel's layouts (qw, sz
-    from pack_mma), w = (q - 8) * scale + zero; x is used as bf16."""
+    from pack_mma), w = (q - 8) * scale + zero; x is used as bf16. next_qw/next_sz (optional): the
+    layouts of the GEMV that runs next, whose first bytes are prefetched into L2 (sm_90+; a hint
+    only: any tensors give the same result)."""
     k = qw.shape[1] * 64
     if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"int4_gemv_cuda: x must be [M <= {MAX_ROWS}, {k}], got {tuple(x.shape)}")
@@ -264,15 +282,16 @@ def int4_gemv_cuda_impl(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, gro
     # 16-byte loads of x's rows: contiguous rows, 16-byte aligned start
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
-    return _launch(x, qw, sz, group_size, _tune(x, qw, sz, group_size))
+    return _launch(x, qw, sz, group_size, _tune(x, qw, sz, group_size), next_qw=next_qw, next_sz=next_sz)
 
 
 @torch.library.custom_op("autoao::int4_gemv_cuda", mutates_args=())
-def int4_gemv_cuda(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+def int4_gemv_cuda(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int,
+                   next_qw: torch.Tensor | None = None, next_sz: torch.Tensor | None = None) -> torch.Tensor:
     """Custom-op wrapper of int4_gemv_cuda_impl (opaque to torch.compile, capturable in CUDA graphs)."""
-    return int4_gemv_cuda_impl(x, qw, sz, group_size)
+    return int4_gemv_cuda_impl(x, qw, sz, group_size, next_qw, next_sz)
 
 
 @int4_gemv_cuda.register_fake
-def _(x, qw, sz, group_size):
+def _(x, qw, sz, group_size, next_qw=None, next_sz=None):
     return x.new_empty((x.shape[0], qw.shape[0] * 16), dtype=torch.bfloat16)

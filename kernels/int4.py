@@ -59,6 +59,9 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
         super().__init__(in_features, out_features, bias, dtype, device)
+        # The module whose GEMV runs after this one's (link_prefetch), or None. A plain attribute,
+        # not a submodule: no state_dict entry, no cycle in the module tree.
+        object.__setattr__(self, "prefetch_next", None)
         if group_size not in GROUP_SIZES:
             raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
         if in_features % group_size:
@@ -131,7 +134,10 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         small = x2.shape[0] <= self._gemv_rows
         if "qweight_mma" in self._buffers:
             if small:
-                y = torch.ops.autoao.int4_gemv_cuda(x2, self.qweight_mma, self.scales_mma, self.group_size)
+                nxt = self.prefetch_next  # its CUDA layouts, if it has them: prefetched into L2 by our kernel
+                nq, ns = (nxt._buffers.get("qweight_mma"), nxt._buffers.get("scales_mma")) if nxt is not None \
+                    else (None, None)
+                y = torch.ops.autoao.int4_gemv_cuda(x2, self.qweight_mma, self.scales_mma, self.group_size, nq, ns)
             else:
                 w = cuda_int4.dequantize_mma(self.qweight_mma, self.scales_mma, self.group_size)
                 y = F.linear(x2.to(torch.bfloat16), w)
@@ -155,3 +161,21 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
         y = flatten_tokens(x).float() @ w.to(x.device).t()
         return unflatten_tokens(self._add_bias(y), x)
+
+
+def link_prefetch(modules: list[torch.nn.Module]) -> None:
+    """Tell each int4 module which module's GEMV runs after its own, so that its CUDA kernel can
+    prefetch the first bytes of that module's weights into L2 (cuda_int4.PREFETCH_BYTES; the DRAM
+    is idle between GEMVs while norms and attention run). `modules`: autoao's quantized layers in
+    call order (module order: transformers registers layers in the order they run); fused
+    siblings count as their group's one module. A wrong order only wastes bandwidth: the
+    prefetch is a hint and never changes a result."""
+    runs: list[torch.nn.Module] = []
+    for m in modules:
+        fused = getattr(m, "fused", None)
+        unit = fused[0].module if fused is not None else m
+        if not runs or runs[-1] is not unit:
+            runs.append(unit)
+    for cur, nxt in zip(runs, runs[1:] + [None]):
+        if isinstance(cur, Int4WeightOnlyLinear):
+            object.__setattr__(cur, "prefetch_next", nxt if isinstance(nxt, Int4WeightOnlyLinear) else None)

@@ -77,7 +77,7 @@ def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(mon
     # the layout's own dequantization, counting its calls.
     calls = []
 
-    def fake_gemv(x, qw, sz, group_size):
+    def fake_gemv(x, qw, sz, group_size, next_qw=None, next_sz=None):
         calls.append(x.shape[0])
         return x.to(torch.bfloat16) @ cuda_int4.dequantize_mma(qw, sz, group_size).t()
 
@@ -94,6 +94,57 @@ def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(mon
         assert y.shape == ref.shape and y.dtype == torch.bfloat16
         assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2, shape
     assert calls == [1, 8]  # 20 rows: the dequantized weight in one F.linear
+
+
+def test_each_int4_gemv_is_told_the_next_one_to_prefetch(monkeypatch):
+    # apply links every int4 module to the module that runs after it (fused siblings as their
+    # group's module), and the CUDA branch hands that module's layouts to the kernel.
+    import copy
+
+    import autoao
+    from autoao.plan import Plan
+    from autoao.kernels import FusedRows
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(128, 64) for _ in range(3))
+            self.o_proj = torch.nn.Linear(64, 128)
+            self.down = torch.nn.Linear(128, 128)  # stays bf16: not in the plan
+
+        def forward(self, x):
+            return self.down(self.o_proj(self.q_proj(x) + self.k_proj(x) + self.v_proj(x)))
+
+    model = torch.nn.Sequential(Block(), Block()).to(torch.bfloat16)
+    int4 = search_space.get("int4_wo", group_size=64)
+    plan = Plan.for_model(model, {f"{b}.{p}": int4 for b in "01" for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+                          fusions=[tuple(f"{b}.{p}" for p in ("q_proj", "k_proj", "v_proj")) for b in "01"])
+    autoao.apply(model, plan)
+    keys = set(model.state_dict())
+    qkv0, qkv1 = (model.get_submodule(f"{b}.q_proj").fused[0].module for b in "01")
+    o0, o1 = model[0].o_proj, model[1].o_proj
+    assert isinstance(model[0].q_proj.fused[0], FusedRows)
+    assert qkv0.prefetch_next is o0 and o0.prefetch_next is qkv1 and qkv1.prefetch_next is o1
+    assert o1.prefetch_next is None
+    assert set(model.state_dict()) == keys and "prefetch_next" not in dict(model.named_modules())
+    twin = copy.deepcopy(model)  # links follow the copy, not the original
+    assert twin[0].o_proj.prefetch_next is twin[1].q_proj.fused[0].module
+
+    seen = []
+
+    def fake_gemv(x, qw, sz, group_size, next_qw=None, next_sz=None):
+        seen.append((qw.data_ptr(), None if next_qw is None else next_qw.data_ptr()))
+        return x.to(torch.bfloat16) @ cuda_int4.dequantize_mma(qw, sz, group_size).t()
+
+    monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: None)
+    monkeypatch.setattr(cuda_int4, "int4_gemv_cuda_impl", fake_gemv)
+    for m in (qkv0, o0, qkv1, o1):
+        m.kernel = "cuda"
+        m._pack_mma(torch.device("cpu"))
+    with torch.no_grad():
+        model(torch.randn(1, 128, dtype=torch.bfloat16))
+    ptr = [m.qweight_mma.data_ptr() for m in (qkv0, o0, qkv1, o1)]
+    assert seen == [(ptr[0], ptr[1]), (ptr[1], ptr[2]), (ptr[2], ptr[3]), (ptr[3], None)]
 
 
 def test_kernel_rejects_a_shape_it_cannot_run():
@@ -143,8 +194,9 @@ def test_cuda_kernel_matches_the_dequantized_reference(group):
 def test_chained_launches_read_the_previous_kernels_output():
     # With programmatic dependent launch (sm_90+) each GEMV starts while the previous kernel runs and
     # must wait for it before reading x: a chain of GEMVs, each fed by the last one directly or through
-    # a torch op, replayed in a CUDA graph with new inputs, equals the same chain run with a sync
-    # after every step (the kernel is deterministic, split-K included).
+    # a torch op and prefetching the next one's weights, replayed in a CUDA graph with new inputs,
+    # equals the same chain run with a sync after every step and no prefetch (the kernel is
+    # deterministic, split-K included).
     torch.manual_seed(0)
     n = 1024
     layers = []
@@ -154,7 +206,7 @@ def test_chained_launches_read_the_previous_kernels_output():
 
     def chain(h):
         for i, (qw, sz) in enumerate(layers):
-            h = cuda_int4.int4_gemv_cuda(h, qw, sz, 128)
+            h = cuda_int4.int4_gemv_cuda(h, qw, sz, 128, *layers[(i + 1) % len(layers)])
             if i % 2:
                 h = h * 2.0
         return h

@@ -71,7 +71,8 @@ template <int G, int RT, int KW, int PU>
 __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
-              int K, long long x_stride, int prefetch) {
+              int K, long long x_stride, const char* __restrict__ next_w, long long next_w_bytes,
+              const char* __restrict__ next_s, long long next_s_bytes) {
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
@@ -92,38 +93,23 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
     const long long T = min(tile0 + r, ntiles - 1);  // past the last tile: a copy, never stored
-    wq[r] = qw + (T * nchunks + (long long)u0 * UC) * 32;
-    sq[r] = reinterpret_cast<const SZ*>(sz) + (T * nunits + u0) * 8;
+    wq[r] = qw + (T * nchunks + (long long)u0 * UC) * 32 + lane;
+    sq[r] = reinterpret_cast<const SZ*>(sz) + (T * nunits + u0) * 8 + g;
   }
 
 #if __CUDA_ARCH__ >= 900
-  // prefetch: this warp's whole share of weights and scales (per row tile, one contiguous run of nu
-  // units) goes DRAM -> L2 by bulk prefetches, one instruction each, so the loads below hit L2 and
-  // the bytes in flight are no longer bounded by the register ring. A prefetch is only a hint and L2
-  // is coherent, so it may run before griddepcontrol.wait: with programmatic dependent launch (the
-  // host's pdl flag) it overlaps the previous kernel's tail. Without PDL the wait returns at once.
-  if (prefetch && lane == 0 && nu > 0) {
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wq[r]), "r"(nu * UC * 32 * 16) : "memory");
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sq[r]), "r"(nu * 8 * (int)sizeof(SZ))
-                   : "memory");
-    }
-  }
-  // x (and y, partials, arrived) may belong to the previous kernel: nothing reads or writes them
-  // before it has finished. Then let the next kernel launch (its own wait guards its reads).
+  // x (and y, partials, arrived) may belong to the previous kernel: with programmatic dependent
+  // launch (the host's pdl flag) nothing reads or writes them before it has finished. Then let the
+  // next kernel launch (its own wait guards its reads). Without PDL the wait returns at once.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-#pragma unroll
-  for (int r = 0; r < RT; ++r) wq[r] += lane, sq[r] += g;
 
   // The ring of weight loads: PU units; slot p holds unit u0 + i + p and is refilled right after
   // its unit is computed, so PU - 1 units of weights are in flight during each unit's math.
   // Offsets from the pointers are compile-time constants (folded into the load instructions); the
-  // pointers move once per PU units. x is loaded one unit ahead (xn): the x slice of a unit is read
-  // once per CTA, so it comes from L2, and loading it at the unit's top left every unit waiting on an
-  // L2 round trip (SASS of v2, benchmarks/NOTES.md); a full ring of x would halve the weights' depth.
+  // pointers move once per PU units. x is not in the ring (its registers would halve the weights'
+  // depth; loading it one unit ahead measured no faster, session 6): each unit's x is read at its top.
   uint4 wb[PU][RT][UC];
   SZ sb[PU][RT];
   auto load = [&](uint4 (&w)[RT][UC], SZ (&s)[RT], int off) {
@@ -139,19 +125,9 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
   for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
 
-  auto load_x = [&](uint4 (&xv)[UC][2], int off) {
-#pragma unroll
-    for (int ch = 0; ch < UC; ++ch) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + off * UK + ch * 64 + 32 * h));
-    }
-  };
-
 #pragma unroll
   for (int p = 0; p < PU; ++p)
     if (p < nu) load(wb[p], sb[p], p);
-  uint4 xn[UC][2];
-  if (nu > 0) load_x(xn, 0);
 
   for (int i = 0; i < nu; i += PU) {
 #pragma unroll
@@ -159,8 +135,10 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
       if (i + p < nu) {
         uint4 xv[UC][2];
 #pragma unroll
-        for (int ch = 0; ch < UC; ++ch) xv[ch][0] = xn[ch][0], xv[ch][1] = xn[ch][1];
-        if (i + p + 1 < nu) load_x(xn, p + 1);
+        for (int ch = 0; ch < UC; ++ch) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * UK + ch * 64 + 32 * h));
+        }
         float c[RT][4], xs[4];
 #pragma unroll
         for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
@@ -200,6 +178,26 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
     for (int r = 0; r < RT; ++r) wq[r] += PU * UC * 32, sq[r] += PU * 8;
     xq += PU * UK;
   }
+
+#if __CUDA_ARCH__ >= 900
+  // Our weights are on their way: bring this CTA's share of the next layer's (the host passes the
+  // first bytes of the GEMV that runs after this one) into L2 while this kernel's tail, and the
+  // kernels between the two GEMVs (norms, attention), leave DRAM idle. A prefetch is only a hint
+  // (L2 is coherent, nothing is read early), so a wrong guess of the next layer costs bandwidth,
+  // never correctness. Our own loads stream with evict-first, so the prefetched lines stay.
+  if (threadIdx.x == 0) {
+    const long long ctas = (long long)gridDim.x * gridDim.y, cta = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    const char* base[2] = {next_w, next_s};
+    const long long bytes[2] = {next_w_bytes, next_s_bytes};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const long long share = ((bytes[i] + ctas - 1) / ctas + 15) & ~15LL, lo = cta * share;  // 16 B multiples
+      const long long len = min(share, bytes[i] - lo);
+      if (base[i] != nullptr && len > 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base[i] + lo), "r"((unsigned)len) : "memory");
+    }
+  }
+#endif
 
   // C fragment: acc[r][0] = (row g, token 2t), [1] = (g, 2t + 1), [2] = (g + 8, 2t), [3] = (g + 8, 2t + 1)
   __shared__ float red[KW][RT][16][8];
@@ -248,7 +246,8 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 
 template <int RT, int KW, int PU>
 int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
-           long long x_stride, int split, int prefetch, int pdl, cudaStream_t stream) {
+           long long x_stride, int split, const void* next_w, long long next_w_bytes, const void* next_s,
+           long long next_s_bytes, int pdl, cudaStream_t stream) {
   const int tiles = N / 16;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3((tiles + RT - 1) / RT, split);
@@ -264,7 +263,8 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
   return static_cast<int>(cudaLaunchKernelEx(
       &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU>, static_cast<const __nv_bfloat16*>(x),
       static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(y),
-      static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride, prefetch));
+      static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
+      static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes));
 }
 
 }  // namespace
@@ -280,16 +280,19 @@ extern "C" {
 
 // Returns 0 on success, -1 for a configuration not built, else the cudaError_t of the launch.
 // split > 1: partials must hold split * M * N floats and arrived N / 16 ints, zero
-// before the first call (the kernel leaves them so). prefetch (sm_90+): each warp's weights are
-// bulk-prefetched into L2 first. pdl (sm_90+ only): launched with programmatic stream serialization.
+// before the first call (the kernel leaves them so). next_w/next_s (sm_90+; null: none): the first
+// bytes of the next GEMV's weights and scales, prefetched into L2 (a multiple of 16 bytes from
+// 16-byte aligned addresses). pdl (sm_90+ only): launched with programmatic stream serialization.
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
-                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split, int prefetch,
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split,
+                         const void* next_w, long long next_w_bytes, const void* next_s, long long next_s_bytes,
                          int pdl, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
 #define AUTOAO_CASE(R, W, C)                                                                        \
   if (rt == R && kw == W && cif == C)                                                               \
     return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, partials, arrived, M, N, K,   \
-                                                        x_stride, split, prefetch, pdl,                 \
+                                                        x_stride, split, next_w, next_w_bytes, next_s,  \
+                                                        next_s_bytes, pdl,                              \
                                                         static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
