@@ -189,7 +189,7 @@ CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
 # GEMV's weights at the end of each CTA. AUTOAO_CUDA_PDL=0 and AUTOAO_CUDA_PREFETCH_MB=0 turn them
 # off (benchmarks compare).
 PDL = os.environ.get("AUTOAO_CUDA_PDL", "1") != "0"
-PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "24")) * 2 ** 20)
+PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "16")) * 2 ** 20)
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival

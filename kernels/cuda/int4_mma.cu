@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
               int K, long long x_stride, const char* __restrict__ next_w, long long next_w_bytes,
-              const char* __restrict__ next_s, long long next_s_bytes) {
+              const char* __restrict__ next_s, long long next_s_bytes, int tail) {
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
@@ -180,19 +180,21 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   }
 
 #if __CUDA_ARCH__ >= 900
-  // Our weights are on their way: bring this CTA's share of the next layer's (the host passes the
-  // first bytes of the GEMV that runs after this one) into L2 while this kernel's tail, and the
-  // kernels between the two GEMVs (norms, attention), leave DRAM idle. A prefetch is only a hint
-  // (L2 is coherent, nothing is read early), so a wrong guess of the next layer costs bandwidth,
-  // never correctness. Our own loads stream with evict-first, so the prefetched lines stay.
-  if (threadIdx.x == 0) {
-    const long long ctas = (long long)gridDim.x * gridDim.y, cta = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+  // Bring the first bytes of the next layer's weights (the GEMV that runs after this one; the host
+  // passes them) into L2 while this kernel's tail wave, and the kernels between the two GEMVs (norms,
+  // attention), leave DRAM idle. Only the last `tail` CTAs (the host's estimate of the last wave)
+  // issue it, each one bulk prefetch of its share: issued earlier, it takes bandwidth from this
+  // layer's own stream (measured, benchmarks/NOTES.md). A prefetch is only a hint (L2 is coherent,
+  // nothing is read early), so a wrong guess of the next layer costs bandwidth, never correctness.
+  const long long ctas = (long long)gridDim.x * gridDim.y, cta = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+  const long long first = ctas > tail ? ctas - tail : 0;
+  if (threadIdx.x == 0 && cta >= first) {
     const char* base[2] = {next_w, next_s};
     const long long bytes[2] = {next_w_bytes, next_s_bytes};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const long long share = ((bytes[i] + ctas - 1) / ctas + 15) & ~15LL, lo = cta * share;  // 16 B multiples
-      const long long len = min(share, bytes[i] - lo);
+      const long long n = ctas - first, share = ((bytes[i] + n - 1) / n + 15) & ~15LL, lo = (cta - first) * share;
+      const long long len = min(share, bytes[i] - lo);  // share: whole 16-byte blocks
       if (base[i] != nullptr && len > 0)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base[i] + lo), "r"((unsigned)len) : "memory");
     }
@@ -249,6 +251,16 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
            long long x_stride, int split, const void* next_w, long long next_w_bytes, const void* next_s,
            long long next_s_bytes, int pdl, cudaStream_t stream) {
   const int tiles = N / 16;
+  // the CTAs the GPU holds at once: the last wave, which prefetches the next layer (once per config;
+  // assumes one GPU model per process)
+  static int wave = 0;
+  if (wave == 0 && next_w != nullptr) {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU>, KW * 32, 0);
+    wave = sms * per_sm > 0 ? sms * per_sm : 1;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3((tiles + RT - 1) / RT, split);
   config.blockDim = dim3(KW * 32);
@@ -264,7 +276,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
       &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU>, static_cast<const __nv_bfloat16*>(x),
       static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(y),
       static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
-      static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes));
+      static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave));
 }
 
 }  // namespace
