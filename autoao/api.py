@@ -134,6 +134,7 @@ def optimize(
         table = table.merged(measure_latencies(fused_shapes, token_counts(prof), fusable, device=device,
                                                dtype=_dtype(prof), cache=timing_cache, progress=progress,
                                                calls=calls))
+    stages = {"profile and kernel timing": time.perf_counter() - start}  # wall seconds per stage, in order
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     bf16_e2e = _measure_examples(model, examples)
     cost = CostModel.build(prof, table).with_rest_from(bf16_e2e)
@@ -186,7 +187,9 @@ def optimize(
             plan_from_params(groups, r.params, cost.fusion_pays, trial=r.number, predicted_ms=r.predicted_us / 1e3,
                              drop=r.drop, tier=r.tier).save(best_path)
 
+    stages["layer errors, proxy and baselines"] = spent - sum(stages.values())
     outcome = run_search(groups, cost, evaluate, config, layer_sqnr=sqnr, on_trial=on_trial, progress=progress)
+    stages["search trials"] = time.perf_counter() - start - sum(stages.values())
 
     # ---- final answer: fastest Pareto plan that holds on the tier the user asked for --------------
     notes: list[str] = []
@@ -238,6 +241,8 @@ def optimize(
     summary["measured_plans"] = measured_plans
     summary["plan"] = {fqn: c.name for fqn, c in plan.layers.items()}
     summary["kernels"] = plan.kernels
+    stages["choice, re-rank and final measurement"] = summary["seconds"] - sum(stages.values())
+    summary["stage_seconds"] = stages
     summary["fusions"] = [list(g) for g in plan.fusions]
     plan.metadata.update({k: summary[k] for k in ("plan_ms", "speedup", "accuracy", "device")})
     plan.save(out_dir / "plan.json")

@@ -112,6 +112,13 @@ class QuantizedLinear(nn.Module):
         canonical tensor one row per output channel, each row independent of the others)."""
         return cls.rows_independent
 
+    @classmethod
+    def same_code(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> str | None:
+        """A kernel listed before `kernel` in `kernels` that runs exactly the code `kernel` runs for M
+        rows of an N x K layer on CUDA (so timing reuses its numbers instead of compiling and timing
+        the same code again), or None. Default: none."""
+        return None
+
     @abstractmethod
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype, bias added: this layer's own kernels."""

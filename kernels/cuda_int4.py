@@ -29,6 +29,7 @@ Layouts (made from autoao's canonical int4 tensors, see the .cu header):
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import hashlib
 import os
@@ -41,6 +42,7 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 8  # tokens per call: the mma's B operand has 8 columns
+GROUP_SIZES = (32, 64, 128)  # one library each (-DAUTOAO_GROUP)
 _SOURCE = Path(__file__).with_name("cuda") / "int4_mma.cu"
 # lane (g, t) word j: nibble bit positions for row offset ro (0: row g, 1: row g + 8) and k offset
 # e = 0..3 (k = 64c + 32(j // 2) + 8t + 4(j % 2) + e)
@@ -54,7 +56,7 @@ def unit_k(group_size: int) -> int:
 
 def unsupported(n: int, k: int, group_size: int) -> str | None:
     """Why the kernel cannot run an N x K layer with this group size (None: it can)."""
-    if group_size not in (32, 64, 128):
+    if group_size not in GROUP_SIZES:
         return f"group_size {group_size} (the CUDA int4 kernel is built for 32, 64, 128)"
     if n % 16:
         return f"out_features {n} is not a multiple of 16 (the mma tile's rows)"
@@ -130,26 +132,14 @@ def _nvcc() -> str:
 _LIBS: dict[tuple[int, int | None], ctypes.CDLL] = {}  # (group size, device index) -> loaded library
 
 
-def library(group_size: int, device: torch.device | str | None = None) -> ctypes.CDLL:
-    """The kernel built for `group_size` and the GPU's architecture, compiled with nvcc on first
-    use (a few seconds) and cached on disk; raises RuntimeError naming what is missing. Every
-    launch calls this: after the first, it is one dict lookup."""
-    key = (group_size, torch.device(device).index if device is not None else None)
-    lib = _LIBS.get(key)
-    if lib is not None:
-        return lib
-    if not torch.cuda.is_available():
-        raise RuntimeError("the CUDA int4 kernel needs a CUDA device")
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        raise RuntimeError(f"the CUDA int4 kernel needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
+def _build(group_size: int, arch: str) -> Path:
+    """The shared library for `group_size` on sm_`arch`, compiled by nvcc unless already on disk
+    (keyed by the source's and the flags' hash); raises RuntimeError with nvcc's message."""
     from autoao.evaluators.cache import cache_dir
 
-    arch = f"{major}{minor}"
     flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              f"-DAUTOAO_GROUP={group_size}"]
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / "cuda" / f"int4_mma_g{group_size}_sm{arch}_{digest}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +151,31 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
             os.unlink(tmp)
             raise RuntimeError(f"building the CUDA int4 kernel failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
         os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
+    return out
+
+
+def library(group_size: int, device: torch.device | str | None = None) -> ctypes.CDLL:
+    """The kernel built for `group_size` and the GPU's architecture, compiled with nvcc on first
+    use and cached on disk; raises RuntimeError naming what is missing. The first build compiles
+    every group size at once (parallel nvcc processes, ~5 s: a search times all three). Every
+    launch calls this: after the first, it is one dict lookup."""
+    key = (group_size, torch.device(device).index if device is not None else None)
+    lib = _LIBS.get(key)
+    if lib is not None:
+        return lib
+    if not torch.cuda.is_available():
+        raise RuntimeError("the CUDA int4 kernel needs a CUDA device")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise RuntimeError(f"the CUDA int4 kernel needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
+    arch = f"{major}{minor}"
+    _nvcc()  # a missing toolkit is one clear error, not one per thread
+    others = [g for g in GROUP_SIZES if g != group_size]
+    with concurrent.futures.ThreadPoolExecutor(len(GROUP_SIZES)) as pool:  # nvcc runs in subprocesses
+        builds = [pool.submit(_build, g, arch) for g in [group_size, *others]]
+        out = builds[0].result()
+        for b in builds[1:]:  # the others are a head start only: their own first use reports errors
+            b.exception()
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
         [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int, ctypes.c_void_p]
@@ -189,7 +204,7 @@ CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
 # GEMV's weights at the end of each CTA. AUTOAO_CUDA_PDL=0 and AUTOAO_CUDA_PREFETCH_MB=0 turn them
 # off (benchmarks compare).
 PDL = os.environ.get("AUTOAO_CUDA_PDL", "1") != "0"
-PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "16")) * 2 ** 20)
+PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "8")) * 2 ** 20)
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival

@@ -72,6 +72,21 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     def params(self):
         return {"group_size": self.group_size}
 
+    @classmethod
+    def same_code(cls, kernel, m, n, k, **params):
+        # tinygemm_dequant runs tinygemm's GEMV up to GEMV_MAX_ROWS rows, and above them the same
+        # dequantize + F.linear as the "triton" kernel does above the rows its GEMV takes
+        if kernel != "tinygemm_dequant":
+            return None
+        if m <= GEMV_MAX_ROWS:
+            return "tinygemm"
+        if load_triton_ops():
+            from autoao.kernels.triton_gemv import int4_max_rows
+
+            if m > int4_max_rows(k, params.get("group_size", 128)):
+                return "triton"
+        return None
+
     def canonical_spec(self) -> CanonicalSpec:
         n, k, g = self.out_features, self.in_features, self.group_size
         return {

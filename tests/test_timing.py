@@ -167,6 +167,44 @@ def test_kernel_names_only_on_cuda_and_only_with_a_choice():
     assert timing.kernel_names(search_space.get("bf16"), torch.device("cuda")) == (None,)
 
 
+def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monkeypatch):
+    # int4's tinygemm_dequant is tinygemm's GEMV up to 8 rows and the Triton kernel's dequantize +
+    # F.linear above the rows Triton's GEMV takes: it reuses their numbers at those M, and is timed
+    # itself only in between (here M=16, which Triton's tensor-core GEMV takes on K=4096, g=128).
+    from autoao.kernels import int4 as int4_mod
+    from autoao.kernels import triton_gemv
+
+    monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
+    cls = int4_mod.Int4WeightOnlyLinear
+    limit = triton_gemv.int4_max_rows(4096, 128)
+    assert limit >= 8
+    assert cls.same_code("tinygemm_dequant", 1, 1024, 4096, group_size=128) == "tinygemm"
+    assert cls.same_code("tinygemm_dequant", 2048, 1024, 4096, group_size=128) == "triton"
+    assert cls.same_code("tinygemm_dequant", limit, 1024, 4096, group_size=128) is None  # Triton's GEMV
+    assert cls.same_code("cuda", 1, 1024, 4096, group_size=128) is None
+    monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: False)  # "triton" is tinygemm then
+    assert cls.same_code("tinygemm_dequant", 2048, 1024, 4096, group_size=128) is None
+
+    monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
+    int4 = search_space.get("int4_wo", group_size=128)
+    timed = []
+
+    def fake_time(cand, kern, n, k, tokens, dtype, device, mode):
+        timed.append((kern, tuple(tokens)))
+        return {m: Timing(float(m) + len(kern), 0, 0, 5) for m in tokens}
+
+    monkeypatch.setattr(timing, "kernel_names", lambda cand, device: cls.kernels)
+    monkeypatch.setattr(timing, "_time_missing", fake_time)
+    tokens = [1, limit, 2048]
+    table = measure_latencies([(1024, 4096)], tokens, [int4], cache=TimingCache(tmp_path / "t.sqlite"),
+                              progress=False)
+    assert timed == [("tinygemm", (1, limit, 2048)), ("triton", (1, limit, 2048)), ("tinygemm_dequant", (limit,)),
+                     ("cuda", (1, limit, 2048))]
+    got = table.kernel_timings[(int4.name, 4096, 1024)]
+    assert got["tinygemm_dequant"][1].median_us == got["tinygemm"][1].median_us
+    assert got["tinygemm_dequant"][2048].median_us == got["triton"][2048].median_us
+
+
 def test_latency_table_reports_the_chosen_kernel_per_shape():
     t = lambda us, kern: timing.Timing(us, us, us, 5, kernel=kern)  # noqa: E731
     rows = [timing.LatencyRow("int4_wo(group_size=128)", m, 4096, 1024, t(9.0 * m, "tinygemm"), False)
