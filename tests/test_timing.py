@@ -171,6 +171,7 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
     # int4's tinygemm_dequant is tinygemm's GEMV up to 8 rows and the Triton kernel's dequantize +
     # F.linear above the rows Triton's GEMV takes: it reuses their numbers at those M, and is timed
     # itself only in between (here M=16, which Triton's tensor-core GEMV takes on K=4096, g=128).
+    # int8_wo's "dequant" is "triton" above 8 rows.
     from autoao.kernels import int4 as int4_mod
     from autoao.kernels import triton_gemv
 
@@ -184,6 +185,15 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
     assert cls.same_code("cuda", 1, 1024, 4096, group_size=128) is None
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: False)  # "triton" is tinygemm then
     assert cls.same_code("tinygemm_dequant", 2048, 1024, 4096, group_size=128) is None
+
+    from autoao.kernels import int8 as int8_mod
+
+    monkeypatch.setattr(int8_mod, "load_triton_ops", lambda: True)
+    i8 = int8_mod.Int8WeightOnlyLinear
+    assert i8.same_code("dequant", 2048, 64, 64) == "triton" and i8.same_code("dequant", 8, 64, 64) is None
+    assert i8.same_code("triton", 2048, 64, 64) is None
+    monkeypatch.setattr(int8_mod, "load_triton_ops", lambda: False)  # then "triton" is the F.linear at every M
+    assert i8.same_code("dequant", 1, 64, 64) == "triton"
 
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
     int4 = search_space.get("int4_wo", group_size=128)
