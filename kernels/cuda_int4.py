@@ -13,6 +13,11 @@ Triton int4 kernels on llama8's layers at M=1, 56-83% of roofline on the large o
 what M=1 does; deeper register rings, a cp.async shared-memory ring, a persistent stream-K
 schedule and 1-D bulk copies all measured slower (benchmarks/NOTES.md).
 
+On sm_90+ each launch uses programmatic dependent launch (it may start while the previous kernel
+finishes and waits for it before reading x; llama8 M=1: 0.632 -> 0.620 ms) and the last wave of
+CTAs prefetches the first PREFETCH_BYTES of the next int4 layer's weights into L2 (the module
+passes them: kernels.int4.link_prefetch; 8 MB measured ~0.01 ms faster, more was slower).
+
 Building: the .cu file ships with the package and is compiled on first use with the CUDA toolkit's
 nvcc (PATH, $CUDA_HOME or /usr/local/cuda) for the GPU's architecture (sm_80 or newer: bf16 mma),
 one shared library per group size, cached under autoao's cache directory keyed by the source's

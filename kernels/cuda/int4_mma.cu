@@ -16,7 +16,9 @@
 //   with X = sum_k x over the group, which a second mma (A = ones) gives in the C layout;
 // - several k-chunks of loads are in flight per warp (a register ring of PU units), warps of a
 //   CTA split K and add their partial sums through shared memory once at the end; optionally
-//   CTAs split K too (gridDim.y), the last of a column block to finish adding the fp32 partials.
+//   CTAs split K too (gridDim.y), the last of a column block to finish adding the fp32 partials;
+// - sm_90+: programmatic dependent launch (griddepcontrol) and an L2 bulk prefetch, by the last
+//   wave, of the next layer's first weights (both measured in benchmarks/NOTES.md, session 6).
 //
 // Layouts (N, K: weight [N, K]; G: group size; UK = max(G, 64) k per unit; GU = UK / G):
 //   qw [N/16, K/64, 32 lanes, 4] uint32: word j (k-step within the 64-chunk) of lane (g, t)
