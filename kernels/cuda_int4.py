@@ -206,8 +206,9 @@ _BUILT = [(1, 2, 4), (1, 2, 8), (1, 4, 2), (1, 4, 4), (1, 4, 8), (1, 8, 2), (1, 
 CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
 # sm_90+: programmatic dependent launch (each GEMV may launch while the previous kernel finishes;
 # it waits for it before reading x) and an L2 prefetch of the first PREFETCH_BYTES of the next
-# GEMV's weights at the end of each CTA. AUTOAO_CUDA_PDL=0 and AUTOAO_CUDA_PREFETCH_MB=0 turn them
-# off (benchmarks compare).
+# GEMV's weights by the CTAs of the last wave, after their main loop (default 8 MB: measured best of
+# 0, 8, 16, 24, 32, 48 on llama8, benchmarks/NOTES.md session 6). AUTOAO_CUDA_PDL=0 and
+# AUTOAO_CUDA_PREFETCH_MB=0 turn them off (benchmarks compare).
 PDL = os.environ.get("AUTOAO_CUDA_PDL", "1") != "0"
 PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "8")) * 2 ** 20)
 _DEFAULT = Config(1, 4, 4)

@@ -141,10 +141,16 @@ def test_each_int4_gemv_is_told_the_next_one_to_prefetch(monkeypatch):
     for m in (qkv0, o0, qkv1, o1):
         m.kernel = "cuda"
         m._pack_mma(torch.device("cpu"))
+    x = torch.randn(1, 128, dtype=torch.bfloat16)
     with torch.no_grad():
-        model(torch.randn(1, 128, dtype=torch.bfloat16))
-    ptr = [m.qweight_mma.data_ptr() for m in (qkv0, o0, qkv1, o1)]
-    assert seen == [(ptr[0], ptr[1]), (ptr[1], ptr[2]), (ptr[2], ptr[3]), (ptr[3], None)]
+        eager = model(x)
+        ptr = [m.qweight_mma.data_ptr() for m in (qkv0, o0, qkv1, o1)]
+        assert seen == [(ptr[0], ptr[1]), (ptr[1], ptr[2]), (ptr[2], ptr[3]), (ptr[3], None)]
+        seen.clear()  # dynamo traces the links (plain attributes holding modules) without a graph break
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    assert seen[-4:] == [(ptr[0], ptr[1]), (ptr[1], ptr[2]), (ptr[2], ptr[3]), (ptr[3], None)]
 
 
 def test_kernel_rejects_a_shape_it_cannot_run():
