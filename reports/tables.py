@@ -97,6 +97,9 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
                   ("weight bytes before", str(s["weight_bytes"]["before"])),
                   ("weight bytes after", str(s["weight_bytes"]["after"])),
                   ("search seconds", _num(s.get("seconds")))]
+        if s.get("stage_seconds"):  # where the wall time went (summaries before session 6 lack it)
+            items.append(("search seconds by stage",
+                          "; ".join(f"{stage} {sec:.1f}" for stage, sec in s["stage_seconds"].items())))
     elif chosen is not None:
         items += [("plan latency predicted (ms)", _num(chosen.predicted_ms))]
     acc = (s or {}).get("accuracy") or (

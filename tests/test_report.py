@@ -92,6 +92,11 @@ def test_loader_reads_the_finished_search(search):
     assert data.chosen_trial == result.plan.metadata.get("trial")
     assert len(data.completed) == 20
     assert data.pareto == [p["trial"] for p in result.pareto]  # the search's own front, fastest first
+    # the wall time per stage adds up to the search's, in the order the stages ran
+    stages = s["stage_seconds"]
+    assert list(stages) == ["profile and kernel timing", "layer errors, proxy and baselines", "search trials",
+                            "choice, re-rank and final measurement"]
+    assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(s["seconds"])
     # the tier of every accuracy number is known; tier 2 here is the user metric
     assert {a.tier for a in data.accuracy} == {1, 2}
     assert any(a.metric == "output_match" and a.source == "user metric: output_match" for a in data.accuracy)
@@ -140,9 +145,16 @@ def test_csv_tables_hold_the_study(search):
     layers = pd.read_csv(first / "report_layers.csv")
     assert list(layers.fqn).count(f"blocks.0.{EVIL}") == 1
     assert (layers.chosen != "sparse24").all()
+    summary = pd.read_csv(first / "report_summary.csv").set_index("item")["value"]
+    assert summary["search seconds by stage"].startswith("profile and kernel timing ")
     cands = pd.read_csv(first / "report_candidates.csv").set_index("candidate")
     assert cands.loc["sparse24", "status"] == "emulated"
     assert cands.loc["int4_wo(group_size=128)", "status"] == "partly available"
+
+
+def test_the_report_says_where_the_search_time_went(search):
+    html = (search[2] / "report.html").read_text()
+    assert "time by stage" in html and "profile and kernel timing" in html and "search trials" in html
 
 
 def test_layer_names_are_escaped(search):
