@@ -195,14 +195,17 @@ def optimize(
     notes: list[str] = []
     chosen, chosen_acc = _choose(outcome, groups, tier2, swapper, model, weights_key, max_accuracy_drop, notes, say)
 
+    def shipped(params: dict[str, str], **metadata: Any) -> Plan:
+        """The plan these search params make, as it ships: fused groups, the timed kernel per layer."""
+        searched = plan_from_params(groups, params, cost.fusion_pays)
+        return Plan.for_model(model, searched.layers, _kernels(searched, prof, table), searched.fusions, **metadata)
+
     def measure_plan(params: dict[str, str]) -> float:
         """End-to-end us of the plan these params make, applied as it would ship (fused, kernels);
         inf if it cannot be applied or run (it is then not chosen; the search's pick still is)."""
-        searched = plan_from_params(groups, params, cost.fusion_pays)
         swapper.restore()
         try:
-            apply(model, Plan.for_model(model, searched.layers, _kernels(searched, prof, table), searched.fusions),
-                  act_norms=prof.act_norms())
+            apply(model, shipped(params), act_norms=prof.act_norms())
             return _measure_examples(model, examples)
         except Exception as e:  # noqa: BLE001 - one plan failing must not lose the search's result
             notes.append(f"a plan predicted as fast could not be measured: {type(e).__name__}: {e}")
@@ -218,9 +221,7 @@ def optimize(
     # bf16 again, right before the plan: the two end-to-end times then share the machine's state
     # (measured on the 2-core CI VM: the same bf16 workload took 939-1112 ms in different runs)
     bf16_end = _measure_examples(model, examples)
-    searched = plan_from_params(groups, chosen.params if chosen else {}, cost.fusion_pays)
-    plan = Plan.for_model(model, searched.layers, _kernels(searched, prof, table), searched.fusions,
-                          trial=chosen.number if chosen else None)
+    plan = shipped(chosen.params if chosen else {}, trial=chosen.number if chosen else None)
     apply(model, plan, act_norms=prof.act_norms())
     measured = _measure_examples(model, examples)
     predicted = cost.predict(plan)
@@ -590,6 +591,7 @@ def _shape_calls(prof: ModelProfile, siblings: list[tuple[str, ...]]) -> dict[tu
 
 
 def _unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:
+    """(N, K) of every profiled layer, each once (fused groups' shapes are timed separately)."""
     return sorted({(lay.out_features, lay.in_features) for lay in prof.layers})
 
 

@@ -338,7 +338,7 @@ def apply(
                 module.set_kernel(plan.kernels[fqn])
             set_module(model, fqn, module)
         fuse_layers(model, plan.fusions)
-    link_prefetch([m for m in model.modules() if isinstance(m, QuantizedLinear)])
+    link_prefetch(model)
     return model
 
 
@@ -441,5 +441,5 @@ def load(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         raise PlanError(f"{weights} does not match the model: missing {missing[:10]}, "
                         f"unexpected {result.unexpected_keys[:10]}")
     fuse_layers(model, plan.fusions)
-    link_prefetch([m for m in model.modules() if isinstance(m, QuantizedLinear)])
+    link_prefetch(model)
     return model

@@ -178,17 +178,18 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         return unflatten_tokens(self._add_bias(y), x)
 
 
-def link_prefetch(modules: list[torch.nn.Module]) -> None:
-    """Tell each int4 module which module's GEMV runs after its own, so that its CUDA kernel can
-    prefetch the first bytes of that module's weights into L2 (cuda_int4.PREFETCH_BYTES; the DRAM
-    is idle between GEMVs while norms and attention run). `modules`: autoao's quantized layers in
-    call order (module order: transformers registers layers in the order they run); fused
-    siblings count as their group's one module. A wrong order only wastes bandwidth: the
-    prefetch is a hint and never changes a result."""
+def link_prefetch(model: torch.nn.Module) -> None:
+    """Tell each int4 module of `model` which module's GEMV runs after its own, so that its CUDA
+    kernel can prefetch the first bytes of that module's weights into L2 (cuda_int4.PREFETCH_BYTES;
+    the DRAM is idle between GEMVs while norms and attention run). Call order is taken to be the
+    module order of autoao's quantized layers (transformers registers layers in the order they
+    run); fused siblings count as their group's one module. A wrong order only wastes bandwidth:
+    the prefetch is a hint and never changes a result."""
     runs: list[torch.nn.Module] = []
-    for m in modules:
-        fused = getattr(m, "fused", None)
-        unit = fused[0].module if fused is not None else m
+    for m in model.modules():
+        if not isinstance(m, QuantizedLinear):
+            continue
+        unit = m.fused[0].module if m.fused is not None else m
         if not runs or runs[-1] is not unit:
             runs.append(unit)
     for cur, nxt in zip(runs, runs[1:] + [None]):

@@ -262,6 +262,7 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
     assert _kernels(plan, prof, table) == {"a": "tinygemm_dequant", "b": "tinygemm_dequant", "c": "tinygemm"}
     assert _kernels(Plan({"a": search_space.get("bf16")}), prof, table) == {}  # no timing, no kernel
 
+
 def test_cost_model_fuses_only_what_timing_measured_fused():
     # fused shapes are timed only for candidates that fuse (api.optimize): the cost model keeps the
     # others unfused, and counts a fused group once
