@@ -51,6 +51,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="0,1,2,3,4", help=f"indices into {SHAPES}")
     ap.add_argument("--groups", default="128,64,32")
     ap.add_argument("--tokens", default="1,8", help="M values to time")
+    ap.add_argument("--tuned-only", action="store_true", help="time only the tuner's config (not every config)")
     args = ap.parse_args()
     pdl_default = ci.PDL  # every config is timed with it (AUTOAO_CUDA_PDL), the tuned one both ways
     out = Path(args.out)
@@ -121,7 +122,7 @@ def main() -> int:
                 res = {}
                 res["tinygemm"] = time_cuda(lambda: [torch._weight_int4pack_mm(x, p, g, sz) for p, sz in tiny])[0]
                 res["triton (tuned)"] = time_cuda(lambda: [tg.int4_gemv_triton(x, *c, g) for c in canon])[0]
-                for cfg in ci.CONFIGS if m == tokens[0] else ():  # every config at the first M only
+                for cfg in ci.CONFIGS if m == tokens[0] and not args.tuned_only else ():  # every config at the first M only
                     if cfg.split * cfg.warps <= k // ci.unit_k(g):
                         res[f"cuda {fmt(cfg)}"] = time_cuda(
                             lambda cfg=cfg: [ci._launch(x, qw, sz, g, cfg) for qw, sz in mma])[0]
@@ -131,10 +132,15 @@ def main() -> int:
                     res[f"cuda (tuned: {tuned}){'' if pdl else ' PDL off'}"] = time_cuda(
                         lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g) for qw, sz in mma])[0]
                 ci.PDL = pdl_default
-                # each layer prefetching the next one's first PREFETCH_BYTES into L2, as in a model
-                res[f"cuda (tuned: {tuned}) +next {ci.PREFETCH_BYTES >> 20} MB"] = time_cuda(
-                    lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g, *mma[(i + 1) % layers])
-                             for i, (qw, sz) in enumerate(mma)])[0]
+                # each layer prefetching the next one's first PREFETCH_BYTES into L2, as in a model; and
+                # with each weight-load start (ci.EARLY: after the PDL wait, the ring before it, + L2)
+                early_default = ci.EARLY
+                for early in (0, 1, 2):
+                    ci.EARLY = early
+                    res[f"cuda (tuned: {tuned}) +next {ci.PREFETCH_BYTES >> 20} MB, early {early}"] = time_cuda(
+                        lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g, *mma[(i + 1) % layers])
+                                 for i, (qw, sz) in enumerate(mma)])[0]
+                ci.EARLY = early_default
                 lines.append(f"M={m}: roofline {roof:.1f} us/layer\n")
                 lines.append("| kernel | us per layer | % roofline | vs tinygemm | vs triton |")
                 lines.append("|---|---|---|---|---|")
