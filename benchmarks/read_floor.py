@@ -1,0 +1,131 @@
+"""The floor of any M=1 GEMV on this GPU: a kernel that only reads a layer's bytes, timed as the
+int4 chains are. If it costs what autoao's int4 GEMV costs, the GEMV is at the floor.
+
+    source benchmarks/device_env.sh; python3 benchmarks/read_floor.py --out $OUT
+
+Why: the int4 CUDA kernel's chain timings fit ~3.6 us per launch + bytes / 3.65 TB/s
+(benchmarks/NOTES.md, session 7). Whether 3.65 TB/s and the 3.6 us are the kernel's or the
+machine's is answered by a kernel with no math at all: each thread issues U 16-byte loads
+(`ld.global.cs`, all in flight), XORs them and writes nothing (unless the XOR hits a magic value).
+Two grids: "oneshot" (every thread reads U x 16 bytes once: ~N/4 KB CTAs of 256 threads, like the
+GEMV's many short CTAs) and "persistent" (SMs x 8 CTAs of 256 threads, grid-stride loop, U loads in
+flight per iteration). Each launch may use programmatic dependent launch (wait, then trigger, as
+the GEMV). Sizes: the int4 g128 layers of llama8 (weights + scales/zeros). Each size is timed as a
+chain of distinct buffers (>= 256 MB, L2 flushed by a read before each repeat), time per buffer =
+median / buffers, as benchmarks/int4_cuda.py times the GEMV. Writes read_floor.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from autoao.evaluators.timing import copy_bandwidth, time_cuda
+
+SIZES_MB = {"o 4096x4096": 8.91, "qkv 6144x4096": 13.37, "down 4096x14336": 31.19, "gate/up 28672x4096": 62.39,
+            "lm_head 128256x4096": 279.1}
+SOURCE = r"""
+#include <cuda_runtime.h>
+#include <stdint.h>
+template <int U, bool PERSISTENT>
+__global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ p, long long n, unsigned* out) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  unsigned acc = 0;
+  const long long step = (long long)gridDim.x * U * 256;
+  for (long long base = (long long)blockIdx.x * U * 256 + threadIdx.x; base < n; base += step) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long i = base + u * 256;
+      v[u] = i < n ? __ldcs(p + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    if (!PERSISTENT) break;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;  // never in practice; keeps the loads
+}
+template <int U, bool P>
+int go(const void* p, long long n, void* out, int ctas, int pdl, cudaStream_t s) {
+  cudaLaunchConfig_t c = {};
+  c.gridDim = dim3(ctas);
+  c.blockDim = dim3(256);
+  c.stream = s;
+  cudaLaunchAttribute a[1];
+  a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a[0].val.programmaticStreamSerializationAllowed = 1;
+  c.attrs = a;
+  c.numAttrs = pdl ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&c, read_kernel<U, P>, (const uint4*)p, n, (unsigned*)out);
+}
+extern "C" int read_floor(const void* p, long long n, void* out, int u, int persistent, int ctas, int pdl, void* s) {
+  cudaStream_t st = (cudaStream_t)s;
+#define C(U) if (u == U) return persistent ? go<U, true>(p, n, out, ctas, pdl, st) : go<U, false>(p, n, out, ctas, pdl, st);
+  C(2) C(4) C(8) C(16)
+  return -1;
+}
+"""
+
+
+def build() -> ctypes.CDLL:
+    major, minor = torch.cuda.get_device_capability()
+    d = Path(tempfile.mkdtemp())
+    (d / "read.cu").write_text(SOURCE)
+    subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{major}{minor},"
+                    f"code=sm_{major}{minor}", "-o", str(d / "read.so"), str(d / "read.cu")], check=True)
+    lib = ctypes.CDLL(str(d / "read.so"))
+    lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
+        [ctypes.c_void_p]
+    return lib
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lib = build()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bw = copy_bandwidth("cuda")
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lines = [f"# read floor, {torch.cuda.get_device_name()}", "",
+             f"command: python {' '.join(sys.argv)}; torch {torch.__version__}; date {time.strftime('%Y-%m-%d')}; "
+             f"copy bandwidth {bw / 1e12:.2f} TB/s; {sms} SMs", "",
+             "| layer | MB | grid | U | PDL | us per buffer | TB/s |", "|---|---|---|---|---|---|---|"]
+    for name, mb in SIZES_MB.items():
+        n16 = int(mb * 1e6) // 16
+        bufs = [torch.empty(n16 * 16, dtype=torch.uint8, device="cuda").random_(0, 255)
+                for _ in range(max(1, min(32, math.ceil(256 / mb))))]
+        for persistent in (False, True):
+            for u in (2, 4, 8, 16):
+                ctas = sms * 8 if persistent else math.ceil(n16 / (u * 256))
+                for pdl in (1, 0):
+                    def run():
+                        for b in bufs:
+                            err = lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, int(persistent), ctas, pdl,
+                                                 torch.cuda.current_stream().cuda_stream)
+                            assert err == 0, err
+                    us = time_cuda(run)[0] / len(bufs)
+                    lines.append(f"| {name} | {mb} | {'persistent' if persistent else 'oneshot'} {ctas} | {u} | "
+                                 f"{pdl} | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
+                    print(lines[-1], flush=True)
+        bufs.clear()
+        torch.cuda.empty_cache()
+        (out / "read_floor.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
