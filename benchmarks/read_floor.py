@@ -7,9 +7,11 @@ Why: the int4 CUDA kernel's chain timings fit ~3.6 us per launch + bytes / 3.65 
 (benchmarks/NOTES.md, session 7). Whether 3.65 TB/s and the 3.6 us are the kernel's or the
 machine's is answered by a kernel with no math at all: each thread issues U 16-byte loads
 (`ld.global.cs`, all in flight), XORs them and writes nothing (unless the XOR hits a magic value).
-Two grids: "oneshot" (every thread reads U x 16 bytes once: ~N/4 KB CTAs of 256 threads, like the
-GEMV's many short CTAs) and "persistent" (SMs x 8 CTAs of 256 threads, grid-stride loop, U loads in
-flight per iteration). Each launch may use programmatic dependent launch (wait, then trigger, as
+Three grids: "oneshot" (every thread reads U x 16 bytes once: ~N/4 KB CTAs of 256 threads),
+"persistent" (SMs x 8 CTAs of 256 threads, grid-stride loop, U loads in flight per iteration): in
+both, the warps running at once read one contiguous window that sweeps the buffer; and "segments"
+(the GEMV's grid: tiles / RT CTAs of KW warps, each warp streaming its own contiguous segment, 512
+bytes per load, U in flight), where ~2000 separate streams are read at once. Each launch may use programmatic dependent launch (wait, then trigger, as
 the GEMV). Sizes: the int4 g128 layers of llama8 (weights + scales/zeros). Each size is timed as a
 chain of distinct buffers (>= 256 MB, L2 flushed by a read before each repeat), time per buffer =
 median / buffers, as benchmarks/int4_cuda.py times the GEMV. Writes read_floor.md.
@@ -56,23 +58,50 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ p, 
   }
   if (acc == 0x9e3779b9u) out[0] = acc;  // never in practice; keeps the loads
 }
-template <int U, bool P>
-int go(const void* p, long long n, void* out, int ctas, int pdl, cudaStream_t s) {
+// As the GEMV reads its weights: each warp streams its own contiguous segment (n / warps 16-byte
+// blocks), 512 bytes per load instruction, U loads in flight.
+template <int U>
+__global__ void __launch_bounds__(256) read_segments(const uint4* __restrict__ p, long long n, unsigned* out) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+  const long long w = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const long long seg = (n / 32 + warps - 1) / warps * 32, lo = w * seg, hi = min(lo + seg, n);
+  unsigned acc = 0;
+  for (long long base = lo + (threadIdx.x & 31); base < hi; base += U * 32) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long i = base + u * 32;
+      v[u] = i < hi ? __ldcs(p + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;
+}
+template <int U, int P>  // P: 0 oneshot, 1 persistent, 2 segments (block = warps x 32)
+int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, cudaStream_t s) {
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3(ctas);
-  c.blockDim = dim3(256);
+  c.blockDim = dim3(P == 2 ? warps * 32 : 256);
   c.stream = s;
   cudaLaunchAttribute a[1];
   a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   a[0].val.programmaticStreamSerializationAllowed = 1;
   c.attrs = a;
   c.numAttrs = pdl ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&c, read_kernel<U, P>, (const uint4*)p, n, (unsigned*)out);
+  if (P == 2) return (int)cudaLaunchKernelEx(&c, read_segments<U>, (const uint4*)p, n, (unsigned*)out);
+  return (int)cudaLaunchKernelEx(&c, read_kernel<U, P == 1>, (const uint4*)p, n, (unsigned*)out);
 }
-extern "C" int read_floor(const void* p, long long n, void* out, int u, int persistent, int ctas, int pdl, void* s) {
+extern "C" int read_floor(const void* p, long long n, void* out, int u, int mode, int ctas, int warps, int pdl,
+                          void* s) {
   cudaStream_t st = (cudaStream_t)s;
-#define C(U) if (u == U) return persistent ? go<U, true>(p, n, out, ctas, pdl, st) : go<U, false>(p, n, out, ctas, pdl, st);
-  C(2) C(4) C(8) C(16)
+#define C(U) \
+  if (u == U) return mode == 2 ? go<U, 2>(p, n, out, ctas, warps, pdl, st) : mode == 1 ? go<U, 1>(p, n, out, ctas, warps, pdl, st) : go<U, 0>(p, n, out, ctas, warps, pdl, st);
+  C(2) C(3) C(4) C(8) C(16)
   return -1;
 }
 """
@@ -85,7 +114,7 @@ def build() -> ctypes.CDLL:
     subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{major}{minor},"
                     f"code=sm_{major}{minor}", "-o", str(d / "read.so"), str(d / "read.cu")], check=True)
     lib = ctypes.CDLL(str(d / "read.so"))
-    lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
+    lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 5 + \
         [ctypes.c_void_p]
     return lib
 
@@ -93,7 +122,11 @@ def build() -> ctypes.CDLL:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--u", default="2,4,8,16", help="loads in flight per thread (oneshot, persistent grids)")
+    ap.add_argument("--pdl", default="1,0")
     args = ap.parse_args()
+    args.u = [int(v) for v in args.u.split(",")]
+    args.pdl = [int(v) for v in args.pdl.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lib = build()
@@ -108,19 +141,22 @@ def main() -> int:
         n16 = int(mb * 1e6) // 16
         bufs = [torch.empty(n16 * 16, dtype=torch.uint8, device="cuda").random_(0, 255)
                 for _ in range(max(1, min(32, math.ceil(256 / mb))))]
-        for persistent in (False, True):
-            for u in (2, 4, 8, 16):
-                ctas = sms * 8 if persistent else math.ceil(n16 / (u * 256))
-                for pdl in (1, 0):
-                    def run():
-                        for b in bufs:
-                            err = lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, int(persistent), ctas, pdl,
-                                                 torch.cuda.current_stream().cuda_stream)
-                            assert err == 0, err
-                    us = time_cuda(run)[0] / len(bufs)
-                    lines.append(f"| {name} | {mb} | {'persistent' if persistent else 'oneshot'} {ctas} | {u} | "
-                                 f"{pdl} | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
-                    print(lines[-1], flush=True)
+        runs = [(mode, u, sms * 8 if mode else math.ceil(n16 / (u * 256)), 8, pdl)
+                for mode in (0, 1) for u in args.u for pdl in args.pdl]
+        # segments: the GEMV's grids (CTAs x warps: one warp per 16-row tile and K slice)
+        tiles = {"o": 256, "qkv": 384, "down": 256, "gate/up": 1792, "lm_head": 8016}[name.split()[0]]
+        runs += [(2, u, tiles // rt, kw, pdl) for rt, kw in ((1, 8), (2, 2), (2, 4)) for u in (2, 3, 4)
+                 for pdl in args.pdl]
+        for mode, u, ctas, warps, pdl in runs:
+            def run():
+                for b in bufs:
+                    err = lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, mode, ctas, warps, pdl,
+                                         torch.cuda.current_stream().cuda_stream)
+                    assert err == 0, err
+            us = time_cuda(run)[0] / len(bufs)
+            grid = ("oneshot", "persistent", f"segments {warps} warps x")[mode]
+            lines.append(f"| {name} | {mb} | {grid} {ctas} | {u} | {pdl} | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
+            print(lines[-1], flush=True)
         bufs.clear()
         torch.cuda.empty_cache()
         (out / "read_floor.md").write_text("\n".join(lines) + "\n")

@@ -183,7 +183,7 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
             b.exception()
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     lib.sm90 = major >= 9  # griddepcontrol and bulk prefetches exist from sm_90
     _LIBS[key] = lib
@@ -215,6 +215,8 @@ PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "8")) * 2 *
 # before it; 2 = also an L2 prefetch of the warp's next EARLY_UNITS units before it.
 EARLY = int(os.environ.get("AUTOAO_CUDA_EARLY", "0"))
 EARLY_UNITS = int(os.environ.get("AUTOAO_CUDA_EARLY_UNITS", "4"))
+# EXPERIMENT (session 7): rolling L2 prefetch this many units past the register ring (0: off).
+AHEAD = int(os.environ.get("AUTOAO_CUDA_AHEAD", "0"))
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
@@ -262,7 +264,7 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
         next_w, next_s = _prefix(next_qw, fraction, x.device), _prefix(next_sz, fraction, x.device)
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
                                    m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
-                                   *next_w, *next_s, int(PDL and lib.sm90), EARLY, EARLY_UNITS,
+                                   *next_w, *next_s, int(PDL and lib.sm90), EARLY, EARLY_UNITS, AHEAD,
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "

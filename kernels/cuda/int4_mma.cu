@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
               int K, long long x_stride, const char* __restrict__ next_w, long long next_w_bytes,
-              const char* __restrict__ next_s, long long next_s_bytes, int tail, int early, int early_units) {
+              const char* __restrict__ next_s, long long next_s_bytes, int tail, int early, int early_units, int ahead) {
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
@@ -190,6 +190,19 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
           }
         }
         if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
+#if __CUDA_ARCH__ >= 900
+        // Rolling L2 prefetch `ahead` units past the register ring: the ring's loads then meet L2's
+        // latency instead of DRAM's, so more bytes are in flight per SM than registers hold.
+        if (ahead && lane == 0 && i + p + PU + ahead < nu) {
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wq[r] - lane + (p + PU + ahead) * UC * 32),
+                         "n"(UC * 512) : "memory");
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sq[r] - g + (p + PU + ahead) * 8),
+                         "n"(8 * sizeof(SZ)) : "memory");
+          }
+        }
+#endif
       }
     }
 #pragma unroll
@@ -267,7 +280,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 template <int RT, int KW, int PU>
 int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
            long long x_stride, int split, const void* next_w, long long next_w_bytes, const void* next_s,
-           long long next_s_bytes, int pdl, int early, int early_units, cudaStream_t stream) {
+           long long next_s_bytes, int pdl, int early, int early_units, int ahead, cudaStream_t stream) {
   const int tiles = N / 16;
   // the CTAs the GPU holds at once: the last wave, which prefetches the next layer (once per config;
   // assumes one GPU model per process)
@@ -295,7 +308,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
       static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(y),
       static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
       static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave, pdl ? early : 0,
-      early_units));
+      early_units, ahead));
 }
 
 }  // namespace
@@ -317,13 +330,13 @@ extern "C" {
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
                          int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split,
                          const void* next_w, long long next_w_bytes, const void* next_s, long long next_s_bytes,
-                         int pdl, int early, int early_units, void* stream) {
+                         int pdl, int early, int early_units, int ahead, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
 #define AUTOAO_CASE(R, W, C)                                                                        \
   if (rt == R && kw == W && cif == C)                                                               \
     return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, partials, arrived, M, N, K,   \
                                                         x_stride, split, next_w, next_w_bytes, next_s,  \
-                                                        next_s_bytes, pdl, early, early_units,          \
+                                                        next_s_bytes, pdl, early, early_units, ahead,   \
                                                         static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
