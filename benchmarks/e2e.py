@@ -354,7 +354,7 @@ def main() -> int:
               f"launch: autoao's CUDA int4 GEMV {'on' if cuda_int4.PDL else 'off'} (AUTOAO_CUDA_PDL), inductor's "
               f"kernels {'on' if torch._inductor.config.triton.enable_pdl else 'off'} (TORCHINDUCTOR_ENABLE_PDL); "
               f"the CUDA int4 GEMV prefetches {cuda_int4.PREFETCH_BYTES / 2 ** 20:g} MB of the next one's weights "
-              f"(AUTOAO_CUDA_PREFETCH_MB); early weight loads {cuda_int4.EARLY} (AUTOAO_CUDA_EARLY)\n\n"
+              f"(AUTOAO_CUDA_PREFETCH_MB); early weight loads {'on' if cuda_int4.EARLY else 'off'} (AUTOAO_CUDA_EARLY)\n\n"
               f"Random weights (speed only), tokens [1, M] (M column: the workload, e.g. 2048+32x1 = one "
               f"2048-token forward + 32 one-token forwards, times summed); median of autoao's measure_model "
               f"({'CUDA graph replay, L2 flushed' if device.type == 'cuda' else 'CPU wall clock'}); "

@@ -52,8 +52,6 @@ def main() -> int:
     ap.add_argument("--groups", default="128,64,32")
     ap.add_argument("--tokens", default="1,8", help="M values to time")
     ap.add_argument("--tuned-only", action="store_true", help="time only the tuner's config (not every config)")
-    ap.add_argument("--ahead", default="", help="rolling L2 prefetch distances (units) to time every split-1 "
-                    "config with (early loads on), e.g. 0,2,4,8")
     args = ap.parse_args()
     pdl_default = ci.PDL  # every config is timed with it (AUTOAO_CUDA_PDL), the tuned one both ways
     out = Path(args.out)
@@ -134,25 +132,15 @@ def main() -> int:
                     res[f"cuda (tuned: {tuned}){'' if pdl else ' PDL off'}"] = time_cuda(
                         lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g) for qw, sz in mma])[0]
                 ci.PDL = pdl_default
-                # each layer prefetching the next one's first PREFETCH_BYTES into L2, as in a model; and
-                # with each weight-load start (ci.EARLY: after the PDL wait, the ring before it, + L2)
+                # each layer prefetching the next one's first PREFETCH_BYTES into L2, as in a model; with
+                # and without the early weight loads (graphs only: time_cuda captures one)
                 early_default = ci.EARLY
-                for early in (0, 1, 2):
+                for early in (True, False):
                     ci.EARLY = early
-                    res[f"cuda (tuned: {tuned}) +next {ci.PREFETCH_BYTES >> 20} MB, early {early}"] = time_cuda(
-                        lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g, *mma[(i + 1) % layers])
-                                 for i, (qw, sz) in enumerate(mma)])[0]
+                    res[f"cuda (tuned: {tuned}) +next {ci.PREFETCH_BYTES >> 20} MB{'' if early else ', early off'}"] = \
+                        time_cuda(lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g, *mma[(i + 1) % layers])
+                                           for i, (qw, sz) in enumerate(mma)])[0]
                 ci.EARLY = early_default
-                ahead_default = ci.AHEAD
-                for ahead in [int(a) for a in args.ahead.split(",") if a]:
-                    ci.AHEAD, ci.EARLY = ahead, 1
-                    for cfg in ci.CONFIGS:
-                        if cfg.split == 1 and cfg.warps <= k // ci.unit_k(g):
-                            res[f"cuda {fmt(cfg)} early 1 ahead {ahead}"] = time_cuda(
-                                lambda cfg=cfg: [ci._launch(x, qw, sz, g, cfg, next_qw=mma[(i + 1) % layers][0],
-                                                            next_sz=mma[(i + 1) % layers][1])
-                                                 for i, (qw, sz) in enumerate(mma)])[0]
-                ci.AHEAD, ci.EARLY = ahead_default, early_default
                 lines.append(f"M={m}: roofline {roof:.1f} us/layer\n")
                 lines.append("| kernel | us per layer | % roofline | vs tinygemm | vs triton |")
                 lines.append("|---|---|---|---|---|")

@@ -14,7 +14,11 @@ both, the warps running at once read one contiguous window that sweeps the buffe
 bytes per load, U in flight), where ~2000 separate streams are read at once. Each launch may use programmatic dependent launch (wait, then trigger, as
 the GEMV). Sizes: the int4 g128 layers of llama8 (weights + scales/zeros). Each size is timed as a
 chain of distinct buffers (>= 256 MB, L2 flushed by a read before each repeat), time per buffer =
-median / buffers, as benchmarks/int4_cuda.py times the GEMV. Writes read_floor.md.
+median / buffers, as benchmarks/int4_cuda.py times the GEMV. `--per-sm`: the segments read with at
+most that many 8-warp CTAs per SM (dynamic shared memory), so the bytes in flight per SM are known.
+`--gemv`: autoao's int4 GEMV (g128, a few configs, chains of packed layers as int4_cuda.py) and the
+same kernel with its math replaced by an XOR of the loaded registers (spliced into a copy of
+int4_mma.cu): what the math and its dependencies cost over the loads alone. Writes read_floor.md.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from pathlib import Path
 import torch
 
 from autoao.evaluators.timing import copy_bandwidth, time_cuda
+from autoao.kernels import cuda_int4 as ci
+
+sys.path.insert(0, str(Path(__file__).parent))
+from int4_sweep import SHAPES, chain_weights  # noqa: E402  (the chains int4_sweep.py times)
 
 SIZES_MB = {"o 4096x4096": 8.91, "qkv 6144x4096": 13.37, "down 4096x14336": 31.19, "gate/up 28672x4096": 62.39,
             "lm_head 128256x4096": 279.1}
@@ -82,11 +90,17 @@ __global__ void __launch_bounds__(256) read_segments(const uint4* __restrict__ p
   }
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
+static int dyn_smem = 0;  // bytes of dynamic shared memory per CTA: caps the CTAs per SM
 template <int U, int P>  // P: 0 oneshot, 1 persistent, 2 segments (block = warps x 32)
 int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, cudaStream_t s) {
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3(ctas);
   c.blockDim = dim3(P == 2 ? warps * 32 : 256);
+  c.dynamicSmemBytes = dyn_smem;
+  if (dyn_smem > 48 * 1024) {
+    cudaFuncSetAttribute(read_segments<U>, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_smem);
+    cudaFuncSetAttribute(read_kernel<U, P == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_smem);
+  }
   c.stream = s;
   cudaLaunchAttribute a[1];
   a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -97,8 +111,9 @@ int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, cuda
   return (int)cudaLaunchKernelEx(&c, read_kernel<U, P == 1>, (const uint4*)p, n, (unsigned*)out);
 }
 extern "C" int read_floor(const void* p, long long n, void* out, int u, int mode, int ctas, int warps, int pdl,
-                          void* s) {
+                          int smem, void* s) {
   cudaStream_t st = (cudaStream_t)s;
+  dyn_smem = smem;
 #define C(U) \
   if (u == U) return mode == 2 ? go<U, 2>(p, n, out, ctas, warps, pdl, st) : mode == 1 ? go<U, 1>(p, n, out, ctas, warps, pdl, st) : go<U, 0>(p, n, out, ctas, warps, pdl, st);
   C(2) C(3) C(4) C(8) C(16)
@@ -114,9 +129,65 @@ def build() -> ctypes.CDLL:
     subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{major}{minor},"
                     f"code=sm_{major}{minor}", "-o", str(d / "read.so"), str(d / "read.cu")], check=True)
     lib = ctypes.CDLL(str(d / "read.so"))
-    lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 5 + \
+    lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 6 + \
         [ctypes.c_void_p]
     return lib
+
+
+# The int4 GEMV with its math replaced by an XOR of each ring slot (weights and scales): the same
+# grid, loads, ring and epilogue. Spliced into kernels/cuda/int4_mma.cu between these two lines.
+MATH_FROM, MATH_TO = "        uint4 xv[UC][2];\n", "        if (i + p + PU < nu) load(wb[p], sb[p], p + PU);\n"
+NO_MATH = """#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          uint32_t h = word(sb[p][r], 0);
+#pragma unroll
+          for (int ch = 0; ch < UC; ++ch) h ^= wb[p][r][ch].x ^ wb[p][r][ch].y ^ wb[p][r][ch].z ^ wb[p][r][ch].w;
+          acc[r][0] += __uint_as_float(h & 0x3f7fffffu);
+        }
+"""
+
+
+def no_math_library(group: int) -> ctypes.CDLL:
+    """The CUDA int4 GEMV library (same entry point) with NO_MATH spliced in; raises if the markers moved."""
+    src = ci._SOURCE.read_text()
+    a, b = src.index(MATH_FROM), src.index(MATH_TO)
+    major, minor = torch.cuda.get_device_capability()
+    d = Path(tempfile.mkdtemp())
+    (d / "nomath.cu").write_text(src[:a] + NO_MATH + src[b:])
+    subprocess.run(["nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{major}"
+                    f"{minor},code=sm_{major}{minor}", f"-DAUTOAO_GROUP={group}", "-o", str(d / "nm.so"),
+                    str(d / "nomath.cu")], check=True)
+    real = ci.library(group)
+    lib = ctypes.CDLL(str(d / "nm.so"))
+    lib.autoao_int4_mma_gemv.argtypes = real.autoao_int4_mma_gemv.argtypes
+    lib.autoao_int4_mma_gemv.restype = ctypes.c_int
+    lib.sm90 = real.sm90
+    return lib
+
+
+def gemv_rows(group: int = 128) -> list[str]:
+    """us per layer of the GEMV and of its no-math twin, chains of llama8's shapes, M = 1, a few configs."""
+    real, nomath = ci.library(group), no_math_library(group)
+    key = (group, torch.cuda.current_device())
+    out = ["", "| layer | config | GEMV us | no-math us | MB |", "|---|---|---|---|---|"]
+    for n, k in SHAPES:
+        torch.manual_seed(0)
+        mma = [ci.pack_mma(q, s, z, group) for _, q, s, z in chain_weights(n, k, group)]
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        for cfg in (ci.Config(1, 8, 2), ci.Config(2, 2, 4), ci.Config(2, 4, 2), ci.Config(2, 8, 2)):
+            us = []
+            for lib in (real, nomath):
+                ci._LIBS[key] = lib
+                us.append(time_cuda(lambda cfg=cfg: [ci._launch(x, qw, sz, group, cfg, next_qw=nq, next_sz=ns)
+                                                     for (qw, sz), (nq, ns) in zip(mma, mma[1:] + mma[:1])])[0]
+                          / len(mma))
+            ci._LIBS[key] = real
+            out.append(f"| {n}x{k} | {cfg.rows}/{cfg.warps}/{cfg.chunks} | {us[0]:.2f} | {us[1]:.2f} | "
+                       f"{(n * k / 2 + 4 * n * k / group) / 1e6:.1f} |")
+            print(out[-1], flush=True)
+        mma.clear()
+        torch.cuda.empty_cache()
+    return out
 
 
 def main() -> int:
@@ -124,9 +195,12 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--u", default="2,4,8,16", help="loads in flight per thread (oneshot, persistent grids)")
     ap.add_argument("--pdl", default="1,0")
+    ap.add_argument("--per-sm", default="", help="also the segments read capped at these CTAs (of 8 warps) per SM")
+    ap.add_argument("--gemv", action="store_true", help="also the int4 GEMV and the same kernel without its math")
     args = ap.parse_args()
     args.u = [int(v) for v in args.u.split(",")]
     args.pdl = [int(v) for v in args.pdl.split(",")]
+    args.per_sm = [int(v) for v in args.per_sm.split(",") if v]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lib = build()
@@ -141,24 +215,33 @@ def main() -> int:
         n16 = int(mb * 1e6) // 16
         bufs = [torch.empty(n16 * 16, dtype=torch.uint8, device="cuda").random_(0, 255)
                 for _ in range(max(1, min(32, math.ceil(256 / mb))))]
-        runs = [(mode, u, sms * 8 if mode else math.ceil(n16 / (u * 256)), 8, pdl)
+        runs = [(mode, u, sms * 8 if mode else math.ceil(n16 / (u * 256)), 8, pdl, 0)
                 for mode in (0, 1) for u in args.u for pdl in args.pdl]
         # segments: the GEMV's grids (CTAs x warps: one warp per 16-row tile and K slice)
         tiles = {"o": 256, "qkv": 384, "down": 256, "gate/up": 1792, "lm_head": 8016}[name.split()[0]]
-        runs += [(2, u, tiles // rt, kw, pdl) for rt, kw in ((1, 8), (2, 2), (2, 4)) for u in (2, 3, 4)
+        runs += [(2, u, tiles // rt, kw, pdl, 0) for rt, kw in ((1, 8), (2, 2), (2, 4)) for u in (2, 3, 4)
                  for pdl in args.pdl]
-        for mode, u, ctas, warps, pdl in runs:
+        # segments of 8-warp CTAs, at most `per_sm` CTAs per SM (dynamic shared memory): bytes in flight
+        # per SM = per_sm x 8 warps x U x 512
+        smem_per_sm = torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor
+        runs += [(2, u, tiles, 8, 1, smem_per_sm // per_sm - 2048) for per_sm in args.per_sm for u in (2, 4, 8)]
+        for mode, u, ctas, warps, pdl, smem in runs:
             def run():
                 for b in bufs:
-                    err = lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, mode, ctas, warps, pdl,
+                    err = lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, mode, ctas, warps, pdl, smem,
                                          torch.cuda.current_stream().cuda_stream)
                     assert err == 0, err
             us = time_cuda(run)[0] / len(bufs)
             grid = ("oneshot", "persistent", f"segments {warps} warps x")[mode]
+            if smem:
+                grid += f" (<= {smem_per_sm // (smem + 2048)} CTAs/SM)"
             lines.append(f"| {name} | {mb} | {grid} {ctas} | {u} | {pdl} | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
             print(lines[-1], flush=True)
         bufs.clear()
         torch.cuda.empty_cache()
+        (out / "read_floor.md").write_text("\n".join(lines) + "\n")
+    if args.gemv:
+        lines += gemv_rows()
         (out / "read_floor.md").write_text("\n".join(lines) + "\n")
     return 0
 

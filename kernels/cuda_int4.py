@@ -183,7 +183,7 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
             b.exception()
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     lib.sm90 = major >= 9  # griddepcontrol and bulk prefetches exist from sm_90
     _LIBS[key] = lib
@@ -211,12 +211,12 @@ CONFIGS = tuple(Config(*c, split) for c in _BUILT for split in (1, 2, 4, 8))
 # AUTOAO_CUDA_PREFETCH_MB=0 turn them off (benchmarks compare).
 PDL = os.environ.get("AUTOAO_CUDA_PDL", "1") != "0"
 PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "8")) * 2 ** 20)
-# EXPERIMENT (session 7): 0 = weight loads after griddepcontrol.wait; 1 = the ring's first loads
-# before it; 2 = also an L2 prefetch of the warp's next EARLY_UNITS units before it.
-EARLY = int(os.environ.get("AUTOAO_CUDA_EARLY", "0"))
-EARLY_UNITS = int(os.environ.get("AUTOAO_CUDA_EARLY_UNITS", "4"))
-# EXPERIMENT (session 7): rolling L2 prefetch this many units past the register ring (0: off).
-AHEAD = int(os.environ.get("AUTOAO_CUDA_AHEAD", "0"))
+# Early weight loads (sm_90+, with PDL): the first ring of weight loads goes out before the kernel
+# waits for the previous one, overlapping its tail (session 7: 0.5-1 us per layer in chains of
+# GEMVs). Only inside CUDA graph capture: there the kernel before a GEMV belongs to the captured
+# forward, which reads weights but never writes them; eagerly, the previous kernel could be the one
+# that packed or copied them. AUTOAO_CUDA_EARLY=0 turns it off.
+EARLY = os.environ.get("AUTOAO_CUDA_EARLY", "1") != "0"
 _DEFAULT = Config(1, 4, 4)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
@@ -262,9 +262,11 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
         # the same leading fraction of the scales as of the weights: the first CTAs' rows of both
         fraction = min(1.0, PREFETCH_BYTES / (next_qw.numel() * next_qw.element_size()))
         next_w, next_s = _prefix(next_qw, fraction, x.device), _prefix(next_sz, fraction, x.device)
+    pdl = PDL and lib.sm90
+    early = pdl and EARLY and torch.cuda.is_current_stream_capturing()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
                                    m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.split,
-                                   *next_w, *next_s, int(PDL and lib.sm90), EARLY, EARLY_UNITS, AHEAD,
+                                   *next_w, *next_s, int(pdl), int(early),
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(KW * 32)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
               int K, long long x_stride, const char* __restrict__ next_w, long long next_w_bytes,
-              const char* __restrict__ next_s, long long next_s_bytes, int tail, int early, int early_units, int ahead) {
+              const char* __restrict__ next_s, long long next_s_bytes, int tail, int early) {
   constexpr int UK = G > 64 ? G : 64;  // k per unit: whole groups and whole 64-k chunks
   constexpr int UC = UK / 64;          // 64-k chunks per unit
   constexpr int GU = UK / G;           // groups per unit
@@ -119,22 +119,15 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
   for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
 
-  // early > 0: the ring's first loads go out before waiting for the previous kernel (weights and
-  // scales are never written by the kernel before: the host sees to it), so their DRAM latency
-  // overlaps its tail; early = 2 also bulk-prefetches the warp's next `early_units` units into L2.
+  // early: the ring's first loads go out before waiting for the previous kernel, so their DRAM
+  // latency overlaps its tail (the host passes early = 0 unless the weights and scales were written
+  // before that kernel: cuda_int4._launch).
   if (early) {
 #pragma unroll
     for (int p = 0; p < PU; ++p)
       if (p < nu) load(wb[p], sb[p], p);
   }
 #if __CUDA_ARCH__ >= 900
-  if (early > 1 && lane == 0 && nu > PU) {
-    const int n_ahead = min(nu - PU, early_units);
-#pragma unroll
-    for (int r = 0; r < RT; ++r)  // this warp's units of tile r are contiguous: [u0, u0 + nu) x UC x 512 bytes
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wq[r] - lane + PU * UC * 32),
-                   "r"((unsigned)(n_ahead * UC * 512)) : "memory");
-  }
   // x (and y, partials, arrived) may belong to the previous kernel: with programmatic dependent
   // launch (the host's pdl flag) nothing reads or writes them before it has finished. Then let the
   // next kernel launch (its own wait guards its reads). Without PDL the wait returns at once.
@@ -190,19 +183,6 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
           }
         }
         if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
-#if __CUDA_ARCH__ >= 900
-        // Rolling L2 prefetch `ahead` units past the register ring: the ring's loads then meet L2's
-        // latency instead of DRAM's, so more bytes are in flight per SM than registers hold.
-        if (ahead && lane == 0 && i + p + PU + ahead < nu) {
-#pragma unroll
-          for (int r = 0; r < RT; ++r) {
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wq[r] - lane + (p + PU + ahead) * UC * 32),
-                         "n"(UC * 512) : "memory");
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sq[r] - g + (p + PU + ahead) * 8),
-                         "n"(8 * sizeof(SZ)) : "memory");
-          }
-        }
-#endif
       }
     }
 #pragma unroll
@@ -280,7 +260,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 template <int RT, int KW, int PU>
 int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
            long long x_stride, int split, const void* next_w, long long next_w_bytes, const void* next_s,
-           long long next_s_bytes, int pdl, int early, int early_units, int ahead, cudaStream_t stream) {
+           long long next_s_bytes, int pdl, int early, cudaStream_t stream) {
   const int tiles = N / 16;
   // the CTAs the GPU holds at once: the last wave, which prefetches the next layer (once per config;
   // assumes one GPU model per process)
@@ -307,8 +287,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
       &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU>, static_cast<const __nv_bfloat16*>(x),
       static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(y),
       static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
-      static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave, pdl ? early : 0,
-      early_units, ahead));
+      static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave, pdl ? early : 0));
 }
 
 }  // namespace
@@ -330,13 +309,13 @@ extern "C" {
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
                          int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split,
                          const void* next_w, long long next_w_bytes, const void* next_s, long long next_s_bytes,
-                         int pdl, int early, int early_units, int ahead, void* stream) {
+                         int pdl, int early, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
 #define AUTOAO_CASE(R, W, C)                                                                        \
   if (rt == R && kw == W && cif == C)                                                               \
     return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, partials, arrived, M, N, K,   \
                                                         x_stride, split, next_w, next_w_bytes, next_s,  \
-                                                        next_s_bytes, pdl, early, early_units, ahead,   \
+                                                        next_s_bytes, pdl, early,                       \
                                                         static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
