@@ -38,7 +38,7 @@ SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 409
 
 
 def fmt(c: ci.Config) -> str:
-    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}"
+    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}" + (f"/b{c.min_blocks}" if c.min_blocks > 1 else "")
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--groups", default="128,64,32")
     ap.add_argument("--tokens", default="1,8", help="M values to time")
     ap.add_argument("--tuned-only", action="store_true", help="time only the tuner's config (not every config)")
+    ap.add_argument("--splits", default="1,2,4,8", help="split-K values of the configs timed one by one")
     args = ap.parse_args()
     pdl_default = ci.PDL  # every config is timed with it (AUTOAO_CUDA_PDL), the tuned one both ways
     out = Path(args.out)
@@ -123,7 +124,7 @@ def main() -> int:
                 res["tinygemm"] = time_cuda(lambda: [torch._weight_int4pack_mm(x, p, g, sz) for p, sz in tiny])[0]
                 res["triton (tuned)"] = time_cuda(lambda: [tg.int4_gemv_triton(x, *c, g) for c in canon])[0]
                 for cfg in ci.CONFIGS if m == tokens[0] and not args.tuned_only else ():  # every config at the first M only
-                    if cfg.split * cfg.warps <= k // ci.unit_k(g):
+                    if cfg.split * cfg.warps <= k // ci.unit_k(g) and str(cfg.split) in args.splits.split(","):
                         res[f"cuda {fmt(cfg)}"] = time_cuda(
                             lambda cfg=cfg: [ci._launch(x, qw, sz, g, cfg) for qw, sz in mma])[0]
                 tuned = fmt(ci._tune(x, *mma[0], g))

@@ -69,8 +69,8 @@ template <> struct SzVec<2> { using type = uint4; };
 
 [[maybe_unused]] __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
-template <int G, int RT, int KW, int PU>
-__global__ void __launch_bounds__(KW * 32)
+template <int G, int RT, int KW, int PU, int MINB>
+__global__ void __launch_bounds__(KW * 32, MINB > 1 ? MINB : 0)  // 0: no minimum (nvcc picks)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
               int K, long long x_stride, const char* __restrict__ next_w, long long next_w_bytes,
@@ -257,7 +257,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
 }
 
-template <int RT, int KW, int PU>
+template <int RT, int KW, int PU, int MINB>
 int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
            long long x_stride, int split, const void* next_w, long long next_w_bytes, const void* next_s,
            long long next_s_bytes, int pdl, int early, cudaStream_t stream) {
@@ -269,7 +269,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
     int device = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU>, KW * 32, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, MINB>, KW * 32, 0);
     wave = sms * per_sm > 0 ? sms * per_sm : 1;
   }
   cudaLaunchConfig_t config = {};
@@ -284,7 +284,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
   return static_cast<int>(cudaLaunchKernelEx(
-      &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU>, static_cast<const __nv_bfloat16*>(x),
+      &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, MINB>, static_cast<const __nv_bfloat16*>(x),
       static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(y),
       static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
       static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave, pdl ? early : 0));
@@ -294,10 +294,16 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
 
 // The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them with
 // split-K 1, 2, 4 and 8): RT row tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of
-// weights in flight per warp while one unit is computed (the ring holds CIF / UC + 1 units).
+// weights in flight per warp while one unit is computed (the ring holds CIF / UC + 1 units; CIF 0:
+// one unit, nothing in flight during its math), MB: at least MB CTAs per SM (__launch_bounds__),
+// which caps the registers per thread. Why MB: a warp's stream of weights runs at a rate that
+// more loads in flight per warp do not raise, so bandwidth comes from warps per SM (measured with a
+// read-only kernel, benchmarks/NOTES.md session 7), and registers bound the warps.
 #define AUTOAO_CONFIGS(X) \
-  X(1, 2, 4) X(1, 2, 8) X(1, 4, 2) X(1, 4, 4) X(1, 4, 8) X(1, 8, 2) X(1, 8, 4) \
-  X(2, 2, 4) X(2, 4, 2) X(2, 4, 4) X(2, 8, 2)
+  X(1, 2, 4, 1) X(1, 2, 8, 1) X(1, 4, 2, 1) X(1, 4, 4, 1) X(1, 4, 8, 1) X(1, 8, 2, 1) X(1, 8, 4, 1) \
+  X(2, 2, 4, 1) X(2, 4, 2, 1) X(2, 4, 4, 1) X(2, 8, 2, 1) \
+  X(1, 8, 0, 4) X(1, 8, 2, 4) X(1, 8, 0, 5) X(1, 4, 0, 8) X(1, 4, 2, 8) X(1, 4, 0, 10) X(1, 4, 0, 12) \
+  X(1, 2, 0, 16) X(1, 2, 2, 16) X(1, 2, 0, 20) X(2, 2, 0, 16)
 
 extern "C" {
 
@@ -307,16 +313,15 @@ extern "C" {
 // bytes of the next GEMV's weights and scales, prefetched into L2 (a multiple of 16 bytes from
 // 16-byte aligned addresses). pdl (sm_90+ only): launched with programmatic stream serialization.
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
-                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int split,
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int minb, int split,
                          const void* next_w, long long next_w_bytes, const void* next_s, long long next_s_bytes,
                          int pdl, int early, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
-#define AUTOAO_CASE(R, W, C)                                                                        \
-  if (rt == R && kw == W && cif == C)                                                               \
-    return launch<R, W, (C / UC > 0 ? C / UC : 1) + 1>(x, qw, sz, y, partials, arrived, M, N, K,   \
-                                                        x_stride, split, next_w, next_w_bytes, next_s,  \
-                                                        next_s_bytes, pdl, early,                       \
-                                                        static_cast<cudaStream_t>(stream));
+#define AUTOAO_CASE(R, W, C, MB)                                                                   \
+  if (rt == R && kw == W && cif == C && minb == MB)                                                \
+    return launch<R, W, C == 0 ? 1 : (C / UC > 0 ? C / UC : 1) + 1, MB>(                           \
+        x, qw, sz, y, partials, arrived, M, N, K, x_stride, split, next_w, next_w_bytes, next_s,    \
+        next_s_bytes, pdl, early, static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
   return -1;
