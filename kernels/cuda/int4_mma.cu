@@ -150,35 +150,41 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
           for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * UK + ch * 64 + 32 * h));
         }
-        float c[RT][4], xs[4];
+        // Two accumulators per product, even and odd k-steps: the mma's accumulator chain (one
+        // dependent HMMA per k-step, ~30 cycles each) is half as long before the group's epilogue.
+        float c[RT][2][4], xs[2][4];
 #pragma unroll
         for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
-          const int ch = st / 4, j = st % 4;
-          if (st % SPG == 0) {
-            xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
+          const int ch = st / 4, j = st % 4, e = st & 1;
+          if (st % SPG < 2) {
 #pragma unroll
-            for (int r = 0; r < RT; ++r) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.f;
+            for (int v = 0; v < 4; ++v) xs[e][v] = 0.f;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) c[r][e][0] = c[r][e][1] = c[r][e][2] = c[r][e][3] = 0.f;
           }
           const uint4& xw = xv[ch][j / 2];
           const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
-          mma(xs, kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
+          mma(xs[e], kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
             const uint32_t q = word(wb[p][r][ch], j);
-            mma(c[r], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
+            mma(c[r][e], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
           }
           if (st % SPG == SPG - 1) {  // group done: scale, zero
             const int gi = st / SPG;
+            float X[4];
+#pragma unroll
+            for (int v = 0; v < 4; ++v) X[v] = xs[0][v] + xs[1][v];
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
               const uint32_t pa = word(sb[p][r], 2 * gi), pb = word(sb[p][r], 2 * gi + 1);  // rows g, g + 8
               const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
               const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
               const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
-              acc[r][0] = fmaf(sa, c[r][0], fmaf(zza, xs[0], acc[r][0]));
-              acc[r][1] = fmaf(sa, c[r][1], fmaf(zza, xs[1], acc[r][1]));
-              acc[r][2] = fmaf(sb2, c[r][2], fmaf(zzb, xs[2], acc[r][2]));
-              acc[r][3] = fmaf(sb2, c[r][3], fmaf(zzb, xs[3], acc[r][3]));
+              acc[r][0] = fmaf(sa, c[r][0][0] + c[r][1][0], fmaf(zza, X[0], acc[r][0]));
+              acc[r][1] = fmaf(sa, c[r][0][1] + c[r][1][1], fmaf(zza, X[1], acc[r][1]));
+              acc[r][2] = fmaf(sb2, c[r][0][2] + c[r][1][2], fmaf(zzb, X[2], acc[r][2]));
+              acc[r][3] = fmaf(sb2, c[r][0][3] + c[r][1][3], fmaf(zzb, X[3], acc[r][3]));
             }
           }
         }
@@ -300,10 +306,8 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
 // more loads in flight per warp do not raise, so bandwidth comes from warps per SM (measured with a
 // read-only kernel, benchmarks/NOTES.md session 7), and registers bound the warps.
 #define AUTOAO_CONFIGS(X) \
-  X(1, 2, 4, 1) X(1, 2, 8, 1) X(1, 4, 2, 1) X(1, 4, 4, 1) X(1, 4, 8, 1) X(1, 8, 2, 1) X(1, 8, 4, 1) \
-  X(2, 2, 4, 1) X(2, 4, 2, 1) X(2, 4, 4, 1) X(2, 8, 2, 1) \
-  X(1, 8, 0, 4) X(1, 8, 2, 4) X(1, 8, 0, 5) X(1, 4, 0, 8) X(1, 4, 2, 8) X(1, 4, 0, 10) X(1, 4, 0, 12) \
-  X(1, 2, 0, 16) X(1, 2, 2, 16) X(1, 2, 0, 20) X(2, 2, 0, 16)
+  X(1, 4, 2, 1) X(1, 4, 4, 1) X(1, 8, 2, 1) X(1, 8, 4, 1) X(2, 2, 4, 1) X(2, 4, 2, 1) X(2, 4, 4, 1) X(2, 8, 2, 1) \
+  X(1, 2, 0, 16) X(1, 4, 0, 8) X(1, 4, 2, 8) X(1, 8, 0, 4) X(1, 8, 2, 4)
 
 extern "C" {
 
