@@ -14,9 +14,16 @@ what M=1 does; deeper register rings, a cp.async shared-memory ring, a persisten
 schedule and 1-D bulk copies all measured slower (benchmarks/NOTES.md).
 
 On sm_90+ each launch uses programmatic dependent launch (it may start while the previous kernel
-finishes and waits for it before reading x; llama8 M=1: 0.632 -> 0.620 ms) and the last wave of
+finishes and waits for it before reading x; llama8 M=1: 0.632 -> 0.620 ms; inside CUDA graph
+capture its first weight loads go out before that wait: 0.596 -> 0.592) and the last wave of
 CTAs prefetches the first PREFETCH_BYTES of the next int4 layer's weights into L2 (the module
 passes them: kernels.int4.link_prefetch; 8 MB measured ~0.01 ms faster, more was slower).
+
+What limits it (session 7, benchmarks/read_floor.py): a read-only kernel over the same bytes
+streams at ~4.36 TB/s + 1.1 us per launch, and its bandwidth grows with warps per SM, not with
+loads in flight per warp; the GEMV's math costs registers, hence warps. So the configs include
+register-capped ones (min_blocks: __launch_bounds__ minimum CTAs per SM, one-unit rings), which
+the tuner picks on the large layers (gate/up 21.0 -> 20.2 us, lm_head 81 -> 79).
 
 Building: the .cu file ships with the package and is compiled on first use with the CUDA toolkit's
 nvcc (PATH, $CUDA_HOME or /usr/local/cuda) for the GPU's architecture (sm_80 or newer: bf16 mma),

@@ -153,6 +153,46 @@ def test_each_int4_gemv_is_told_the_next_one_to_prefetch(monkeypatch):
     assert seen[-4:] == [(ptr[0], ptr[1]), (ptr[1], ptr[2]), (ptr[2], ptr[3]), (ptr[3], None)]
 
 
+def test_python_config_list_is_what_the_library_builds():
+    # a config the .cu file does not instantiate fails only at launch, on a GPU: keep the lists equal
+    import re
+
+    source = cuda_int4._SOURCE.read_text()
+    macro = source[source.index("#define AUTOAO_CONFIGS(X)"):source.index("extern \"C\"")]
+    built = {tuple(int(v) for v in m) for m in re.findall(r"X\((\d+), (\d+), (\d+), (\d+)\)", macro)}
+    listed = {(c.rows, c.warps, c.chunks, c.min_blocks) for c in cuda_int4.CONFIGS}
+    assert built == listed and len(cuda_int4.CONFIGS) == 4 * len(built)
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_weights_are_read_before_the_pdl_wait_only_inside_graph_capture(monkeypatch, capturing):
+    # Eagerly the kernel before a GEMV may be the one that packed or copied its weights, so the
+    # early loads (before griddepcontrol.wait) are asked for only while a CUDA graph is captured.
+    calls = []
+
+    class FakeLib:
+        sm90 = True
+
+        def autoao_int4_mma_gemv(self, *args):
+            calls.append(args)
+            return 0
+
+    class FakeStream:
+        cuda_stream = 0
+
+    monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: FakeLib())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    x = torch.zeros(1, 128, dtype=torch.bfloat16)
+    qw, sz = cuda_int4.pack_mma(torch.zeros(32, 128, dtype=torch.int32), torch.ones(32, 1, dtype=torch.bfloat16),
+                                torch.zeros(32, 1, dtype=torch.bfloat16), 128)
+    for pdl in (True, False):
+        monkeypatch.setattr(cuda_int4, "PDL", pdl)
+        cuda_int4._launch(x, qw, sz, 128, cuda_int4.Config(1, 4, 2))
+    (*_, pdl_on, early_on, _), (*_, pdl_off, early_off, _) = calls
+    assert (pdl_on, early_on) == (1, int(capturing)) and (pdl_off, early_off) == (0, 0)
+
+
 def test_kernel_rejects_a_shape_it_cannot_run():
     lin = torch.nn.Linear(96, 32).to(torch.bfloat16)  # int4 g32 runs K=96; the CUDA kernel needs 64-k chunks
     mod = search_space.get("int4_wo", group_size=32).build(lin)

@@ -17,8 +17,11 @@
 // - several k-chunks of loads are in flight per warp (a register ring of PU units), warps of a
 //   CTA split K and add their partial sums through shared memory once at the end; optionally
 //   CTAs split K too (gridDim.y), the last of a column block to finish adding the fp32 partials;
-// - sm_90+: programmatic dependent launch (griddepcontrol) and an L2 bulk prefetch, by the last
-//   wave, of the next layer's first weights (both measured in benchmarks/NOTES.md, session 6).
+// - sm_90+: programmatic dependent launch (griddepcontrol; inside CUDA graphs the ring's first
+//   weight loads go out before the wait) and an L2 bulk prefetch, by the last wave, of the next
+//   layer's first weights (measured in benchmarks/NOTES.md, sessions 6 and 7);
+// - some configs cap registers (__launch_bounds__ with a minimum of CTAs per SM) for more warps per
+//   SM: the weight stream's bandwidth follows warps per SM, not loads in flight per warp (session 7).
 //
 // Layouts (N, K: weight [N, K]; G: group size; UK = max(G, 64) k per unit; GU = UK / G):
 //   qw [N/16, K/64, 32 lanes, 4] uint32: word j (k-step within the 64-chunk) of lane (g, t)
