@@ -38,8 +38,7 @@ SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 409
 
 
 def fmt(c: ci.Config) -> str:
-    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}" + (f"/b{c.min_blocks}" if c.min_blocks > 1 else "") + (
-        f"/st{c.stages}" if c.stages else "")
+    return f"{c.rows}/{c.warps}/{c.chunks}/s{c.split}" + (f"/b{c.min_blocks}" if c.min_blocks > 1 else "")
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

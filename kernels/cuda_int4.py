@@ -190,7 +190,7 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
             b.exception()
     lib = ctypes.CDLL(str(out))
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
-        [ctypes.c_int] * 6 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
+        [ctypes.c_int] * 5 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     lib.sm90 = major >= 9  # griddepcontrol and bulk prefetches exist from sm_90
     _LIBS[key] = lib
@@ -206,16 +206,13 @@ class Config:
     chunks: int  # 64-k chunks of weights in flight per warp while a unit is computed (CIF; 0: none)
     split: int = 1  # CTAs splitting K per column block (partials added by the last to finish)
     min_blocks: int = 1  # CTAs per SM the registers must allow (__launch_bounds__): warps per SM
-    stages: int = 0  # > 0: weights through a shared-memory ring of this many units (cp.async), not registers
 
 
-# The instantiations in int4_mma.cu (AUTOAO_CONFIGS: rows, warps, chunks, min_blocks, stages), each
-# with split-K 1, 2, 4 and 8.
-_BUILT = [(1, 4, 2, 1, 0), (1, 4, 4, 1, 0), (1, 8, 2, 1, 0), (1, 8, 4, 1, 0), (2, 2, 4, 1, 0), (2, 4, 2, 1, 0),
-          (2, 4, 4, 1, 0), (2, 8, 2, 1, 0), (1, 2, 0, 16, 0), (1, 4, 0, 8, 0), (1, 4, 2, 8, 0), (1, 8, 0, 4, 0),
-          (1, 8, 2, 4, 0), (1, 4, 0, 8, 4), (1, 8, 0, 4, 4), (1, 2, 0, 16, 4), (1, 4, 0, 10, 4), (1, 8, 0, 5, 4),
-          (1, 4, 0, 8, 2), (1, 8, 0, 6, 2)]
-CONFIGS = tuple(Config(r, w, c, split, mb, st) for r, w, c, mb, st in _BUILT for split in (1, 2, 4, 8))
+# The instantiations in int4_mma.cu (AUTOAO_CONFIGS: rows, warps, chunks, min_blocks), each with
+# split-K 1, 2, 4 and 8.
+_BUILT = [(1, 4, 2, 1), (1, 4, 4, 1), (1, 8, 2, 1), (1, 8, 4, 1), (2, 2, 4, 1), (2, 4, 2, 1), (2, 4, 4, 1),
+          (2, 8, 2, 1), (1, 2, 0, 16), (1, 4, 0, 8), (1, 4, 2, 8), (1, 8, 0, 4), (1, 8, 2, 4)]
+CONFIGS = tuple(Config(r, w, c, split, mb) for r, w, c, mb in _BUILT for split in (1, 2, 4, 8))
 # sm_90+: programmatic dependent launch (each GEMV may launch while the previous kernel finishes;
 # it waits for it before reading x) and an L2 prefetch of the first PREFETCH_BYTES of the next
 # GEMV's weights by the CTAs of the last wave, after their main loop (default 8 MB: measured best of
@@ -277,8 +274,7 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     pdl = PDL and lib.sm90
     early = pdl and EARLY and torch.cuda.is_current_stream_capturing()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
-                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.min_blocks, cfg.stages,
-                                   cfg.split,
+                                   m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.min_blocks, cfg.split,
                                    *next_w, *next_s, int(pdl), int(early),
                                    torch.cuda.current_stream(x.device).cuda_stream)
     if err:

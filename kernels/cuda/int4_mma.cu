@@ -72,17 +72,7 @@ template <> struct SzVec<2> { using type = uint4; };
 
 [[maybe_unused]] __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
-// 16 / 8 bytes global -> shared without registers (weights bypass L1: .cg; scales .ca)
-__device__ __forceinline__ void cp_async(uint4* dst, const uint4* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src) : "memory");
-}
-[[maybe_unused]] __device__ __forceinline__ void cp_async(uint2* dst, const uint2* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src) : "memory");
-}
-
-template <int G, int RT, int KW, int PU, int ST, int MINB>
+template <int G, int RT, int KW, int PU, int MINB>
 __global__ void __launch_bounds__(KW * 32, MINB > 1 ? MINB : 0)  // 0: no minimum (nvcc picks)
 int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw, const uint32_t* __restrict__ sz,
               __nv_bfloat16* __restrict__ y, float* __restrict__ partials, int* __restrict__ arrived, int M, int N,
@@ -112,157 +102,101 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
     sq[r] = reinterpret_cast<const SZ*>(sz) + (T * nunits + u0) * 8 + g;
   }
 
+  // The ring of weight loads: PU units; slot p holds unit u0 + i + p and is refilled right after
+  // its unit is computed, so PU - 1 units of weights are in flight during each unit's math.
+  // Offsets from the pointers are compile-time constants (folded into the load instructions); the
+  // pointers move once per PU units. x is not in the ring (its registers would halve the weights'
+  // depth; loading it one unit ahead measured no faster, session 6): each unit's x is read at its top.
+  uint4 wb[PU][RT][UC];
+  SZ sb[PU][RT];
+  auto load = [&](uint4 (&w)[RT][UC], SZ (&s)[RT], int off) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+      for (int ch = 0; ch < UC; ++ch) w[r][ch] = __ldcs(wq[r] + (off * UC + ch) * 32);  // streamed once
+      s[r] = __ldg(sq[r] + off * 8);
+    }
+  };
+
   float acc[RT][4];
 #pragma unroll
   for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
 
-  // One unit of this warp: w, s its weights and scales for the RT tiles, xp = x at the unit's first k.
-  // x is read at the unit's top (loading it a unit ahead measured no faster, session 6).
-  auto unit_math = [&](const uint4 (&w)[RT][UC], const SZ (&s)[RT], const __nv_bfloat16* xp) {
-    uint4 xv[UC][2];
+  // early: the ring's first loads go out before waiting for the previous kernel, so their DRAM
+  // latency overlaps its tail (the host passes early = 0 unless the weights and scales were written
+  // before that kernel: cuda_int4._launch).
+  if (early) {
 #pragma unroll
-    for (int ch = 0; ch < UC; ++ch) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xp + ch * 64 + 32 * h));
-    }
-    // Two accumulators per product, even and odd k-steps: the mma's accumulator chain (one
-    // dependent HMMA per k-step, ~30 cycles each) is half as long before the group's epilogue.
-    float c[RT][2][4], xs[2][4];
-#pragma unroll
-    for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
-      const int ch = st / 4, j = st % 4, e = st & 1;
-      if (st % SPG < 2) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) xs[e][v] = 0.f;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) c[r][e][0] = c[r][e][1] = c[r][e][2] = c[r][e][3] = 0.f;
-      }
-      const uint4& xw = xv[ch][j / 2];
-      const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
-      mma(xs[e], kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const uint32_t q = word(w[r][ch], j);
-        mma(c[r][e], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
-      }
-      if (st % SPG == SPG - 1) {  // group done: scale, zero
-        const int gi = st / SPG;
-        float X[4];
-#pragma unroll
-        for (int v = 0; v < 4; ++v) X[v] = xs[0][v] + xs[1][v];
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          const uint32_t pa = word(s[r], 2 * gi), pb = word(s[r], 2 * gi + 1);  // rows g, g + 8
-          const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
-          const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
-          const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
-          acc[r][0] = fmaf(sa, c[r][0][0] + c[r][1][0], fmaf(zza, X[0], acc[r][0]));
-          acc[r][1] = fmaf(sa, c[r][0][1] + c[r][1][1], fmaf(zza, X[1], acc[r][1]));
-          acc[r][2] = fmaf(sb2, c[r][0][2] + c[r][1][2], fmaf(zzb, X[2], acc[r][2]));
-          acc[r][3] = fmaf(sb2, c[r][0][3] + c[r][1][3], fmaf(zzb, X[3], acc[r][3]));
-        }
-      }
-    }
-  };
-
+    for (int p = 0; p < PU; ++p)
+      if (p < nu) load(wb[p], sb[p], p);
+  }
+#if __CUDA_ARCH__ >= 900
   // x (and y, partials, arrived) may belong to the previous kernel: with programmatic dependent
   // launch (the host's pdl flag) nothing reads or writes them before it has finished. Then let the
   // next kernel launch (its own wait guards its reads). Without PDL the wait returns at once.
-  // early: the first weight loads go out before the wait, so their DRAM latency overlaps the
-  // previous kernel's tail (the host passes early = 0 unless the weights and scales were written
-  // before that kernel: cuda_int4._launch).
-  auto wait_previous = [&]() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  };
+  if (!early) {
+#pragma unroll
+    for (int p = 0; p < PU; ++p)
+      if (p < nu) load(wb[p], sb[p], p);
+  }
 
-  if constexpr (ST == 0) {
-    // The ring of weight loads in registers: PU units; slot p holds unit u0 + i + p and is refilled
-    // right after its unit is computed, so PU - 1 units of weights are in flight during each unit's
-    // math. Offsets from the pointers are compile-time constants (folded into the load
-    // instructions); the pointers move once per PU units.
-    uint4 wb[PU][RT][UC];
-    SZ sb[PU][RT];
-    auto load = [&](uint4 (&w)[RT][UC], SZ (&s)[RT], int off) {
+  for (int i = 0; i < nu; i += PU) {
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
+    for (int p = 0; p < PU; ++p) {
+      if (i + p < nu) {
+        uint4 xv[UC][2];
 #pragma unroll
-        for (int ch = 0; ch < UC; ++ch) w[r][ch] = __ldcs(wq[r] + (off * UC + ch) * 32);  // streamed once
-        s[r] = __ldg(sq[r] + off * 8);
-      }
-    };
-    if (early) {
+        for (int ch = 0; ch < UC; ++ch) {
 #pragma unroll
-      for (int p = 0; p < PU; ++p)
-        if (p < nu) load(wb[p], sb[p], p);
-    }
-    wait_previous();
-    if (!early) {
-#pragma unroll
-      for (int p = 0; p < PU; ++p)
-        if (p < nu) load(wb[p], sb[p], p);
-    }
-    for (int i = 0; i < nu; i += PU) {
-#pragma unroll
-      for (int p = 0; p < PU; ++p) {
-        if (i + p < nu) {
-          unit_math(wb[p], sb[p], xq + p * UK);
-          if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
+          for (int h = 0; h < 2; ++h) xv[ch][h] = __ldg(reinterpret_cast<const uint4*>(xq + p * UK + ch * 64 + 32 * h));
         }
-      }
+        // Two accumulators per product, even and odd k-steps: the mma's accumulator chain (one
+        // dependent HMMA per k-step, ~30 cycles each) is half as long before the group's epilogue.
+        float c[RT][2][4], xs[2][4];
 #pragma unroll
-      for (int r = 0; r < RT; ++r) wq[r] += PU * UC * 32, sq[r] += PU * 8;
-      xq += PU * UK;
-    }
-  } else {
-    // The ring in shared memory: ST stages of one unit, each lane copying (cp.async, no registers
-    // held) its own 16-byte pieces into its own slots and reading back only those, so
-    // cp.async.wait_group alone orders them (no barrier). ST - 1 units are in flight during each
-    // unit's math without registers, so register-capped configs keep loads moving while they compute
-    // (session 7: a warp with a one-unit register ring has nothing in flight during its math).
-    __shared__ uint4 wring_all[KW][ST][RT][UC][32];
-    __shared__ SZ sring_all[KW][ST][RT][32];
-    uint4* wring = &wring_all[warp][0][0][0][0];
-    SZ* sring = &sring_all[warp][0][0][0];
-    auto issue = [&](int u) {  // unit u0 + u into stage u % ST; one commit group per unit, empty past the end
-      if (u < nu) {
-        const int stage = u % ST;
+        for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
+          const int ch = st / 4, j = st % 4, e = st & 1;
+          if (st % SPG < 2) {
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
+            for (int v = 0; v < 4; ++v) xs[e][v] = 0.f;
 #pragma unroll
-          for (int ch = 0; ch < UC; ++ch)
-            cp_async(wring + ((stage * RT + r) * UC + ch) * 32 + lane, wq[r] + ((long long)u * UC + ch) * 32);
-          cp_async(sring + (stage * RT + r) * 32 + lane, sq[r] + (long long)u * 8);
+            for (int r = 0; r < RT; ++r) c[r][e][0] = c[r][e][1] = c[r][e][2] = c[r][e][3] = 0.f;
+          }
+          const uint4& xw = xv[ch][j / 2];
+          const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
+          mma(xs[e], kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            const uint32_t q = word(wb[p][r][ch], j);
+            mma(c[r][e], nib2(q), nib2(q >> 4), nib2(q >> 8), nib2(q >> 12), b0, b1);
+          }
+          if (st % SPG == SPG - 1) {  // group done: scale, zero
+            const int gi = st / SPG;
+            float X[4];
+#pragma unroll
+            for (int v = 0; v < 4; ++v) X[v] = xs[0][v] + xs[1][v];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              const uint32_t pa = word(sb[p][r], 2 * gi), pb = word(sb[p][r], 2 * gi + 1);  // rows g, g + 8
+              const float sa = __uint_as_float(pa << 16), za = __uint_as_float(pa & 0xffff0000u);
+              const float sb2 = __uint_as_float(pb << 16), zb = __uint_as_float(pb & 0xffff0000u);
+              const float zza = fmaf(-136.f, sa, za), zzb = fmaf(-136.f, sb2, zb);
+              acc[r][0] = fmaf(sa, c[r][0][0] + c[r][1][0], fmaf(zza, X[0], acc[r][0]));
+              acc[r][1] = fmaf(sa, c[r][0][1] + c[r][1][1], fmaf(zza, X[1], acc[r][1]));
+              acc[r][2] = fmaf(sb2, c[r][0][2] + c[r][1][2], fmaf(zzb, X[2], acc[r][2]));
+              acc[r][3] = fmaf(sb2, c[r][0][3] + c[r][1][3], fmaf(zzb, X[3], acc[r][3]));
+            }
+          }
         }
+        if (i + p + PU < nu) load(wb[p], sb[p], p + PU);
       }
-      asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    if (early) {
-#pragma unroll
-      for (int u = 0; u < ST - 1; ++u) issue(u);
     }
-    wait_previous();
-    if (!early) {
 #pragma unroll
-      for (int u = 0; u < ST - 1; ++u) issue(u);
-    }
-    for (int u = 0; u < nu; ++u) {
-      asm volatile("cp.async.wait_group %0;" ::"n"(ST - 2) : "memory");  // unit u has landed
-      const int stage = u % ST;
-      uint4 w[RT][UC];
-      SZ sv[RT];
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-#pragma unroll
-        for (int ch = 0; ch < UC; ++ch) w[r][ch] = wring[((stage * RT + r) * UC + ch) * 32 + lane];
-        sv[r] = sring[(stage * RT + r) * 32 + lane];
-      }
-      issue(u + ST - 1);  // into the stage read in the previous iteration
-      unit_math(w, sv, xq + (long long)u * UK);
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");  // nothing may land after the CTA is gone
+    for (int r = 0; r < RT; ++r) wq[r] += PU * UC * 32, sq[r] += PU * 8;
+    xq += PU * UK;
   }
 
 #if __CUDA_ARCH__ >= 900
@@ -332,7 +266,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   if (threadIdx.x == 0) arrived[blockIdx.x] = 0;
 }
 
-template <int RT, int KW, int PU, int ST, int MINB>
+template <int RT, int KW, int PU, int MINB>
 int launch(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived, int M, int N, int K,
            long long x_stride, int split, const void* next_w, long long next_w_bytes, const void* next_s,
            long long next_s_bytes, int pdl, int early, cudaStream_t stream) {
@@ -344,7 +278,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
     int device = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, ST, MINB>, KW * 32, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, MINB>, KW * 32, 0);
     wave = sms * per_sm > 0 ? sms * per_sm : 1;
   }
   cudaLaunchConfig_t config = {};
@@ -359,7 +293,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
   return static_cast<int>(cudaLaunchKernelEx(
-      &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, ST, MINB>, static_cast<const __nv_bfloat16*>(x),
+      &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, MINB>, static_cast<const __nv_bfloat16*>(x),
       static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(y),
       static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
       static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave, pdl ? early : 0));
@@ -371,15 +305,12 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
 // split-K 1, 2, 4 and 8): RT row tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of
 // weights in flight per warp while one unit is computed (the ring holds CIF / UC + 1 units; CIF 0:
 // one unit, nothing in flight during its math), MB: at least MB CTAs per SM (__launch_bounds__),
-// which caps the registers per thread, S > 0: the weights pass through a shared-memory ring of S
-// units (cp.async) instead of registers (CIF then unused). Why MB: a warp's stream of weights runs at a rate that
+// which caps the registers per thread. Why MB: a warp's stream of weights runs at a rate that
 // more loads in flight per warp do not raise, so bandwidth comes from warps per SM (measured with a
 // read-only kernel, benchmarks/NOTES.md session 7), and registers bound the warps.
 #define AUTOAO_CONFIGS(X) \
-  X(1, 4, 2, 1, 0) X(1, 4, 4, 1, 0) X(1, 8, 2, 1, 0) X(1, 8, 4, 1, 0) X(2, 2, 4, 1, 0) X(2, 4, 2, 1, 0)     \
-  X(2, 4, 4, 1, 0) X(2, 8, 2, 1, 0) X(1, 2, 0, 16, 0) X(1, 4, 0, 8, 0) X(1, 4, 2, 8, 0) X(1, 8, 0, 4, 0)   \
-  X(1, 8, 2, 4, 0) X(1, 4, 0, 8, 4) X(1, 8, 0, 4, 4) X(1, 2, 0, 16, 4) X(1, 4, 0, 10, 4) X(1, 8, 0, 5, 4) \
-  X(1, 4, 0, 8, 2) X(1, 8, 0, 6, 2)
+  X(1, 4, 2, 1) X(1, 4, 4, 1) X(1, 8, 2, 1) X(1, 8, 4, 1) X(2, 2, 4, 1) X(2, 4, 2, 1) X(2, 4, 4, 1) X(2, 8, 2, 1) \
+  X(1, 2, 0, 16) X(1, 4, 0, 8) X(1, 4, 2, 8) X(1, 8, 0, 4) X(1, 8, 2, 4)
 
 extern "C" {
 
@@ -389,13 +320,13 @@ extern "C" {
 // bytes of the next GEMV's weights and scales, prefetched into L2 (a multiple of 16 bytes from
 // 16-byte aligned addresses). pdl (sm_90+ only): launched with programmatic stream serialization.
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
-                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int minb, int stages, int split,
+                         int M, int N, int K, long long x_stride, int rt, int kw, int cif, int minb, int split,
                          const void* next_w, long long next_w_bytes, const void* next_s, long long next_s_bytes,
                          int pdl, int early, void* stream) {
   constexpr int UC = (AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64) / 64;  // chunks per unit
-#define AUTOAO_CASE(R, W, C, MB, S)                                                                \
-  if (rt == R && kw == W && cif == C && minb == MB && stages == S)                                 \
-    return launch<R, W, ((S) > 0 || (C) == 0 ? 1 : ((C) / UC > 0 ? (C) / UC : 1) + 1), S, MB>(      \
+#define AUTOAO_CASE(R, W, C, MB)                                                                   \
+  if (rt == R && kw == W && cif == C && minb == MB)                                                \
+    return launch<R, W, C == 0 ? 1 : (C / UC > 0 ? C / UC : 1) + 1, MB>(                           \
         x, qw, sz, y, partials, arrived, M, N, K, x_stride, split, next_w, next_w_bytes, next_s,    \
         next_s_bytes, pdl, early, static_cast<cudaStream_t>(stream));
   AUTOAO_CONFIGS(AUTOAO_CASE)
