@@ -11,8 +11,8 @@ Three grids: "oneshot" (every thread reads U x 16 bytes once: ~N/4 KB CTAs of 25
 "persistent" (SMs x 8 CTAs of 256 threads, grid-stride loop, U loads in flight per iteration): in
 both, the warps running at once read one contiguous window that sweeps the buffer; and "segments"
 (the GEMV's grid: tiles / RT CTAs of KW warps, each warp streaming its own contiguous segment, 512
-bytes per load, U in flight), where ~2000 separate streams are read at once. Each launch may use programmatic dependent launch (wait, then trigger, as
-the GEMV). Sizes: the int4 g128 layers of llama8 (weights + scales/zeros). Each size is timed as a
+bytes per load, U in flight), where ~2000 separate streams are read at once. Each launch may use
+programmatic dependent launch (wait, then trigger, as the GEMV). Sizes: the int4 g128 layers of llama8 (weights + scales/zeros). Each size is timed as a
 chain of distinct buffers (>= 256 MB, L2 flushed by a read before each repeat), time per buffer =
 median / buffers, as benchmarks/int4_cuda.py times the GEMV. `--per-sm`: the segments read with at
 most that many 8-warp CTAs per SM (dynamic shared memory), so the bytes in flight per SM are known.
@@ -115,7 +115,9 @@ extern "C" int read_floor(const void* p, long long n, void* out, int u, int mode
   cudaStream_t st = (cudaStream_t)s;
   dyn_smem = smem;
 #define C(U) \
-  if (u == U) return mode == 2 ? go<U, 2>(p, n, out, ctas, warps, pdl, st) : mode == 1 ? go<U, 1>(p, n, out, ctas, warps, pdl, st) : go<U, 0>(p, n, out, ctas, warps, pdl, st);
+  if (u == U) return mode == 2 ? go<U, 2>(p, n, out, ctas, warps, pdl, st)                           \
+                   : mode == 1 ? go<U, 1>(p, n, out, ctas, warps, pdl, st)                         \
+                               : go<U, 0>(p, n, out, ctas, warps, pdl, st);
   C(2) C(3) C(4) C(8) C(16)
   return -1;
 }

@@ -296,7 +296,8 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
       &config, int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, MINB>, static_cast<const __nv_bfloat16*>(x),
       static_cast<const uint4*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(y),
       static_cast<float*>(partials), static_cast<int*>(arrived), M, N, K, x_stride,
-      static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave, pdl ? early : 0));
+      static_cast<const char*>(next_w), next_w_bytes, static_cast<const char*>(next_s), next_s_bytes, wave,
+      pdl ? early : 0));
 }
 
 }  // namespace
@@ -318,7 +319,9 @@ extern "C" {
 // split > 1: partials must hold split * M * N floats and arrived N / 16 ints, zero
 // before the first call (the kernel leaves them so). next_w/next_s (sm_90+; null: none): the first
 // bytes of the next GEMV's weights and scales, prefetched into L2 (a multiple of 16 bytes from
-// 16-byte aligned addresses). pdl (sm_90+ only): launched with programmatic stream serialization.
+// 16-byte aligned addresses). pdl (sm_90+ only): launched with programmatic stream serialization;
+// early (with pdl): the first weight loads go out before the wait for the previous kernel, which must
+// not be the one that wrote qw or sz. (rt, kw, cif, minb): the configuration (AUTOAO_CONFIGS).
 int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y, void* partials, void* arrived,
                          int M, int N, int K, long long x_stride, int rt, int kw, int cif, int minb, int split,
                          const void* next_w, long long next_w_bytes, const void* next_s, long long next_s_bytes,
