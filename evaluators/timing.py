@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 
 import torch
 from torch import nn
@@ -126,6 +126,29 @@ def tuning_us(fn: Callable[[], object]) -> float:
     timed kernel, and its ranking of the int4 GEMV configs ran llama8's step 1.092 ms on the H200
     where this one's ran 0.793 ms: benchmarks/NOTES.md, session 4.)"""
     return time_cuda(fn, reps=20, graph=False, max_seconds=0.05)[0]
+
+
+_Option = TypeVar("_Option")
+
+
+def fastest(options: Iterable[_Option], run: Callable[[_Option], Callable[[], object] | None],
+            skip: tuple[type[BaseException], ...] = ()) -> _Option | None:
+    """The in-process kernel tuners' choice: the option whose `run(option)` (a zero-argument call
+    that launches it) takes the least `tuning_us`. An option is passed over when run returns None
+    (it does not apply, or gave wrong numbers) or run or the timing raises one of `skip` (it does
+    not compile or launch on this problem). None when no option ran."""
+    best, best_us = None, float("inf")
+    for option in options:
+        try:
+            fn = run(option)
+            if fn is None:
+                continue
+            us = tuning_us(fn)
+        except skip:
+            continue
+        if us < best_us:
+            best, best_us = option, us
+    return best
 
 
 def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2, threads: int | None = None,

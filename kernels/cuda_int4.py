@@ -293,16 +293,11 @@ def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
         return cfg
     if torch.cuda.is_current_stream_capturing():
         return _DEFAULT
-    from autoao.evaluators.timing import tuning_us  # L2 flushed by a read, as the model meets the layer
+    from autoao.evaluators.timing import fastest  # L2 flushed by a read, as the model meets the layer
 
-    best, best_us = _DEFAULT, float("inf")
     units = k // unit_k(group_size)
-    for cfg in CONFIGS:
-        if cfg.split * cfg.warps > units:  # idle warps
-            continue
-        us = tuning_us(lambda: _launch(x, qw, sz, group_size, cfg))
-        if us < best_us:
-            best, best_us = cfg, us
+    best = fastest([c for c in CONFIGS if c.split * c.warps <= units],  # more would leave warps idle
+                   lambda cfg: lambda: _launch(x, qw, sz, group_size, cfg)) or _DEFAULT
     _TUNED[key] = best
     return best
 

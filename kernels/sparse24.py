@@ -70,24 +70,22 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
         return _ALG[key]
     if xt.is_cuda and torch.cuda.is_current_stream_capturing():
         return 0, False  # no timing inside a graph capture: torch's default
-    from autoao.evaluators.timing import tuning_us
+    from autoao.evaluators.timing import fastest
 
     ref = _cslt_row_major(w_c, xt, alpha, out_dtype, 0, False).float()  # torch's default way
     tol = 1e-2 * ref.abs().max().item()
-    best, best_us = (0, False), float("inf")
-    for alg in range(_alg_count()):
-        for transposed in (True, False):
-            try:
-                y = _cslt_row_major(w_c, xt, alpha, out_dtype, alg, transposed)
-                # only ways that give the same numbers, row-major (a way that misreads a layout
-                # would be fast and wrong)
-                if not y.is_contiguous() or (y.float() - ref).abs().max().item() > tol:
-                    continue
-                us = tuning_us(lambda a=alg, t=transposed: _cslt_row_major(w_c, xt, alpha, out_dtype, a, t))
-            except RuntimeError:  # an algorithm or layout this problem does not support
-                continue
-            if us < best_us:
-                best, best_us = (alg, transposed), us
+
+    def run(way: tuple[int, bool]):
+        y = _cslt_row_major(w_c, xt, alpha, out_dtype, *way)
+        # only ways that give the same numbers, row-major (a way that misreads a layout would be
+        # fast and wrong)
+        if not y.is_contiguous() or (y.float() - ref).abs().max().item() > tol:
+            return None
+        return lambda: _cslt_row_major(w_c, xt, alpha, out_dtype, *way)
+
+    # RuntimeError: an algorithm or layout this problem does not support
+    ways = [(alg, transposed) for alg in range(_alg_count()) for transposed in (True, False)]
+    best = fastest(ways, run, skip=(RuntimeError,)) or (0, False)
     _ALG[key] = best
     return best
 

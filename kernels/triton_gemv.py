@@ -380,16 +380,11 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
         if m > MAX_ROWS:
             return candidates[0]
         return _DEFAULT if _fits(_DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
-    from autoao.evaluators.timing import tuning_us  # L2 flushed by a read, as the model meets the layer
+    from autoao.evaluators.timing import fastest  # L2 flushed by a read, as the model meets the layer
 
-    best, best_us = None, float("inf")
-    for cfg in candidates:
-        try:
-            us = tuning_us(lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype))
-        except Exception:  # noqa: BLE001 - a config that does not compile (registers) is skipped
-            continue
-        if us < best_us:
-            best, best_us = cfg, us
+    # a config that does not compile (registers) is skipped
+    best = fastest(candidates, lambda cfg: lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype),
+                   skip=(Exception,))
     if best is None:
         raise RuntimeError(f"no {kind} GEMV configuration ran for N={n}, K={k}")
     _TUNED[key] = best

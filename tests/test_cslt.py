@@ -21,7 +21,10 @@ def fake_cslt(monkeypatch):
     timed: list[tuple[int, bool]] = []
     times = {(0, False): 3.0, (0, True): 2.0, (1, False): 4.0, (1, True): 0.5, (2, False): 9.0, (2, True): 8.0}
 
+    last: list[tuple[int, bool]] = []
+
     def cslt(w, xt, alpha=None, out_dtype=None, transpose_result=False, alg_id=0):
+        last[:] = [(alg_id, transpose_result)]
         y = w.float() @ xt.float()  # [N, Mp]
         if alpha is not None:
             y = y * alpha[:, None]
@@ -29,10 +32,10 @@ def fake_cslt(monkeypatch):
             y = y.t().contiguous() + (100.0 if alg_id == 1 else 0.0)  # alg 1: fast and wrong
         return y.to(out_dtype or xt.dtype)
 
-    def tuning_us(fn):
-        alg, transposed = fn.__defaults__
-        timed.append((alg, transposed))
-        return times[(alg, transposed)]
+    def tuning_us(fn):  # the way fn launches, and its made-up time
+        fn()
+        timed.append(last[0])
+        return times[last[0]]
 
     from autoao.evaluators import timing
 

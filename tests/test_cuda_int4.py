@@ -277,3 +277,29 @@ def test_chained_launches_read_the_previous_kernels_output():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, stepwise(new))
+
+
+def test_tuner_times_every_config_without_idle_warps_once_and_keeps_the_fastest(monkeypatch):
+    from autoao.evaluators import timing
+
+    timed = []
+
+    def fake_launch(x, qw, sz, group_size, cfg, **kwargs):
+        timed.append(cfg)
+
+    def made_up_us(cfg):  # any order will do; ties broken by the list's order
+        return (cfg.rows * 7 + cfg.warps * 3 + cfg.chunks + cfg.split * 5 + cfg.min_blocks) % 11
+
+    monkeypatch.setattr(cuda_int4, "_launch", fake_launch)
+    monkeypatch.setattr(cuda_int4, "_TUNED", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(timing, "tuning_us", lambda fn: (fn(), made_up_us(timed[-1]))[1])
+    k, group = 512, 128  # 4 units of K: a config with split x warps > 4 would leave warps idle
+    x = torch.zeros(1, k, dtype=torch.bfloat16)
+    qw, sz = torch.zeros(2, k // 64, 32, 4, dtype=torch.int32), torch.zeros(2, k // 128, 8, 1, 2, dtype=torch.int32)
+    usable = [c for c in cuda_int4.CONFIGS if c.split * c.warps <= 4]
+    assert usable and len(usable) < len(cuda_int4.CONFIGS)
+    best = cuda_int4._tune(x, qw, sz, group)
+    assert timed == usable and best == min(usable, key=made_up_us)
+    timed.clear()
+    assert cuda_int4._tune(x, qw, sz, group) == best and timed == []  # once per (shape, M, group)

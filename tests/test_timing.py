@@ -297,3 +297,29 @@ def test_cost_model_fuses_only_what_timing_measured_fused():
     assert cost.predict(plan) == 12.0 and cost.predict(Plan({"a": int8, "b": int8}, fusions=[("a", "b")])) == 8.0
     with pytest.raises(ValueError, match="cannot merge"):
         layers.merged(timing.LatencyTable("gpu", "bfloat16", "eager", [], 0, 0.0))
+
+
+def test_tuners_pick_the_fastest_option_that_ran(monkeypatch):
+    # the kernel tuners' shared loop: options that do not apply (None) or fail in an expected way
+    # are passed over; any other failure is a bug and propagates
+    monkeypatch.setattr(timing, "tuning_us", lambda fn: fn())  # each launch "takes" what it returns
+    us = {"a": 5.0, "b": 1.0, "c": 0.5, "d": 3.0, "e": 4.0}
+
+    def run(option):
+        if option == "b":
+            return None  # e.g. wrong numbers
+        if option == "c":
+            raise RuntimeError("unsupported here")
+        return lambda: us[option]
+
+    assert timing.fastest("abcde", run, skip=(RuntimeError,)) == "d"
+    assert timing.fastest("bc", run, skip=(RuntimeError,)) is None
+    with pytest.raises(RuntimeError, match="unsupported"):
+        timing.fastest("abcde", run)
+
+    def fails_when_timed(option):
+        def launch():
+            raise ValueError("does not compile")
+        return launch if option == "a" else (lambda: us[option])
+
+    assert timing.fastest("ae", fails_when_timed, skip=(ValueError,)) == "e"
