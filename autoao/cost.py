@@ -5,8 +5,8 @@
 where a fused group of sibling layers (Plan.fusions) counts once, at the time of its fused shape
 (N = the members' N summed), instead of its members' times, and `rest` (attention, norms,
 embeddings, ... everything that is not a linear layer) is the measured end-to-end bf16 time minus
-the bf16 layer times. It is additive by construction; the
-report puts the prediction next to the measured end-to-end time of the final plan.
+the bf16 layer times. It is additive by construction; the report puts the prediction next to the
+measured end-to-end time of the final plan.
 """
 
 from __future__ import annotations

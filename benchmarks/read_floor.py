@@ -90,16 +90,17 @@ __global__ void __launch_bounds__(256) read_segments(const uint4* __restrict__ p
   }
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
-static int dyn_smem = 0;  // bytes of dynamic shared memory per CTA: caps the CTAs per SM
-template <int U, int P>  // P: 0 oneshot, 1 persistent, 2 segments (block = warps x 32)
-int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, cudaStream_t s) {
+// P: 0 oneshot, 1 persistent, 2 segments (block = warps x 32); smem: bytes of dynamic shared
+// memory per CTA (unused: it only caps the CTAs per SM)
+template <int U, int P>
+int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, int smem, cudaStream_t s) {
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3(ctas);
   c.blockDim = dim3(P == 2 ? warps * 32 : 256);
-  c.dynamicSmemBytes = dyn_smem;
-  if (dyn_smem > 48 * 1024) {
-    cudaFuncSetAttribute(read_segments<U>, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_smem);
-    cudaFuncSetAttribute(read_kernel<U, P == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_smem);
+  c.dynamicSmemBytes = smem;
+  if (smem > 48 * 1024) {
+    cudaFuncSetAttribute(read_segments<U>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaFuncSetAttribute(read_kernel<U, P == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   c.stream = s;
   cudaLaunchAttribute a[1];
@@ -113,24 +114,29 @@ int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, cuda
 extern "C" int read_floor(const void* p, long long n, void* out, int u, int mode, int ctas, int warps, int pdl,
                           int smem, void* s) {
   cudaStream_t st = (cudaStream_t)s;
-  dyn_smem = smem;
 #define C(U) \
-  if (u == U) return mode == 2 ? go<U, 2>(p, n, out, ctas, warps, pdl, st)                           \
-                   : mode == 1 ? go<U, 1>(p, n, out, ctas, warps, pdl, st)                         \
-                               : go<U, 0>(p, n, out, ctas, warps, pdl, st);
+  if (u == U) return mode == 2 ? go<U, 2>(p, n, out, ctas, warps, pdl, smem, st)                     \
+                   : mode == 1 ? go<U, 1>(p, n, out, ctas, warps, pdl, smem, st)                     \
+                               : go<U, 0>(p, n, out, ctas, warps, pdl, smem, st);
   C(2) C(3) C(4) C(8) C(16)
   return -1;
 }
 """
 
 
-def build() -> ctypes.CDLL:
+def compile_so(source: str, *flags: str) -> ctypes.CDLL:
+    """`source` compiled by nvcc for this GPU (extra nvcc `flags`) into a temporary shared library, loaded."""
     major, minor = torch.cuda.get_device_capability()
     d = Path(tempfile.mkdtemp())
-    (d / "read.cu").write_text(SOURCE)
-    subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{major}{minor},"
-                    f"code=sm_{major}{minor}", "-o", str(d / "read.so"), str(d / "read.cu")], check=True)
-    lib = ctypes.CDLL(str(d / "read.so"))
+    (d / "k.cu").write_text(source)
+    subprocess.run(["nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+                    f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}", *flags, "-o", str(d / "k.so"),
+                    str(d / "k.cu")], check=True)
+    return ctypes.CDLL(str(d / "k.so"))
+
+
+def build() -> ctypes.CDLL:
+    lib = compile_so(SOURCE)
     lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 6 + \
         [ctypes.c_void_p]
     return lib
@@ -153,14 +159,8 @@ def no_math_library(group: int) -> ctypes.CDLL:
     """The CUDA int4 GEMV library (same entry point) with NO_MATH spliced in; raises if the markers moved."""
     src = ci._SOURCE.read_text()
     a, b = src.index(MATH_FROM), src.index(MATH_TO)
-    major, minor = torch.cuda.get_device_capability()
-    d = Path(tempfile.mkdtemp())
-    (d / "nomath.cu").write_text(src[:a] + NO_MATH + src[b:])
-    subprocess.run(["nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{major}"
-                    f"{minor},code=sm_{major}{minor}", f"-DAUTOAO_GROUP={group}", "-o", str(d / "nm.so"),
-                    str(d / "nomath.cu")], check=True)
+    lib = compile_so(src[:a] + NO_MATH + src[b:], f"-DAUTOAO_GROUP={group}")
     real = ci.library(group)
-    lib = ctypes.CDLL(str(d / "nm.so"))
     lib.autoao_int4_mma_gemv.argtypes = real.autoao_int4_mma_gemv.argtypes
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     lib.sm90 = real.sm90

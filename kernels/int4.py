@@ -32,14 +32,18 @@ from autoao.kernels.quant import (
 GROUP_SIZES = (32, 64, 128)
 
 
+def scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """scales, zeros [N, K/g] -> interleaved [K/g, N, 2], as tinygemm (CUDA and CPU) takes them."""
+    return torch.stack([scales.t(), zeros.t()], dim=-1).contiguous()
+
+
 def tinygemm_layout(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """autoao's canonical int4 tensors (qweight [N, K/2] uint8, scales/zeros [N, K/g] bf16, on a
     CUDA device) -> tinygemm's (tiled weight, scales_and_zeros [K/g, N, 2]) for
     torch._weight_int4pack_mm."""
     tiles = inner_k_tiles(qweight.shape[1] * 2)
-    return (torch._convert_weight_to_int4pack(qweight, tiles),
-            torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
+    return torch._convert_weight_to_int4pack(qweight, tiles), scales_and_zeros(scales, zeros)
 
 
 def inner_k_tiles(in_features: int) -> int | None:
@@ -119,8 +123,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         else:
             q32 = unpack_int4(c["qweight"]).to(torch.int32)  # [N, K]
             packed = torch._convert_weight_to_int4pack_for_cpu(q32, 2)
-            # scales and zeros interleaved [K/g, N, 2], in the activation dtype (the CPU kernel's)
-            sz = torch.stack([c["scales"].t(), c["zeros"].t()], dim=-1).to(self.dtype).contiguous()
+            sz = scales_and_zeros(c["scales"], c["zeros"]).to(self.dtype)  # the CPU kernel: activation dtype
         self.register_buffer("w_packed", packed, persistent=False)
         self.register_buffer("scales_and_zeros", sz, persistent=False)
 
@@ -149,10 +152,10 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         small = x2.shape[0] <= self._gemv_rows
         if "qweight_mma" in self._buffers:
             if small:
-                nxt = self.prefetch_next  # its CUDA layouts, if it has them: prefetched into L2 by our kernel
-                nq, ns = (nxt._buffers.get("qweight_mma"), nxt._buffers.get("scales_mma")) if nxt is not None \
-                    else (None, None)
-                y = torch.ops.autoao.int4_gemv_cuda(x2, self.qweight_mma, self.scales_mma, self.group_size, nq, ns)
+                # the next GEMV's CUDA layouts, if it has them: our kernel prefetches them into L2
+                nxt = self.prefetch_next._buffers if self.prefetch_next is not None else {}
+                y = torch.ops.autoao.int4_gemv_cuda(x2, self.qweight_mma, self.scales_mma, self.group_size,
+                                                    nxt.get("qweight_mma"), nxt.get("scales_mma"))
             else:
                 w = cuda_int4.dequantize_mma(self.qweight_mma, self.scales_mma, self.group_size)
                 y = F.linear(x2.to(torch.bfloat16), w)
