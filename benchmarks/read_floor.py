@@ -18,7 +18,10 @@ median / buffers, as benchmarks/int4_cuda.py times the GEMV. `--per-sm`: the seg
 most that many 8-warp CTAs per SM (dynamic shared memory), so the bytes in flight per SM are known.
 `--gemv`: autoao's int4 GEMV (g128, a few configs, chains of packed layers as int4_cuda.py) and the
 same kernel with its math replaced by an XOR of the loaded registers (spliced into a copy of
-int4_mma.cu): what the math and its dependencies cost over the loads alone. Writes read_floor.md.
+int4_mma.cu): what the math and its dependencies cost over the loads alone. `--bulk`: persistent,
+warp-specialized reads as cuBLAS's GEMV does them (one producer lane issuing bulk copies into a
+shared-memory ring, consumer warps reading it): whether that path streams at the floor with few
+warps per SM, which the per-lane loads above cannot. Writes read_floor.md.
 """
 
 from __future__ import annotations
@@ -111,6 +114,82 @@ int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, int 
   if (P == 2) return (int)cudaLaunchKernelEx(&c, read_segments<U>, (const uint4*)p, n, (unsigned*)out);
   return (int)cudaLaunchKernelEx(&c, read_kernel<U, P == 1>, (const uint4*)p, n, (unsigned*)out);
 }
+// Persistent and warp-specialized, as cuBLAS's GEMV reads (132 CTAs, bulk copies into a deep
+// shared-memory ring): CTA b reads its contiguous share of the buffer in chunks of `chunk` bytes
+// (cp.async.bulk by lane 0 of warp 0, the producer) into a `stages`-deep ring with a full and an
+// empty mbarrier per stage; the other warps (consumers) wait for each chunk, read every 16 bytes
+// of it from shared memory when `touch` (as a GEMV's math would) and release the stage.
+__device__ __forceinline__ uint32_t sa(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
+  asm volatile("{\n .reg .pred P1;\n W:\n mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra D;\n bra W;\n D:\n}" ::"r"(sa(b)), "r"(parity) : "memory");
+}
+__global__ void read_bulk(const char* __restrict__ p, long long n, unsigned* out, int chunk, int stages, int touch) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ __align__(8) uint64_t full[16], empty[16];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, consumers = blockDim.x / 32 - 1;
+  const long long per = ((n + gridDim.x - 1) / gridDim.x + 15) & ~15LL, lo = blockIdx.x * per;
+  const long long hi = min(lo + per, n);
+  const int chunks = lo < hi ? (int)((hi - lo + chunk - 1) / chunk) : 0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(&full[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sa(&empty[s])), "r"(consumers));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  if (warp == 0) {
+    if (lane == 0)
+      for (int i = 0; i < chunks; ++i) {
+        const int s = i % stages;
+        if (i >= stages) bar_wait(&empty[s], ((i / stages) - 1) & 1);
+        const unsigned bytes = (unsigned)min((long long)chunk, hi - lo - (long long)i * chunk);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(&full[s])), "r"(bytes)
+                     : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(sa(ring + (size_t)s * chunk)), "l"(p + lo + (long long)i * chunk), "r"(bytes),
+                     "r"(sa(&full[s])) : "memory");
+      }
+    return;
+  }
+  unsigned acc = 0;
+  for (int i = 0; i < chunks; ++i) {
+    const int s = i % stages;
+    bar_wait(&full[s], (i / stages) & 1);
+    if (touch) {
+      const int bytes = (int)min((long long)chunk, hi - lo - (long long)i * chunk);
+      for (int o = ((warp - 1) * 32 + lane) * 16; o < bytes; o += consumers * 512) {
+        const uint4 v = *reinterpret_cast<const uint4*>(ring + (size_t)s * chunk + o);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(sa(&empty[s])) : "memory");
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" int read_bulk_launch(const void* p, long long n, void* out, int ctas, int consumers, int chunk,
+                                int stages, int touch, int pdl, void* s) {
+  if (stages > 16) return -1;
+  const int smem = chunk * stages;
+  cudaFuncSetAttribute(read_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaLaunchConfig_t c = {};
+  c.gridDim = dim3(ctas);
+  c.blockDim = dim3(32 * (consumers + 1));
+  c.dynamicSmemBytes = smem;
+  c.stream = (cudaStream_t)s;
+  cudaLaunchAttribute a[1];
+  a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a[0].val.programmaticStreamSerializationAllowed = 1;
+  c.attrs = a;
+  c.numAttrs = pdl ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&c, read_bulk, (const char*)p, n, (unsigned*)out, chunk, stages, touch);
+}
 extern "C" int read_floor(const void* p, long long n, void* out, int u, int mode, int ctas, int warps, int pdl,
                           int smem, void* s) {
   cudaStream_t st = (cudaStream_t)s;
@@ -138,6 +217,8 @@ def compile_so(source: str, *flags: str) -> ctypes.CDLL:
 def build() -> ctypes.CDLL:
     lib = compile_so(SOURCE)
     lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 6 + \
+        [ctypes.c_void_p]
+    lib.read_bulk_launch.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 6 + \
         [ctypes.c_void_p]
     return lib
 
@@ -199,10 +280,14 @@ def main() -> int:
     ap.add_argument("--pdl", default="1,0")
     ap.add_argument("--per-sm", default="", help="also the segments read capped at these CTAs (of 8 warps) per SM")
     ap.add_argument("--gemv", action="store_true", help="also the int4 GEMV and the same kernel without its math")
+    ap.add_argument("--bulk", default="", help="also the persistent bulk-copy read, configs 'cps/consumers/chunk "
+                    "KB/stages' separated by ';' (CTAs per SM, consumer warps, chunk, ring depth), each with and "
+                    "without the consumers reading the chunks from shared memory")
     args = ap.parse_args()
     args.u = [int(v) for v in args.u.split(",")]
     args.pdl = [int(v) for v in args.pdl.split(",")]
     args.per_sm = [int(v) for v in args.per_sm.split(",") if v]
+    args.bulk = [tuple(int(v) for v in c.split("/")) for c in args.bulk.split(";") if c]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lib = build()
@@ -238,6 +323,17 @@ def main() -> int:
             if smem:
                 grid += f" (<= {smem_per_sm // (smem + 2048)} CTAs/SM)"
             lines.append(f"| {name} | {mb} | {grid} {ctas} | {u} | {pdl} | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
+            print(lines[-1], flush=True)
+        for (cps, consumers, chunk_kb, stages), touch in ((c, t) for c in args.bulk for t in (0, 1)):
+            def run():
+                for b in bufs:
+                    err = lib.read_bulk_launch(b.data_ptr(), n16 * 16, sink.data_ptr(), sms * cps, consumers,
+                                               chunk_kb * 1024, stages, touch, 1,
+                                               torch.cuda.current_stream().cuda_stream)
+                    assert err == 0, err
+            us = time_cuda(run)[0] / len(bufs)
+            grid = f"bulk {consumers}+1 warps x {sms * cps}, {chunk_kb} KB x {stages}{' read' if touch else ''}"
+            lines.append(f"| {name} | {mb} | {grid} | - | 1 | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
             print(lines[-1], flush=True)
         bufs.clear()
         torch.cuda.empty_cache()
