@@ -211,8 +211,7 @@ class Config:
 # The instantiations in int4_mma.cu (AUTOAO_CONFIGS: rows, warps, chunks, min_blocks), each with
 # split-K 1, 2, 4 and 8.
 _BUILT = [(1, 4, 2, 1), (1, 4, 4, 1), (1, 8, 2, 1), (1, 8, 4, 1), (2, 2, 4, 1), (2, 4, 2, 1), (2, 4, 4, 1),
-          (2, 8, 2, 1), (1, 2, 0, 16), (1, 4, 0, 8), (1, 4, 2, 8), (1, 8, 0, 4), (1, 8, 2, 4),
-          (1, 2, 0, 20), (1, 4, 0, 10), (1, 8, 0, 5)]
+          (2, 8, 2, 1), (1, 2, 0, 16), (1, 4, 0, 8), (1, 4, 2, 8), (1, 8, 0, 4), (1, 8, 2, 4)]
 CONFIGS = tuple(Config(r, w, c, split, mb) for r, w, c, mb in _BUILT for split in (1, 2, 4, 8))
 # sm_90+: programmatic dependent launch (each GEMV may launch while the previous kernel finishes;
 # it waits for it before reading x) and an L2 prefetch of the first PREFETCH_BYTES of the next

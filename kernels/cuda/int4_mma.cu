@@ -13,9 +13,7 @@
 // - a nibble pair becomes the bf16x2 (128 + q0, 128 + q1) by one LOP3 (0x4300 | q is bf16 128 + q);
 //   3 shifts + 4 LOP3 per 8 weights, then one mma: ~1 instruction per weight;
 // - scales and zeros apply once per group and row: sum_k w x = s * sum (128 + q) x + (z - 136 s) X
-//   with X = sum_k x over the group, computed once per CTA into shared memory (every row tile
-//   shares it; a second mma per k-step with A = ones, as before session 8, doubled the tensor-core
-//   work and held 8 more registers per thread);
+//   with X = sum_k x over the group, which a second mma (A = ones) gives in the C layout;
 // - several k-chunks of loads are in flight per warp (a register ring of PU units), warps of a
 //   CTA split K and add their partial sums through shared memory once at the end; optionally
 //   CTAs split K too (gridDim.y), the last of a column block to finish adding the fp32 partials;
@@ -45,6 +43,8 @@
 #endif
 
 namespace {
+
+constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1.0, 1.0)
 
 // bits 0-3 and 16-19 of w -> bf16x2 (128 + q_lo, 128 + q_hi): (w & 0x000f000f) | 0x43004300
 __device__ __forceinline__ uint32_t nib2(uint32_t w) {
@@ -88,8 +88,6 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   const int g = lane >> 2, t = lane & 3;
   const int ntiles = N / 16, nchunks = K / 64, nunits = K / UK;
   const int tile0 = blockIdx.x * RT;
-  // xsum [groups of this CTA's K range][M]: sum of x over each group (host: dynamic shared memory)
-  extern __shared__ float xsum[];
   // This CTA's units of K (split-K over gridDim.y CTAs), then this warp's share: [u0, u0 + nu).
   const int cu0 = blockIdx.y * nunits / gridDim.y, cnu = (blockIdx.y + 1) * nunits / gridDim.y - cu0;
   const int u0 = cu0 + warp * cnu / KW, nu = cu0 + (warp + 1) * cnu / KW - u0;
@@ -144,30 +142,6 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
     for (int p = 0; p < PU; ++p)
       if (p < nu) load(wb[p], sb[p], p);
   }
-  {  // group sums of x over this CTA's K range while the first weights fly: G / 8 lanes per group,
-     // 16 bytes each, reduced by shuffles (G / 8 divides 32, so a group's lanes share a warp)
-    constexpr int P = G / 8;
-    const int ng = cnu * GU, total = M * ng * P;
-    const __nv_bfloat16* xc = x + (long long)cu0 * UK;
-    for (int base = 0; base < total; base += KW * 32) {  // warp-uniform trip count: whole warps shuffle
-      const int f = base + threadIdx.x, piece = f % P, grp = (f / P) % ng, m = f / (P * ng);
-      float sum = 0.f;
-      if (f < total) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(xc + m * x_stride + (long long)grp * G + piece * 8));
-        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          sum += __uint_as_float(w4[i] << 16) + __uint_as_float(w4[i] & 0xffff0000u);
-      }
-#pragma unroll
-      for (int o = P / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (f < total && piece == 0) xsum[grp * M + m] = sum;
-    }
-    __syncthreads();
-  }
-  // this lane's C columns are tokens 2t and 2t + 1 (past the last token: a copy, never stored)
-  const int m0 = min(2 * t, M - 1), m1 = min(2 * t + 1, M - 1);
-  const float* xg = xsum + (u0 - cu0) * GU * M;  // this warp's first group
 
   for (int i = 0; i < nu; i += PU) {
 #pragma unroll
@@ -181,16 +155,19 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
         }
         // Two accumulators per product, even and odd k-steps: the mma's accumulator chain (one
         // dependent HMMA per k-step, ~30 cycles each) is half as long before the group's epilogue.
-        float c[RT][2][4];
+        float c[RT][2][4], xs[2][4];
 #pragma unroll
         for (int st = 0; st < 4 * UC; ++st) {  // k-steps of this unit
           const int ch = st / 4, j = st % 4, e = st & 1;
           if (st % SPG < 2) {
 #pragma unroll
+            for (int v = 0; v < 4; ++v) xs[e][v] = 0.f;
+#pragma unroll
             for (int r = 0; r < RT; ++r) c[r][e][0] = c[r][e][1] = c[r][e][2] = c[r][e][3] = 0.f;
           }
           const uint4& xw = xv[ch][j / 2];
           const uint32_t b0 = word(xw, 2 * (j % 2)), b1 = word(xw, 2 * (j % 2) + 1);
+          mma(xs[e], kOnes, kOnes, kOnes, kOnes, b0, b1);  // xs: sum of x over the group, C layout
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
             const uint32_t q = word(wb[p][r][ch], j);
@@ -198,8 +175,9 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
           }
           if (st % SPG == SPG - 1) {  // group done: scale, zero
             const int gi = st / SPG;
-            const float* xs = xg + ((i + p) * GU + gi) * M;
-            const float X[4] = {xs[m0], xs[m1], xs[m0], xs[m1]};  // C layout: columns 2t, 2t + 1
+            float X[4];
+#pragma unroll
+            for (int v = 0; v < 4; ++v) X[v] = xs[0][v] + xs[1][v];
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
               const uint32_t pa = word(sb[p][r], 2 * gi), pb = word(sb[p][r], 2 * gi + 1);  // rows g, g + 8
@@ -306,16 +284,6 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3((tiles + RT - 1) / RT, split);
   config.blockDim = dim3(KW * 32);
-  // xsum: the group sums of x for the largest K range a CTA gets
-  constexpr int UK = AUTOAO_GROUP > 64 ? AUTOAO_GROUP : 64;
-  const int units = K / UK;
-  config.dynamicSmemBytes = (size_t)((units + split - 1) / split) * (UK / AUTOAO_GROUP) * M * sizeof(float);
-  if (config.dynamicSmemBytes > 48 * 1024) {  // above 48 KB needs an opt-in (large K, small groups, M = 8)
-    const cudaError_t e = cudaFuncSetAttribute(int4_mma_gemv<AUTOAO_GROUP, RT, KW, PU, MINB>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)config.dynamicSmemBytes);
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
   config.stream = stream;
   // pdl: programmatic dependent launch (sm_90+): this grid may start while the previous kernel in
   // the stream finishes (the kernel waits for it before touching x); captured by CUDA graphs.
@@ -343,7 +311,7 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
 // read-only kernel, benchmarks/NOTES.md session 7), and registers bound the warps.
 #define AUTOAO_CONFIGS(X) \
   X(1, 4, 2, 1) X(1, 4, 4, 1) X(1, 8, 2, 1) X(1, 8, 4, 1) X(2, 2, 4, 1) X(2, 4, 2, 1) X(2, 4, 4, 1) X(2, 8, 2, 1) \
-  X(1, 2, 0, 16) X(1, 4, 0, 8) X(1, 4, 2, 8) X(1, 8, 0, 4) X(1, 8, 2, 4) X(1, 2, 0, 20) X(1, 4, 0, 10) X(1, 8, 0, 5)
+  X(1, 2, 0, 16) X(1, 4, 0, 8) X(1, 4, 2, 8) X(1, 8, 0, 4) X(1, 8, 2, 4)
 
 extern "C" {
 
