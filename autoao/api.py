@@ -244,6 +244,9 @@ def optimize(
     summary["kernels"] = plan.kernels
     stages["choice, re-rank and final measurement"] = summary["seconds"] - sum(stages.values())
     summary["stage_seconds"] = stages
+    # the timing stage by candidate (and kernel), largest first: cache misses only (0 when warm)
+    summary["timing_seconds"] = {label: round(sec, 2) for label, sec in
+                                 sorted(table.seconds_by_kernel.items(), key=lambda kv: -kv[1])}
     summary["fusions"] = [list(g) for g in plan.fusions]
     plan.metadata.update({k: summary[k] for k in ("plan_ms", "speedup", "accuracy", "device")})
     plan.save(out_dir / "plan.json")

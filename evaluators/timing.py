@@ -277,6 +277,9 @@ class LatencyTable:
     # (candidate, K, N) -> kernel -> M -> Timing, for candidates with several CUDA kernels: every
     # kernel's timings (rows hold the chosen kernel's), for reports and benchmarks
     kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = dataclasses.field(default_factory=dict)
+    # "candidate" or "candidate@kernel" -> wall seconds spent building, compiling and timing it
+    # (cache misses only): where a search's timing stage went
+    seconds_by_kernel: dict[str, float] = dataclasses.field(default_factory=dict)
     _index: dict[tuple[str, int, int, int], Timing] = dataclasses.field(default_factory=dict, repr=False)
 
     def get(self, candidate: str, m: int, k: int, n: int) -> Timing:
@@ -292,8 +295,11 @@ class LatencyTable:
         if (other.device, other.dtype, other.mode) != (self.device, self.dtype, self.mode):
             raise ValueError(f"cannot merge timings of {other.device}/{other.dtype}/{other.mode} into "
                              f"{self.device}/{self.dtype}/{self.mode}")
+        seconds = dict(self.seconds_by_kernel)
+        for label, sec in other.seconds_by_kernel.items():
+            seconds[label] = seconds.get(label, 0.0) + sec
         return LatencyTable(self.device, self.dtype, self.mode, self.rows + other.rows, self.measured + other.measured,
-                            self.seconds + other.seconds, {**self.kernel_timings, **other.kernel_timings})
+                            self.seconds + other.seconds, {**self.kernel_timings, **other.kernel_timings}, seconds)
 
     def kernel_for(self, candidate: str, k: int, n: int) -> str | None:
         """The kernel chosen for `candidate` on the (N, K) shape (None: the candidate has one; the
@@ -404,6 +410,7 @@ def measure_latencies(
     work = [(n, k, c) for n, k in shapes for c in candidates]
     rows: list[LatencyRow] = []
     kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = {}
+    seconds_by_kernel: dict[str, float] = {}
     measured = 0
     t0 = time.perf_counter()
     bar = _progress(len(work) * len(tokens), progress, f"timing on {dev_name}")
@@ -423,7 +430,9 @@ def measure_latencies(
                     found[m] = by_kernel[twin][m]
                     missing.remove(m)
             if missing:
+                t_kern = time.perf_counter()
                 fresh = _time_missing(cand, kern, n, k, missing, dtype, device, mode)
+                seconds_by_kernel[label] = seconds_by_kernel.get(label, 0.0) + time.perf_counter() - t_kern
                 measured += len(missing)
                 for m, t in fresh.items():
                     cache.put(keys[m], t)
@@ -436,7 +445,8 @@ def measure_latencies(
             rows.append(LatencyRow(cand.name, m, k, n, by_kernel[chosen][m], cached=m not in measured_now))
             bar.update(1)
     bar.close()
-    return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings)
+    return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings,
+                        seconds_by_kernel)
 
 
 def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: list[int], dtype: torch.dtype,

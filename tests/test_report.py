@@ -97,6 +97,10 @@ def test_loader_reads_the_finished_search(search):
     assert list(stages) == ["profile and kernel timing", "layer errors, proxy and baselines", "search trials",
                             "choice, re-rank and final measurement"]
     assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(s["seconds"])
+    # the timing stage by candidate, largest first, within the stage's wall time
+    by_kernel = list(s["timing_seconds"].values())
+    assert by_kernel == sorted(by_kernel, reverse=True)
+    assert sum(by_kernel) <= stages["profile and kernel timing"] + 0.05
     # the tier of every accuracy number is known; tier 2 here is the user metric
     assert {a.tier for a in data.accuracy} == {1, 2}
     assert any(a.metric == "output_match" and a.source == "user metric: output_match" for a in data.accuracy)

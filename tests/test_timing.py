@@ -34,6 +34,11 @@ def test_second_measurement_runs_no_kernel(tmp_path, monkeypatch):
     again = measure_latencies([(32, 64)], [1, 4], SMALL, cache=TimingCache(tmp_path / "t.sqlite"), progress=False)
     assert again.measured == 0 and calls == []
     assert all(r.cached for r in again.rows)
+    # where the time went: every candidate measured the first time, nothing the second
+    assert set(first.seconds_by_kernel) == {c.name for c in SMALL}
+    assert all(sec > 0 for sec in first.seconds_by_kernel.values()) and again.seconds_by_kernel == {}
+    merged = first.merged(first)
+    assert merged.seconds_by_kernel == {k: 2 * v for k, v in first.seconds_by_kernel.items()}
     for a, b in zip(first.rows, again.rows):
         assert a.timing.median_us == b.timing.median_us or not a.timing.ok
 
