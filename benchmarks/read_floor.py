@@ -93,26 +93,29 @@ __global__ void __launch_bounds__(256) read_segments(const uint4* __restrict__ p
   }
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
-// P: 0 oneshot, 1 persistent, 2 segments (block = warps x 32); smem: bytes of dynamic shared
-// memory per CTA (unused: it only caps the CTAs per SM)
-template <int U, int P>
-int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, int smem, cudaStream_t s) {
+// kernel<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx, with programmatic
+// dependent launch when pdl (the GEMV's launches use it)
+template <typename... Params, typename... Args>
+int launch(void (*kernel)(Params...), int grid, int block, int smem, int pdl, cudaStream_t s, Args... args) {
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaLaunchConfig_t c = {};
-  c.gridDim = dim3(ctas);
-  c.blockDim = dim3(P == 2 ? warps * 32 : 256);
+  c.gridDim = dim3(grid);
+  c.blockDim = dim3(block);
   c.dynamicSmemBytes = smem;
-  if (smem > 48 * 1024) {
-    cudaFuncSetAttribute(read_segments<U>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cudaFuncSetAttribute(read_kernel<U, P == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
   c.stream = s;
   cudaLaunchAttribute a[1];
   a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   a[0].val.programmaticStreamSerializationAllowed = 1;
   c.attrs = a;
   c.numAttrs = pdl ? 1 : 0;
-  if (P == 2) return (int)cudaLaunchKernelEx(&c, read_segments<U>, (const uint4*)p, n, (unsigned*)out);
-  return (int)cudaLaunchKernelEx(&c, read_kernel<U, P == 1>, (const uint4*)p, n, (unsigned*)out);
+  return (int)cudaLaunchKernelEx(&c, kernel, static_cast<Params>(args)...);
+}
+// P: 0 oneshot, 1 persistent, 2 segments (block = warps x 32); smem: bytes of dynamic shared
+// memory per CTA (unused: it only caps the CTAs per SM)
+template <int U, int P>
+int go(const void* p, long long n, void* out, int ctas, int warps, int pdl, int smem, cudaStream_t s) {
+  if (P == 2) return launch(read_segments<U>, ctas, warps * 32, smem, pdl, s, p, n, out);
+  return launch(read_kernel<U, P == 1>, ctas, 256, smem, pdl, s, p, n, out);
 }
 // Persistent and warp-specialized, as cuBLAS's GEMV reads (132 CTAs, bulk copies into a deep
 // shared-memory ring): CTA b reads its contiguous share of the buffer in chunks of `chunk` bytes
@@ -175,20 +178,9 @@ __global__ void read_bulk(const char* __restrict__ p, long long n, unsigned* out
 }
 extern "C" int read_bulk_launch(const void* p, long long n, void* out, int ctas, int consumers, int chunk,
                                 int stages, int touch, int pdl, void* s) {
-  if (stages > 16) return -1;
-  const int smem = chunk * stages;
-  cudaFuncSetAttribute(read_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaLaunchConfig_t c = {};
-  c.gridDim = dim3(ctas);
-  c.blockDim = dim3(32 * (consumers + 1));
-  c.dynamicSmemBytes = smem;
-  c.stream = (cudaStream_t)s;
-  cudaLaunchAttribute a[1];
-  a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  a[0].val.programmaticStreamSerializationAllowed = 1;
-  c.attrs = a;
-  c.numAttrs = pdl ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&c, read_bulk, (const char*)p, n, (unsigned*)out, chunk, stages, touch);
+  if (stages > 16) return -1;  // the kernel's mbarrier arrays
+  return launch(read_bulk, ctas, 32 * (consumers + 1), chunk * stages, pdl, (cudaStream_t)s, p, n, out, chunk,
+                stages, touch);
 }
 extern "C" int read_floor(const void* p, long long n, void* out, int u, int mode, int ctas, int warps, int pdl,
                           int smem, void* s) {
@@ -312,29 +304,28 @@ def main() -> int:
         # per SM = per_sm x 8 warps x U x 512
         smem_per_sm = torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor
         runs += [(2, u, tiles, 8, 1, smem_per_sm // per_sm - 2048) for per_sm in args.per_sm for u in (2, 4, 8)]
-        for mode, u, ctas, warps, pdl, smem in runs:
+        def row(grid: str, u: str, pdl: int, launch) -> None:
+            """Time `launch(buffer, stream)` (an error code, 0 = ok) over the chain of buffers; add the row."""
             def run():
                 for b in bufs:
-                    err = lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, mode, ctas, warps, pdl, smem,
-                                         torch.cuda.current_stream().cuda_stream)
+                    err = launch(b, torch.cuda.current_stream().cuda_stream)
                     assert err == 0, err
             us = time_cuda(run)[0] / len(bufs)
+            lines.append(f"| {name} | {mb} | {grid} | {u} | {pdl} | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
+            print(lines[-1], flush=True)
+
+        for mode, u, ctas, warps, pdl, smem in runs:
             grid = ("oneshot", "persistent", f"segments {warps} warps x")[mode]
             if smem:
                 grid += f" (<= {smem_per_sm // (smem + 2048)} CTAs/SM)"
-            lines.append(f"| {name} | {mb} | {grid} {ctas} | {u} | {pdl} | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
-            print(lines[-1], flush=True)
+            row(f"{grid} {ctas}", str(u), pdl,
+                lambda b, st, mode=mode, u=u, ctas=ctas, warps=warps, pdl=pdl, smem=smem:
+                lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, mode, ctas, warps, pdl, smem, st))
         for (cps, consumers, chunk_kb, stages), touch in ((c, t) for c in args.bulk for t in (0, 1)):
-            def run():
-                for b in bufs:
-                    err = lib.read_bulk_launch(b.data_ptr(), n16 * 16, sink.data_ptr(), sms * cps, consumers,
-                                               chunk_kb * 1024, stages, touch, 1,
-                                               torch.cuda.current_stream().cuda_stream)
-                    assert err == 0, err
-            us = time_cuda(run)[0] / len(bufs)
-            grid = f"bulk {consumers}+1 warps x {sms * cps}, {chunk_kb} KB x {stages}{' read' if touch else ''}"
-            lines.append(f"| {name} | {mb} | {grid} | - | 1 | {us:.2f} | {mb * 1e6 / us / 1e6:.2f} |")
-            print(lines[-1], flush=True)
+            row(f"bulk {consumers}+1 warps x {sms * cps}, {chunk_kb} KB x {stages}{' read' if touch else ''}", "-", 1,
+                lambda b, st, cps=cps, consumers=consumers, chunk_kb=chunk_kb, stages=stages, touch=touch:
+                lib.read_bulk_launch(b.data_ptr(), n16 * 16, sink.data_ptr(), sms * cps, consumers, chunk_kb * 1024,
+                                     stages, touch, 1, st))
         bufs.clear()
         torch.cuda.empty_cache()
         (out / "read_floor.md").write_text("\n".join(lines) + "\n")
