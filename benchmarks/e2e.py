@@ -4,6 +4,7 @@ autoquant on Llama-shaped stacks with random weights (speed only).
     source benchmarks/device_env.sh; python3 benchmarks/e2e.py --out $OUT [--models llama8,smollm2]
         [--tokens 1,2048,2048+32x1] [--candidates "int4_wo(group_size=128);int8_wo"] [--no-search]
         [--budget 40] [--torchao] [--only-torchao] [--no-uniform] [--kernels triton,cuda] [--profile]
+        [--sample-stacks]
     python benchmarks/e2e.py --cpu-smoke --out /tmp/e2e_smoke    # tiny model on the CPU, no torchao
 
 Every row runs input tokens [1, M] through autoao's measure_model (CUDA: graph replay, L2 flushed
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import copy
 import datetime
 import gc
@@ -38,6 +40,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 sys.path.insert(0, str(Path(__file__).parent))
 import llama_stack  # noqa: E402
+from stack_sampler import StackSampler  # noqa: E402
 
 import autoao  # noqa: E402
 from autoao import search_space  # noqa: E402
@@ -169,19 +172,25 @@ def uniform(base: nn.Module, cand: search_space.Candidate, device: torch.device,
 
 
 def searched(base: nn.Module, inputs: list[tuple[torch.Tensor, int]], held: list[torch.Tensor],
-             budget: str | int, out: Path, tag: str, r: Row) -> nn.Module:
+             budget: str | int, out: Path, tag: str, r: Row, sample: bool = False) -> nn.Module:
     """autoao.optimize on a copy for the workload (each input repeated by its call count; pure speed
-    search: accuracy drop allowed up to 1); search_s = its wall time; its summary.json is copied
-    to out/search_<tag>_summary.json."""
+    search: accuracy drop allowed up to 1); search_s = its wall time; its summary.json and
+    context.json are copied to out/search_<tag>_{summary,context}.json. sample: also write where
+    its wall time went (stack_sampler.py) to out/stacks_<tag>.md and .folded."""
     x = [t for t, n in inputs for _ in range(n)]
     x = x[0] if len(x) == 1 else x
     work = Path(tempfile.gettempdir()) / "autoao_e2e" / tag
     shutil.rmtree(work, ignore_errors=True)  # a fresh study, not a continuation of an earlier run's
-    t0 = time.perf_counter()
-    res = autoao.optimize(copy.deepcopy(base), x, budget=budget, eval_inputs=held, max_accuracy_drop=1.0,
-                          out_dir=work, progress=False)
-    r["search_s"] = time.perf_counter() - t0
-    shutil.copy(work / "summary.json", out / f"search_{tag}_summary.json")
+    model = copy.deepcopy(base)
+    with StackSampler() if sample else contextlib.nullcontext() as sampler:
+        t0 = time.perf_counter()
+        res = autoao.optimize(model, x, budget=budget, eval_inputs=held, max_accuracy_drop=1.0, out_dir=work,
+                              progress=False)
+        r["search_s"] = time.perf_counter() - t0
+    if sampler is not None:
+        sampler.write(out / f"stacks_{tag}.md", title=f"autoao.optimize, {tag}")
+    for name in ("summary", "context"):
+        shutil.copy(work / f"{name}.json", out / f"search_{tag}_{name}.json")
     shutil.rmtree(work / "model", ignore_errors=True)  # the saved quantized model: GBs for llama8
     s = res.summary
     r["note"] = (f"{s['trials']} trials; autoao's own check vs eager bf16: predicted "
@@ -329,6 +338,8 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU, no CUDA graphs, no torchao")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also write each compiled row's kernel breakdown (linear vs rest) to $OUT/profile.md")
+    ap.add_argument("--sample-stacks", action="store_true",
+                    help="write where the search's wall time went (sampled stacks) to $OUT/stacks_<model>_m<M>.md")
     args = ap.parse_args()
     if args.cpu_smoke and (args.torchao or args.only_torchao):
         ap.error("--cpu-smoke runs without torchao")
@@ -390,7 +401,7 @@ def main() -> int:
                                         uniform(base, c, device, r, k, siblings if f else None))
                 if not args.no_search:
                     measure_row(report, ctx, "searched (autoao.optimize)",
-                                lambda r: searched(base, inputs, held, budget, out, tag, r))
+                                lambda r: searched(base, inputs, held, budget, out, tag, r, args.sample_stacks))
             if args.torchao or args.only_torchao:
                 # autoquant sets global inductor options (coordinate descent tuning, ...): undo them after
                 saved, precision = torch._inductor.config.get_config_copy(), torch.get_float32_matmul_precision()
