@@ -26,6 +26,7 @@ from autoao.evaluators.cache import ResultCache, TimingCache, cache_dir, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
 from autoao.evaluators.timing import LatencyTable, measure_latencies, measure_model, workload_us
+from autoao.kernels._base import canonical_on_device
 from autoao.plan import Plan, apply, atomic_write, save, set_module
 from autoao.profile import ModelProfile, profile
 from autoao.search import (Budget, Group, SearchConfig, SearchOutcome, TrialResult, make_groups,
@@ -205,7 +206,8 @@ def optimize(
         inf if it cannot be applied or run (it is then not chosen; the search's pick still is)."""
         swapper.restore()
         try:
-            apply(model, shipped(params), act_norms=prof.act_norms())
+            with canonical_on_device():  # measured and undone: no host copy of its weights
+                apply(model, shipped(params), act_norms=prof.act_norms())
             return _measure_examples(model, examples)
         except Exception as e:  # noqa: BLE001 - one plan failing must not lose the search's result
             notes.append(f"a plan predicted as fast could not be measured: {type(e).__name__}: {e}")
@@ -521,7 +523,7 @@ class _Swapper:
                 module = orig
             else:
                 if (fqn, name) not in self.bank:
-                    with torch.no_grad():
+                    with torch.no_grad(), canonical_on_device():  # trial modules are never saved
                         norm = self.norms.get(fqn)
                         self.bank[(fqn, name)] = cand.build(orig, act_norm=norm, fqn=fqn)  # type: ignore[union-attr]
                 module = self.bank[(fqn, name)]

@@ -136,15 +136,48 @@ class ResultCache(_SQLiteStore):
 
 
 def digest(*parts: object) -> str:
-    """sha256 over the parts: tensors by their bytes (and shape/dtype), everything else by repr."""
+    """sha256 over the parts: host tensors by their bytes, tensors on an accelerator by
+    `device_fingerprint` (both with shape and dtype), everything else by repr. A cache key: the
+    same tensor on the host and on a GPU gets different keys (their results are measured apart)."""
     import torch
 
     h = hashlib.sha256()
     for p in parts:
         if isinstance(p, torch.Tensor):
-            t = p.detach().contiguous().cpu()
-            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            t = p.detach()
+            h.update(f"{tuple(t.shape)}{t.dtype}{'' if t.device.type == 'cpu' else t.device.type}".encode())
+            if t.numel() and t.device.type == "cpu":
+                h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())  # buffer protocol: no copy
+            elif t.numel():
+                h.update(device_fingerprint(t))
         else:
             h.update(repr(p).encode())
     return h.hexdigest()
+
+
+# Mixing constants (64-bit, as signed int64): the golden-ratio increment and splitmix64's multipliers.
+_MIX = (0x9E3779B97F4A7C15 - 2**64, 0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64)
+_FINGERPRINT_WORDS = 2**22  # 32-bit words per chunk: 32 MB per int64 temporary
+
+
+def device_fingerprint(t) -> bytes:
+    """16 bytes that identify the contents of tensor `t`, computed on t's device: two sums over
+    its 32-bit words w_i (zero-padded) of w_i * m(i) mod 2**64, with odd multipliers m(i) drawn from
+    a 64-bit mix of the word's index (one stream per sum). Changing any one word changes both sums
+    (an odd multiplier is invertible mod 2**64); moving words changes their multipliers. Not a
+    cryptographic hash: a cache key for weights that stay on a GPU, where sha256 would first copy
+    them to the host (measured: ~20 s of a 290 s llama8 search on the H200, 5.6 GB hashed twice)."""
+    import torch
+
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    b = torch.nn.functional.pad(b, (0, -b.numel() % 4))
+    words = b.view(torch.int32)  # [W]
+    sums = torch.zeros(2, dtype=torch.int64, device=t.device)
+    for start in range(0, words.numel(), _FINGERPRINT_WORDS):
+        w = words[start:start + _FINGERPRINT_WORDS].to(torch.int64)
+        z = torch.arange(start, start + w.numel(), dtype=torch.int64, device=t.device) * _MIX[0]
+        z = (z ^ (z >> 30)) * _MIX[1]  # int64 products wrap mod 2**64
+        z = z ^ (z >> 27)
+        sums[0] += (w * (z | 1)).sum()
+        sums[1] += (w * ((z * _MIX[2]) | 1)).sum()
+    return sums.cpu().numpy().tobytes()

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from autoao.evaluators.cache import ResultCache, digest
+from autoao.kernels._base import canonical_on_device
 from autoao.profile import ModelProfile, call_model
 from autoao.search_space import Candidate
 
@@ -88,7 +89,8 @@ def layer_errors(
                 if ref is None:
                     ref = linear(x).float()
                 try:
-                    q = cand.build(linear, act_norm=lay.act_norm.to(device), fqn=lay.fqn)
+                    with canonical_on_device():  # measured, then dropped: no host copy of its weights
+                        q = cand.build(linear, act_norm=lay.act_norm.to(device), fqn=lay.fqn)
                     value = sqnr_db(ref, q(x).float())
                 except Exception:  # noqa: BLE001 - a candidate that fails here is left out, as unsupported
                     continue

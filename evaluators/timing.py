@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 import torch
 from torch import nn
 
+from autoao.kernels._base import canonical_on_device
 from autoao.search_space import Candidate, LayerSpec
 
 if TYPE_CHECKING:
@@ -458,9 +459,10 @@ def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: l
         return {m: Timing.failed(f"unsupported: {reason}") for m in tokens}
     module = fn = None
     try:
-        module = build_layer(cand, k, n, dtype, device)
-        if kernel is not None:
-            module.set_kernel(kernel)
+        with canonical_on_device():  # a module built to be timed: no host copy of its weights
+            module = build_layer(cand, k, n, dtype, device)
+            if kernel is not None:
+                module.set_kernel(kernel)
         if mode == "compile":
             torch._dynamo.reset()  # one compiled module at a time: dynamo's caches stay small
             fn = torch.compile(module, fullgraph=True)

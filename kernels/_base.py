@@ -7,7 +7,13 @@ A `QuantizedLinear` holds its weights twice-named but once-stored where it can:
   on a CPU;
 - *runtime* tensors (non-persistent buffers on the module's device, in the kernel's layout, e.g.
   tinygemm's tiled int4 or cuSPARSELt's compressed 2:4): what `forward` reads. Where the layout is
-  the canonical one and the device is the CPU, the runtime buffers alias the canonical tensors.
+  the canonical one and the canonical tensors are on the module's device, the runtime buffers
+  alias them.
+
+Modules built inside `canonical_on_device()` keep their canonical tensors on their own device
+instead: the search's short-lived modules (timing, layer errors, trials), which are never saved,
+skip a device->host copy of every weight they quantize (on the H200, pageable copies of freshly
+allocated host memory took ~50 s of a 290 s llama8 search: benchmarks/NOTES.md, session 9).
 
 Moving the module (`.to(device)`, `.cuda()`) re-packs the runtime tensors from the canonical ones
 for the new device, so a layout never ends up on a device whose kernel cannot read it. Dtype casts
@@ -16,8 +22,10 @@ for the new device, so a layout never ends up on a device whose kernel cannot re
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -27,6 +35,21 @@ CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # int4's tensor-core kernel takes up to 16 where it fits: triton_gemv.int4_max_rows); beyond it they
 # fall back to a dequantized weight in one bf16 GEMM.
 GEMV_MAX_ROWS = 8
+
+_CANONICAL_ON_DEVICE = contextvars.ContextVar("autoao_canonical_on_device", default=False)
+
+
+@contextlib.contextmanager
+def canonical_on_device() -> Iterator[None]:
+    """Within this block, QuantizedLinear modules constructed or given canonical tensors
+    (from_linear, set_canonical, load_state_dict) keep those tensors on the module's device, not
+    in host memory (module docstring): for modules that only live to be measured. They still run,
+    move and save correctly; their state_dict then holds device tensors."""
+    token = _CANONICAL_ON_DEVICE.set(True)
+    try:
+        yield
+    finally:
+        _CANONICAL_ON_DEVICE.reset(token)
 
 
 class QuantizedLinear(nn.Module):
@@ -85,8 +108,14 @@ class QuantizedLinear(nn.Module):
     def _init_canonical(self) -> None:
         """Subclasses call this at the end of __init__, once their parameters are set: zero
         canonical tensors of the right shapes (overwritten by quantize or load_state_dict)."""
-        self._canon = {name: torch.zeros(shape, dtype=dt) for name, (shape, dt) in self.canonical_spec().items()}
+        home = self._canonical_home()
+        self._canon = {name: torch.zeros(shape, dtype=dt, device=home)
+                       for name, (shape, dt) in self.canonical_spec().items()}
         self._pack(self.device)
+
+    def _canonical_home(self) -> torch.device:
+        """Where new canonical tensors go: the host, or the module's device inside canonical_on_device()."""
+        return self.device if _CANONICAL_ON_DEVICE.get() else torch.device("cpu")
 
     # ---- contract ------------------------------------------------------------------------------
     @abstractmethod
@@ -176,7 +205,8 @@ class QuantizedLinear(nn.Module):
         return self.device.type in self.emulated_on
 
     def canonical(self) -> dict[str, torch.Tensor]:
-        """The canonical tensors (CPU). Do not modify them in place."""
+        """The canonical tensors (on the host; on the module's device if it was built inside
+        canonical_on_device()). Do not modify them in place."""
         return dict(self._canon)
 
     def set_canonical(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -197,7 +227,8 @@ class QuantizedLinear(nn.Module):
             return
         # Own, freshly allocated copies: tensors loaded from safetensors may be unaligned views of
         # a memory-mapped file, which some CPU kernels (torch._weight_int8pack_mm) crash on.
-        self._canon = {name: tensors[name].detach().to("cpu", copy=True).contiguous()
+        home = self._canonical_home()
+        self._canon = {name: tensors[name].detach().to(home, copy=True).contiguous()
                        for name in self.canonical_spec()}
         self._pack(self.device)
 

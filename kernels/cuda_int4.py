@@ -208,11 +208,14 @@ class Config:
     min_blocks: int = 1  # CTAs per SM the registers must allow (__launch_bounds__): warps per SM
 
 
-# The instantiations in int4_mma.cu (AUTOAO_CONFIGS: rows, warps, chunks, min_blocks), each with
-# split-K 1, 2, 4 and 8.
-_BUILT = [(1, 4, 2, 1), (1, 4, 4, 1), (1, 8, 2, 1), (1, 8, 4, 1), (2, 2, 4, 1), (2, 4, 2, 1), (2, 4, 4, 1),
-          (2, 8, 2, 1), (1, 2, 0, 16), (1, 4, 0, 8), (1, 4, 2, 8), (1, 8, 0, 4), (1, 8, 2, 4)]
-CONFIGS = tuple(Config(r, w, c, split, mb) for r, w, c, mb in _BUILT for split in (1, 2, 4, 8))
+# What the tuner times: every config that was fastest on at least one cell of an H200 table of all
+# 52 earlier ones (13 instantiations x split-K 1/2/4/8) on llama8's and SmolLM2's 14 weight shapes
+# x M = 1, 8 x group 32/64/128 (benchmarks/tuner_table.py, results s9_call1; NOTES session 9).
+CONFIGS = (Config(1, 8, 2, 1, 1), Config(1, 8, 0, 1, 4), Config(1, 2, 0, 1, 16), Config(1, 4, 0, 1, 8),
+           Config(1, 8, 2, 1, 4), Config(1, 8, 0, 2, 4), Config(1, 8, 0, 4, 4), Config(1, 4, 0, 4, 8),
+           Config(2, 8, 2, 1, 1), Config(1, 8, 2, 4, 4), Config(2, 8, 2, 4, 1))
+# int4_mma.cu instantiates each (rows, warps, chunks, min_blocks) of these (AUTOAO_CONFIGS; split-K
+# is a launch parameter).
 # sm_90+: programmatic dependent launch (each GEMV may launch while the previous kernel finishes;
 # it waits for it before reading x) and an L2 prefetch of the first PREFETCH_BYTES of the next
 # GEMV's weights by the CTAs of the last wave, after their main loop (default 8 MB: measured best of
@@ -226,7 +229,7 @@ PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "8")) * 2 *
 # forward, which reads weights but never writes them; eagerly, the previous kernel could be the one
 # that packed or copied them. AUTOAO_CUDA_EARLY=0 turns it off.
 EARLY = os.environ.get("AUTOAO_CUDA_EARLY", "1") != "0"
-_DEFAULT = Config(1, 4, 4)
+_DEFAULT = Config(1, 8, 0, 1, 4)  # the table's best single config (at most 1.42x the best, 1.07x on average)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
 # counters. The kernel leaves the counters at zero, so layers of the same width share them (calls on

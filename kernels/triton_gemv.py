@@ -298,12 +298,14 @@ class Config:
     num_stages: int = 3  # software-pipelining depth of the K loop (Triton's default)
 
 
-# Candidates for the per-shape sweep (the H200 sweep in benchmarks/results/2026-11-30-h200/ ranked
-# these): 2-16 KB of weights per step; split-K for long K and narrow N (4096 x 14336, whose
+# What the int8/fp8 tuner times: every config that was fastest on at least one cell of an H200 table
+# of all 24 earlier ones (BLOCK_N/BLOCK_K/warps of 2-16 KB of weights per step x split-K 1/2/4)
+# on llama8's and SmolLM2's 14 weight shapes x M = 1, 8 x int8/fp8 (benchmarks/tuner_table.py,
+# results s9_call1; NOTES session 9). Split-K serves long K and narrow N (4096 x 14336, whose
 # 4096 / BLOCK_N programs cannot fill 132 SMs).
-CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, w in [
-    (4, 512, 2), (8, 512, 4), (16, 256, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4), (32, 512, 8),
-    (16, 2048, 8)] for sk in (1, 2, 4))
+CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, sk, w in [
+    (16, 1024, 1, 8), (16, 2048, 1, 8), (32, 256, 4, 4), (16, 512, 1, 4), (32, 256, 1, 4), (16, 256, 4, 4),
+    (16, 1024, 4, 8), (8, 512, 4, 4), (32, 256, 2, 4), (4, 512, 1, 2)])
 # int4: the byte kernel on the tiles that won its H200 sweep (gemv_v3), the words kernel (22-33%
 # fewer SASS instructions per byte, benchmarks/sass_stats.py) on its leanest tiles, and the
 # tensor-core kernel on the tiles that won H200 sweeps (64 wide for the 4096/14336 layers, 128 wide

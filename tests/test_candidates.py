@@ -203,3 +203,54 @@ def test_gpu_capability_reasons_name_what_needs_it(monkeypatch):
         "tinygemm needs compute capability >= 8.0, this GPU has 7.5"
     assert search_space.get("sparse24").supports(layer, cuda) == \
         "2:4 (sparse tensor cores) needs compute capability >= 8.0, this GPU has 7.5"
+
+
+def test_canonical_tensors_leave_the_device_unless_built_inside_canonical_on_device():
+    from autoao.kernels._base import canonical_on_device
+
+    # "meta" stands in for a GPU (any device that is not the host); int8_wo packs on it
+    cand = search_space.get("int8_wo")
+    spec = LayerSpec("l", in_features=64, out_features=32, bias=False, dtype=torch.bfloat16)
+    with canonical_on_device():
+        kept = cand.empty(spec, "meta")
+    assert {t.device.type for t in kept.canonical().values()} == {"meta"}
+    assert {t.device.type for t in cand.empty(spec, "meta").canonical().values()} == {"cpu"}
+    # the block is scoped: filling a module after it leaves copies the tensors to the host again
+    lin = make_linear(64, 32, False, torch.bfloat16)
+    host = cand.build(lin)
+    with canonical_on_device():
+        kept.set_canonical(host.canonical())
+    assert {t.device.type for t in kept.canonical().values()} == {"meta"}
+    kept.set_canonical(host.canonical())
+    assert {t.device.type for t in kept.canonical().values()} == {"cpu"}
+    # where the runtime layout is the canonical one, the two share storage (no second copy)
+    with canonical_on_device():
+        same = cand.build(lin)
+    assert same.w_q.data_ptr() == same.canonical()["qweight"].data_ptr()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    assert torch.equal(same(x), host(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cand", CANDIDATES, ids=str)
+def test_modules_built_with_canonical_on_device_compute_and_save_the_same(cand):
+    from autoao.kernels._base import canonical_on_device
+
+    lin = make_linear(256, 128, False, torch.bfloat16).cuda()
+    if cand.supports(LayerSpec.from_linear("l", lin), lin.weight.device):
+        pytest.skip("not supported on this GPU")
+    norm = torch.rand(256, device="cuda") + 0.1
+    host = cand.build(lin, act_norm=norm)
+    with canonical_on_device():
+        kept = cand.build(lin, act_norm=norm)
+    assert {t.device.type for t in host.canonical().values()} == {"cpu"}
+    assert {t.device.type for t in kept.canonical().values()} == {"cuda"}
+    for kern in host.kernels if len(host.kernels) > 1 else (None,):
+        if kern is not None:
+            host.set_kernel(kern)
+            kept.set_kernel(kern)
+        x = torch.randn(3, 256, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad():
+            assert torch.equal(host(x), kept(x)), kern
+    a, b = host.state_dict(), kept.state_dict()
+    assert all(torch.equal(a[key], b[key].cpu()) for key in a)

@@ -90,3 +90,22 @@ def test_a_plan_that_fails_scores_as_useless(tiny):
 
     a = proxy(Broken())
     assert a.accuracy == -math.inf and math.isinf(a.drop)
+
+
+def test_device_fingerprint_changes_with_any_word_and_its_position():
+    from autoao.evaluators.cache import device_fingerprint, digest
+
+    t = torch.randn(300, 77)  # any device computes it; the CPU stands in for a GPU here
+    base = device_fingerprint(t)
+    assert len(base) == 16 and device_fingerprint(t.clone()) == base
+    assert device_fingerprint(t.t().contiguous().t()) == base  # contents, not strides
+    for i in (0, 1234, t.numel() - 1):
+        bumped = t.clone().reshape(-1)
+        bumped[i] = torch.nextafter(bumped[i], torch.tensor(math.inf))  # one bit of one word
+        assert device_fingerprint(bumped) != base
+    swapped = t.clone().reshape(-1)
+    swapped[[10, 11]] = swapped[[11, 10]]
+    assert device_fingerprint(swapped) != base
+    # a trailing partial word is zero-padded: the shape, part of digest, tells these apart
+    a, b = torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([1, 2, 3, 0], dtype=torch.uint8)
+    assert device_fingerprint(a) == device_fingerprint(b) and digest(a) != digest(b)
