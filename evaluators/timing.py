@@ -419,6 +419,8 @@ def measure_latencies(
         by_kernel: dict[str | None, dict[int, Timing]] = {}
         measured_now: set[int] = set()  # token counts timed now (for any kernel), not read from the cache
         for kern in kernel_names(cand, device):
+            if kern is not None and _outrun(cand, kern, n, k, tokens, by_kernel):
+                continue  # slower at every M than a kernel that ran: never chosen, not timed
             label = cand.name if kern is None else f"{cand.name}@{kern}"
             keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, **base) for m in tokens}
             found = {m: cache.get(key) for m, key in keys.items()}
@@ -448,6 +450,20 @@ def measure_latencies(
     bar.close()
     return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings,
                         seconds_by_kernel)
+
+
+def _outrun(cand: Candidate, kernel: str, n: int, k: int, tokens: list[int],
+            timed: dict[str | None, dict[int, Timing]]) -> bool:
+    """True when at every M in `tokens` a kernel timed before `kernel` (in `timed`, without error)
+    is known to be faster than it (QuantizedLinear.outrun_by)."""
+    cls = cand.module_cls
+    if cls is None:
+        return False
+    for m in tokens:
+        other = cls.outrun_by(kernel, m, n, k, **cand._module_params())
+        if other not in timed or not timed[other][m].ok:
+            return False
+    return True
 
 
 def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: list[int], dtype: torch.dtype,

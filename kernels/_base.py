@@ -142,6 +142,14 @@ class QuantizedLinear(nn.Module):
         return cls.rows_independent
 
     @classmethod
+    def outrun_by(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> str | None:
+        """A kernel listed before `kernel` in `kernels` that was measured faster than `kernel` for M
+        rows of an N x K layer on CUDA wherever both run, or None. Timing does not time `kernel` on
+        a shape when at every M of the workload such a kernel timed without error: it could not be
+        chosen. Default: none."""
+        return None
+
+    @classmethod
     def same_code(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> str | None:
         """A kernel listed before `kernel` in `kernels` that runs exactly the code `kernel` runs for M
         rows of an N x K layer on CUDA (so timing reuses its numbers instead of compiling and timing

@@ -1,5 +1,5 @@
 """int4 weight-only GEMV on tensor cores in CUDA C++ (kernels/cuda/int4_mma.cu): the "cuda" kernel
-of Int4WeightOnlyLinear, for M <= 8 rows.
+of Int4WeightOnlyLinear, for M <= 8 rows (more rows: its dequantizing kernel, then one bf16 GEMM).
 
 Why a CUDA kernel next to the Triton ones: on the H200 the Triton int4 GEMVs stream weights at
 ~2 TB/s (CUDA-core kernels issue ~3 instructions per nibble; Triton's tensor-core kernel passes x
@@ -116,8 +116,8 @@ def unpack_mma(qw: torch.Tensor, sz: torch.Tensor, group_size: int
 
 def dequantize_mma(qw: torch.Tensor, sz: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16
                    ) -> torch.Tensor:
-    """The [N, K] weight (q - 8) * scale + zero, in `dtype`, from the kernel's layouts (the path
-    for more than MAX_ROWS rows, and the tests' reference)."""
+    """The [N, K] weight (q - 8) * scale + zero, in `dtype`, from the kernel's layouts, in plain
+    torch ops (the reference of int4_dequant_cuda; any device)."""
     q, scales, zeros = unpack_mma(qw, sz, group_size)
     n, k = q.shape
     w = (q.float() - 8).reshape(n, k // group_size, group_size) * scales.float()[..., None] + zeros.float()[..., None]
@@ -192,6 +192,8 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
     lib.autoao_int4_mma_gemv.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_longlong] + \
         [ctypes.c_int] * 5 + [ctypes.c_void_p, ctypes.c_longlong] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
+    lib.autoao_int4_mma_dequant.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
+    lib.autoao_int4_mma_dequant.restype = ctypes.c_int
     lib.sm90 = major >= 9  # griddepcontrol and bulk prefetches exist from sm_90
     _LIBS[key] = lib
     return lib
@@ -319,6 +321,33 @@ def int4_gemv_cuda_impl(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, gro
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     return _launch(x, qw, sz, group_size, _tune(x, qw, sz, group_size), next_qw=next_qw, next_sz=next_sz)
+
+
+def int4_dequant_cuda_impl(qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The [N, K] bf16 weight of the kernel's layouts (qw, sz from pack_mma, on a CUDA device),
+    bit-identical to dequantize_mma: the "cuda" kernel's path for more than MAX_ROWS rows, one bf16
+    GEMM on it. A copy-bound CUDA kernel (int4_mma.cu); inductor's code for dequantize_mma's
+    permutes ran 20-40% slower end to end at M = 2048 than the canonical layout's dequantization
+    (benchmarks/NOTES.md, session 9)."""
+    n, k = qw.shape[0] * 16, qw.shape[1] * 64
+    w = torch.empty((n, k), dtype=torch.bfloat16, device=qw.device)
+    qw, sz = qw.contiguous(), sz.contiguous()
+    err = library(group_size, qw.device).autoao_int4_mma_dequant(
+        qw.data_ptr(), sz.data_ptr(), w.data_ptr(), n, k, torch.cuda.current_stream(qw.device).cuda_stream)
+    if err:
+        raise RuntimeError(f"int4_dequant_cuda: launch failed with CUDA error {err}")
+    return w
+
+
+@torch.library.custom_op("autoao::int4_dequant_cuda", mutates_args=())
+def int4_dequant_cuda(qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Custom-op wrapper of int4_dequant_cuda_impl (opaque to torch.compile, capturable in CUDA graphs)."""
+    return int4_dequant_cuda_impl(qw, sz, group_size)
+
+
+@int4_dequant_cuda.register_fake
+def _(qw, sz, group_size):
+    return qw.new_empty((qw.shape[0] * 16, qw.shape[1] * 64), dtype=torch.bfloat16)
 
 
 @torch.library.custom_op("autoao::int4_gemv_cuda", mutates_args=())

@@ -9,8 +9,8 @@ CUDA has three kernels (timing picks per layer):
 - "tinygemm_dequant": tinygemm for M <= 8 rows and the dequantizing F.linear above, for workloads
   with both decode and prefill; it keeps both layouts (1 byte per weight instead of 0.5);
 - "cuda": autoao's CUDA C++ tensor-core GEMV (kernels/cuda_int4.py; built with nvcc on first use)
-  on its own layout for M <= 8 rows, and for more rows that layout dequantized to bf16 for one
-  F.linear.
+  on its own layout for M <= 8 rows, and for more rows that layout dequantized to bf16 by its CUDA
+  kernel for one F.linear.
 The CPU runs torch._weight_int4pack_mm_for_cpu on its own tiled layout.
 """
 
@@ -58,7 +58,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
     with w ~ (q - 8) * scale + zero."""
 
-    kernels = ("tinygemm", "triton", "tinygemm_dequant", "cuda")
+    kernels = ("tinygemm", "cuda", "triton", "tinygemm_dequant")
     rows_independent = True  # scales and zeros per (row, group)
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
@@ -75,6 +75,18 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def params(self):
         return {"group_size": self.group_size}
+
+    @classmethod
+    def outrun_by(cls, kernel, m, n, k, **params):
+        # "triton" loses to "cuda" where the two run comparable code: the GEMVs (M <= 8; the CUDA
+        # one was 1.21-5.67x faster on all 30 cells of g32/64/128 x llama8's shapes x M = 1, 8,
+        # s8_call5) and the dequantize + bf16 GEMM above the rows Triton's tensor-core GEMV takes
+        # (s9_call2); in between (M 9-16) that GEMV races the CUDA kernel's dequantize + GEMM.
+        if kernel != "triton" or not load_triton_ops():
+            return None
+        from autoao.kernels.triton_gemv import int4_max_rows
+
+        return "cuda" if m <= GEMV_MAX_ROWS or m > int4_max_rows(k, params.get("group_size", 128)) else None
 
     @classmethod
     def same_code(cls, kernel, m, n, k, **params):
@@ -156,8 +168,8 @@ class Int4WeightOnlyLinear(QuantizedLinear):
                 nxt = self.prefetch_next._buffers if self.prefetch_next is not None else {}
                 y = torch.ops.autoao.int4_gemv_cuda(x2, self.qweight_mma, self.scales_mma, self.group_size,
                                                     nxt.get("qweight_mma"), nxt.get("scales_mma"))
-            else:
-                w = cuda_int4.dequantize_mma(self.qweight_mma, self.scales_mma, self.group_size)
+            else:  # [N, K] bf16 weight made by our dequantizing kernel, then one bf16 GEMM
+                w = torch.ops.autoao.int4_dequant_cuda(self.qweight_mma, self.scales_mma, self.group_size)
                 y = F.linear(x2.to(torch.bfloat16), w)
         elif "qweight_rt" in self._buffers and not (small and self.kernel == "tinygemm_dequant"):
             xb = x2.to(torch.bfloat16)

@@ -81,8 +81,13 @@ def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(mon
         calls.append(x.shape[0])
         return x.to(torch.bfloat16) @ cuda_int4.dequantize_mma(qw, sz, group_size).t()
 
+    def fake_dequant(qw, sz, group_size):
+        calls.append("dequant")
+        return cuda_int4.dequantize_mma(qw, sz, group_size)
+
     monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: None)
     monkeypatch.setattr(cuda_int4, "int4_gemv_cuda_impl", fake_gemv)
+    monkeypatch.setattr(cuda_int4, "int4_dequant_cuda_impl", fake_dequant)
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 48, bias=True).to(torch.bfloat16)
     mod = search_space.get("int4_wo", group_size=64).build(lin)
@@ -93,7 +98,7 @@ def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(mon
         y, ref = mod._forward(x), mod.reference(x)
         assert y.shape == ref.shape and y.dtype == torch.bfloat16
         assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2, shape
-    assert calls == [1, 8]  # 20 rows: the dequantized weight in one F.linear
+    assert calls == [1, 8, "dequant"]  # 20 rows: the dequantized weight in one F.linear
 
 
 def test_each_int4_gemv_is_told_the_next_one_to_prefetch(monkeypatch):
@@ -234,6 +239,18 @@ def test_cuda_kernel_matches_the_dequantized_reference(group):
             graph.replay()
             torch.cuda.synchronize()
             assert ((yg.double() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+@pytest.mark.skipif(not _cuda_kernel_ready(), reason="needs a CUDA GPU (sm_80+) and nvcc")
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_dequantizing_kernel_is_bit_identical_to_the_torch_reference(group):
+    torch.manual_seed(0)
+    for n, k in [(48, 256), (16, 192), (272, 2048), (4096, 14336)]:
+        if cuda_int4.unsupported(n, k, group):
+            continue
+        w = torch.randn(n, k, device="cuda") * k ** -0.5
+        qw, sz = cuda_int4.pack_mma(*quantize_int4_groupwise(w, group), group)
+        assert torch.equal(cuda_int4.int4_dequant_cuda(qw, sz, group), cuda_int4.dequantize_mma(qw, sz, group))
 
 
 @pytest.mark.skipif(not _cuda_kernel_ready(), reason="needs a CUDA GPU (sm_80+) and nvcc")

@@ -203,5 +203,5 @@ def test_bad_kernel_names_are_listed_with_suggestions():
     assert isinstance(model.q_proj, nn.Linear)  # nothing applied
     with pytest.raises(PlanError, match="'kernels' must be an object"):
         Plan.from_dict({**plan.to_dict(), "kernels": ["triton"]})
-    with pytest.raises(ValueError, match="has no kernel 'fast'.*has: tinygemm, triton"):
+    with pytest.raises(ValueError, match="has no kernel 'fast'.*has: tinygemm, cuda, triton"):
         search_space.get("int4_wo", group_size=32).build(model.q_proj).set_kernel("fast")

@@ -167,7 +167,7 @@ def test_pick_kernel_minimises_total_time_over_the_workload():
 def test_kernel_names_only_on_cuda_and_only_with_a_choice():
     int4 = search_space.get("int4_wo", group_size=128)
     assert timing.kernel_names(int4, torch.device("cpu")) == (None,)
-    assert timing.kernel_names(int4, torch.device("cuda")) == ("tinygemm", "triton", "tinygemm_dequant", "cuda")
+    assert timing.kernel_names(int4, torch.device("cuda")) == ("tinygemm", "cuda", "triton", "tinygemm_dequant")
     assert timing.kernel_names(search_space.get("fp8_wo"), torch.device("cuda")) == (None,)
     assert timing.kernel_names(search_space.get("bf16"), torch.device("cuda")) == (None,)
 
@@ -213,11 +213,46 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
     tokens = [1, limit, 2048]
     table = measure_latencies([(1024, 4096)], tokens, [int4], cache=TimingCache(tmp_path / "t.sqlite"),
                               progress=False)
-    assert timed == [("tinygemm", (1, limit, 2048)), ("triton", (1, limit, 2048)), ("tinygemm_dequant", (limit,)),
-                     ("cuda", (1, limit, 2048))]
+    assert timed == [("tinygemm", (1, limit, 2048)), ("cuda", (1, limit, 2048)), ("triton", (1, limit, 2048)),
+                     ("tinygemm_dequant", (limit,))]
     got = table.kernel_timings[(int4.name, 4096, 1024)]
     assert got["tinygemm_dequant"][1].median_us == got["tinygemm"][1].median_us
     assert got["tinygemm_dequant"][2048].median_us == got["triton"][2048].median_us
+
+
+def test_a_kernel_outrun_at_every_m_by_one_that_ran_is_not_timed(tmp_path, monkeypatch):
+    # int4's "triton" loses to "cuda" at M <= 8 and above the rows Triton's GEMV takes: with
+    # tokens [1, 2048] it is not timed once "cuda" has run, and tinygemm_dequant, whose M = 2048
+    # code is Triton's, is then timed itself. If "cuda" failed (no nvcc), "triton" is timed.
+    from autoao.kernels import int4 as int4_mod
+    from autoao.kernels import triton_gemv
+
+    monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
+    cls = int4_mod.Int4WeightOnlyLinear
+    limit = triton_gemv.int4_max_rows(4096, 128)
+    assert [cls.outrun_by("triton", m, 1024, 4096, group_size=128) for m in (1, 8, limit, 2048)] == \
+        ["cuda", "cuda", None, "cuda"]
+    assert cls.outrun_by("cuda", 1, 1024, 4096, group_size=128) is None
+    int4 = search_space.get("int4_wo", group_size=128)
+    monkeypatch.setattr(timing, "kernel_names", lambda cand, device: cls.kernels)
+    for cuda_runs in (True, False):
+        timed = []
+
+        def fake_time(cand, kern, n, k, tokens, dtype, device, mode):
+            timed.append(kern)
+            if kern == "cuda" and not cuda_runs:
+                return {m: Timing.failed("RuntimeError: no nvcc") for m in tokens}
+            return {m: Timing(float(m) + len(kern), 0, 0, 5) for m in tokens}
+
+        monkeypatch.setattr(timing, "_time_missing", fake_time)
+        table = measure_latencies([(1024, 4096)], [1, 2048], [int4], cache=TimingCache(tmp_path / f"{cuda_runs}.sqlite"),
+                                  progress=False)
+        got = table.kernel_timings[(int4.name, 4096, 1024)]
+        if cuda_runs:
+            assert timed == ["tinygemm", "cuda", "tinygemm_dequant"] and "triton" not in got
+        else:
+            assert timed == ["tinygemm", "cuda", "triton"]
+            assert got["tinygemm_dequant"][2048].median_us == got["triton"][2048].median_us
 
 
 def test_latency_table_reports_the_chosen_kernel_per_shape():

@@ -300,6 +300,51 @@ int launch(const void* x, const void* qw, const void* sz, void* y, void* partial
       pdl ? early : 0));
 }
 
+// The weight [N, K] bf16 from the layouts, w = (q - 8) * scale + zero rounded as torch's
+// dequantize_mma computes it (fp32 multiply, fp32 add, one rounding to bf16; no FMA): the "cuda"
+// kernel's path for more than 8 rows, which runs one bf16 GEMM on it. One thread per 32-bit word
+// of qw: its 8 nibbles are rows 16T + g and 16T + g + 8 at 4 consecutive k, stored as one 8-byte
+// write per row (16 threads cover a row's 64 k of a chunk: whole 128-byte lines). Two numbers per
+// weight: 0.5 byte read (+ scales), 2 bytes written; no math to speak of: a copy-bound kernel.
+constexpr int kDequantChunks = 8;  // 64-k chunks per CTA (grid.y = K / 64 / 8)
+
+template <int G>
+__global__ void __launch_bounds__(128) int4_mma_dequant(const uint32_t* __restrict__ qw,
+                                                        const uint32_t* __restrict__ sz,
+                                                        __nv_bfloat16* __restrict__ w, int K) {
+  constexpr int UK = G > 64 ? G : 64;
+  constexpr int GU = UK / G;
+  const int nchunks = K / 64, nunits = K / UK;
+  const long long T = blockIdx.x;
+  const int i = threadIdx.x;  // the word of a (tile, chunk) block: lane i / 4, word j = i % 4
+  const int lane = i >> 2, j = i & 3;
+  const int g = lane >> 2, t = lane & 3, h = j >> 1, s = j & 1;
+  const int c_end = min(nchunks, (int)(blockIdx.y + 1) * kDequantChunks);
+#pragma unroll 4
+  for (int c = blockIdx.y * kDequantChunks; c < c_end; ++c) {
+    const uint32_t q = __ldg(qw + (T * nchunks + c) * 128 + i);
+    const int k = c * 64 + 32 * h + 8 * t + 4 * s;  // this word's first k; its 4 k share a group
+    const int grp = k / G;
+    const uint32_t* p = sz + ((T * nunits + grp / GU) * 8 + g) * (GU * 2) + (grp % GU) * 2;
+#pragma unroll
+    for (int ro = 0; ro < 2; ++ro) {
+      const uint32_t pair = __ldg(p + ro);
+      const float scale = __uint_as_float(pair << 16), zero = __uint_as_float(pair & 0xFFFF0000u);
+      // nibble bit positions of k offsets e = 0..3: 0, 16, 8, 24 for row g; + 4 for row g + 8
+      const uint32_t qr = q >> (4 * ro);
+      const float v0 = __fadd_rn(__fmul_rn((float)(qr & 15) - 8.f, scale), zero);
+      const float v1 = __fadd_rn(__fmul_rn((float)((qr >> 16) & 15) - 8.f, scale), zero);
+      const float v2 = __fadd_rn(__fmul_rn((float)((qr >> 8) & 15) - 8.f, scale), zero);
+      const float v3 = __fadd_rn(__fmul_rn((float)((qr >> 24) & 15) - 8.f, scale), zero);
+      __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1), hi = __floats2bfloat162_rn(v2, v3);
+      uint2 out;
+      out.x = *reinterpret_cast<uint32_t*>(&lo);
+      out.y = *reinterpret_cast<uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(w + (T * 16 + g + 8 * ro) * K + k) = out;
+    }
+  }
+}
+
 }  // namespace
 
 // The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them with
@@ -334,6 +379,15 @@ int autoao_int4_mma_gemv(const void* x, const void* qw, const void* sz, void* y,
   AUTOAO_CONFIGS(AUTOAO_CASE)
 #undef AUTOAO_CASE
   return -1;
+}
+
+// w [N, K] bf16 (8-byte aligned) = the weight qw, sz hold (int4_mma_dequant). Returns the
+// cudaError_t of the launch (0: launched).
+int autoao_int4_mma_dequant(const void* qw, const void* sz, void* w, int N, int K, void* stream) {
+  const dim3 grid(N / 16, (K / 64 + kDequantChunks - 1) / kDequantChunks);
+  int4_mma_dequant<AUTOAO_GROUP><<<grid, 128, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint32_t*>(qw), static_cast<const uint32_t*>(sz), static_cast<__nv_bfloat16*>(w), K);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // extern "C"
