@@ -44,7 +44,9 @@ def canonical_on_device() -> Iterator[None]:
     """Within this block, QuantizedLinear modules constructed or given canonical tensors
     (from_linear, set_canonical, load_state_dict) keep those tensors on the module's device, not
     in host memory (module docstring): for modules that only live to be measured. They still run,
-    move and save correctly; their state_dict then holds device tensors."""
+    move and save correctly; their state_dict then holds device tensors. The cost is device
+    memory where the runtime layout is not the canonical one (int4's tiled layouts, cuSPARSELt's
+    compressed 2:4): both are held there."""
     token = _CANONICAL_ON_DEVICE.set(True)
     try:
         yield

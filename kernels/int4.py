@@ -1,16 +1,17 @@
 """int4 weight-only linear, group-wise asymmetric (tinygemm's format).
 
-CUDA has three kernels (timing picks per layer):
+CUDA has four kernels (timing picks per layer; `kernels` order):
 - "tinygemm": torch._weight_int4pack_mm (bf16 activations only: other dtypes are cast to bf16 and
   back) on a tiled layout made at pack time, for every M;
-- "triton": the canonical nibble-packed weight read directly, by autoao's Triton GEMV for M <= 8
-  rows (kernels/triton_gemv.py) and, for more rows, dequantized to bf16 for one F.linear
-  (tinygemm's large-M kernel is ~20x slower than bf16 at M=2048);
-- "tinygemm_dequant": tinygemm for M <= 8 rows and the dequantizing F.linear above, for workloads
-  with both decode and prefill; it keeps both layouts (1 byte per weight instead of 0.5);
 - "cuda": autoao's CUDA C++ tensor-core GEMV (kernels/cuda_int4.py; built with nvcc on first use)
   on its own layout for M <= 8 rows, and for more rows that layout dequantized to bf16 by its CUDA
-  kernel for one F.linear.
+  kernel for one F.linear;
+- "triton": the canonical nibble-packed weight read directly, by autoao's Triton GEMV for M <= 8
+  rows (16 where its tensor-core kernel fits: triton_gemv.int4_max_rows) and, for more rows,
+  dequantized to bf16 for one F.linear (tinygemm's large-M kernel is ~20x slower than bf16 at
+  M=2048);
+- "tinygemm_dequant": tinygemm for M <= 8 rows and the dequantizing F.linear above, for workloads
+  with both decode and prefill; it keeps both layouts (1 byte per weight instead of 0.5).
 The CPU runs torch._weight_int4pack_mm_for_cpu on its own tiled layout.
 """
 
