@@ -2,11 +2,12 @@
 
     source benchmarks/device_env.sh; python3 benchmarks/kernel_table.py --out $OUT
         [--candidates "int4_wo(group_size=128);int4_wo(group_size=32)"] [--shapes 4096x4096,...]
-        [--tokens 16,2048]
+        [--tokens 16,2048] [--mode compile|graph]
 
 `autoao kernels` shows the kernel timing chose per shape; this shows all of them (LatencyTable's
 kernel_timings): measure_latencies in its default CUDA mode (torch.compile, CUDA graph replay, L2
-flushed by a read, median), with a fresh timing cache. Writes kernel_table.md and .csv.
+flushed by a read, median) or `--mode graph` (the eager module in a CUDA graph), with a fresh
+timing cache. Writes kernel_table.md and .csv.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> int:
                     help="';'-separated candidate names")
     ap.add_argument("--shapes", default=LLAMA8, help="comma-separated NxK (weight shapes)")
     ap.add_argument("--tokens", default="16,2048")
+    ap.add_argument("--mode", default="compile", choices=["compile", "graph"])
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,8 +42,8 @@ def main() -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     tokens = [int(t) for t in args.tokens.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        table = measure_latencies(shapes, tokens, cands, device="cuda", cache=TimingCache(Path(tmp) / "t.sqlite"),
-                                  progress=False)
+        table = measure_latencies(shapes, tokens, cands, device="cuda", mode=args.mode,
+                                  cache=TimingCache(Path(tmp) / "t.sqlite"), progress=False)
     rows = []
     for (cand, k, n), by_kernel in table.kernel_timings.items():
         for kern, times in by_kernel.items():
