@@ -86,8 +86,7 @@ def main() -> int:
                 for m in tokens:
                     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     if kind == "cuda":
-                        units = k // ci.unit_k(g)
-                        configs = [c for c in ci.CONFIGS if c.split * c.warps <= units]  # as cuda_int4._tune
+                        configs = ci.tuner_configs(k, g)
                         run = lambda c: lambda: ci._launch(x, *tensors, g, c)  # noqa: E731
                     else:
                         configs = tg._candidates(kind, k, g, m)

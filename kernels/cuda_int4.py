@@ -288,6 +288,12 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     return y
 
 
+def tuner_configs(k: int, group_size: int) -> list[Config]:
+    """The configs the tuner times for in_features K: those whose warps all get K units (split x
+    warps <= K / unit_k; more would leave warps idle)."""
+    return [c for c in CONFIGS if c.split * c.warps <= k // unit_k(group_size)]
+
+
 def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> Config:
     """The fastest config for (N, K, M, group), timed once per process (the default while a CUDA
     graph is being captured: nothing can be timed then)."""
@@ -300,9 +306,7 @@ def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
         return _DEFAULT
     from autoao.evaluators.timing import fastest  # L2 flushed by a read, as the model meets the layer
 
-    units = k // unit_k(group_size)
-    best = fastest([c for c in CONFIGS if c.split * c.warps <= units],  # more would leave warps idle
-                   lambda cfg: lambda: _launch(x, qw, sz, group_size, cfg)) or _DEFAULT
+    best = fastest(tuner_configs(k, group_size), lambda cfg: lambda: _launch(x, qw, sz, group_size, cfg)) or _DEFAULT
     _TUNED[key] = best
     return best
 

@@ -47,6 +47,17 @@ def tinygemm_layout(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
     return torch._convert_weight_to_int4pack(qweight, tiles), scales_and_zeros(scales, zeros)
 
 
+def triton_gemv_rows(in_features: int, group_size: int) -> int | None:
+    """Rows up to which the "triton" kernel runs its GEMV (triton_gemv.int4_max_rows: 8, or 16 where
+    the tensor-core GEMV fits) on a layer with this K and group size; None where the Triton ops
+    cannot load (the "triton" kernel then runs tinygemm's path)."""
+    if not load_triton_ops():
+        return None
+    from autoao.kernels.triton_gemv import int4_max_rows
+
+    return int4_max_rows(in_features, group_size)
+
+
 def inner_k_tiles(in_features: int) -> int | None:
     """tinygemm's innerKTiles for K: K must be a multiple of 16 * innerKTiles (8, 4 or 2)."""
     for tiles in (8, 4, 2):
@@ -83,11 +94,8 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         # one was 1.21-5.67x faster on all 30 cells of g32/64/128 x llama8's shapes x M = 1, 8,
         # s8_call5) and the dequantize + bf16 GEMM above the rows Triton's tensor-core GEMV takes
         # (s9_call2); in between (M 9-16) that GEMV races the CUDA kernel's dequantize + GEMM.
-        if kernel != "triton" or not load_triton_ops():
-            return None
-        from autoao.kernels.triton_gemv import int4_max_rows
-
-        return "cuda" if m <= GEMV_MAX_ROWS or m > int4_max_rows(k, params.get("group_size", 128)) else None
+        rows = triton_gemv_rows(k, params.get("group_size", 128)) if kernel == "triton" else None
+        return "cuda" if rows is not None and (m <= GEMV_MAX_ROWS or m > rows) else None
 
     @classmethod
     def same_code(cls, kernel, m, n, k, **params):
@@ -97,12 +105,8 @@ class Int4WeightOnlyLinear(QuantizedLinear):
             return None
         if m <= GEMV_MAX_ROWS:
             return "tinygemm"
-        if load_triton_ops():
-            from autoao.kernels.triton_gemv import int4_max_rows
-
-            if m > int4_max_rows(k, params.get("group_size", 128)):
-                return "triton"
-        return None
+        rows = triton_gemv_rows(k, params.get("group_size", 128))
+        return "triton" if rows is not None and m > rows else None
 
     def canonical_spec(self) -> CanonicalSpec:
         n, k, g = self.out_features, self.in_features, self.group_size
@@ -127,9 +131,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
                                       or (self.kernel == "triton" and load_triton_ops())):
             self._pack_canonical(device)
             if self.kernel == "triton":
-                from autoao.kernels.triton_gemv import int4_max_rows
-
-                self._gemv_rows = int4_max_rows(self.in_features, self.group_size)
+                self._gemv_rows = triton_gemv_rows(self.in_features, self.group_size)
                 return
         if device.type == "cuda":  # tinygemm on CUDA: bf16 scales only
             packed, sz = tinygemm_layout(*(c[name].to(device) for name in ("qweight", "scales", "zeros")))
