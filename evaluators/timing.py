@@ -474,23 +474,37 @@ def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: l
     if reason:
         return {m: Timing.failed(f"unsupported: {reason}") for m in tokens}
     module = fn = None
+    eager = single_op_tokens(cand, kernel, n, k, tokens, device, mode)
     try:
         with canonical_on_device():  # a module built to be timed: no host copy of its weights
             module = build_layer(cand, k, n, dtype, device)
             if kernel is not None:
                 module.set_kernel(kernel)
-        if mode == "compile":
+        fn = module
+        if mode == "compile" and len(eager) < len(tokens):
             torch._dynamo.reset()  # one compiled module at a time: dynamo's caches stay small
-            fn = torch.compile(module, fullgraph=True)
-        else:
-            fn = module
+            fn = torch.compile(module, fullgraph=True)  # compiles on its first call, per M it sees
         # compiled modules are captured in CUDA graphs too: that is how the model will run
-        fresh = {m: time_module(fn, m, k, dtype, device, graph=device.type == "cuda" and mode != "eager")
+        fresh = {m: time_module(module if m in eager else fn, m, k, dtype, device,
+                                graph=device.type == "cuda" and mode != "eager")
                  for m in tokens}
     except Exception as e:  # noqa: BLE001
         fresh = {m: Timing.failed(f"build failed: {type(e).__name__}: {e}") for m in tokens}
     del module, fn
     return {m: t.flagged(cand.emulated(device)) for m, t in fresh.items()}
+
+
+def single_op_tokens(cand: Candidate, kernel: str | None, n: int, k: int, tokens: list[int],
+                     device: torch.device, mode: str) -> set[int]:
+    """The M in `tokens` at which a "compile"-mode timing on CUDA runs `cand`'s module with `kernel`
+    (None: its only one) eagerly in a CUDA graph, not compiled: where its forward is one opaque op
+    (QuantizedLinear.single_op), which torch.compile would only wrap. Each M a compiled module sees
+    costs a compile (most of the timing stage's time, NOTES session 9)."""
+    cls = cand.module_cls
+    if mode != "compile" or device.type != "cuda" or cls is None:
+        return set()
+    kern = kernel if kernel is not None else cls.kernels[0]
+    return {m for m in tokens if cls.single_op(kern, m, n, k, **cand._module_params())}
 
 
 def _progress(total: int, enabled: bool, desc: str):

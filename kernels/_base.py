@@ -158,6 +158,15 @@ class QuantizedLinear(nn.Module):
         the same code again), or None. Default: none."""
         return None
 
+    @classmethod
+    def single_op(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> bool:
+        """Whether `kernel`'s forward for M rows of an N x K layer on CUDA (bf16 input, no bias: how
+        timing builds layers) is one opaque op (a custom op or an extern aten kernel) that
+        torch.compile can only call as it is. Timing in "compile" mode replays such cells eagerly in
+        a CUDA graph instead of compiling them (the same kernels: 0-3% apart on the H200,
+        benchmarks/NOTES.md session 10). Default: False."""
+        return False
+
     @abstractmethod
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype, bias added: this layer's own kernels."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from autoao.kernels._base import (
+    GEMV_MAX_ROWS,
     CanonicalSpec,
     PerChannelWeights,
     QuantizedLinear,
@@ -100,6 +101,10 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
     def quantize(self, weight, act_norm=None):
         q, s = quantize_fp8(weight, "row")
         return {"qweight": q, "scale": s.reshape(-1)}
+
+    @classmethod
+    def single_op(cls, kernel, m, n, k, **params):
+        return m <= GEMV_MAX_ROWS and load_triton_ops()  # the Triton GEMV
 
     def _pack(self, device):
         self._gemv = device.type == "cuda" and load_triton_ops()

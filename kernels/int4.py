@@ -108,6 +108,20 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         rows = triton_gemv_rows(k, params.get("group_size", 128))
         return "triton" if rows is not None and m > rows else None
 
+    @classmethod
+    def single_op(cls, kernel, m, n, k, **params):
+        # tinygemm is one aten op at every M; the CUDA and Triton GEMVs are one custom op up to the
+        # rows they take (above them: a dequantize, then a bf16 GEMM); "triton" without its ops
+        # runs tinygemm's path
+        if kernel == "tinygemm":
+            return True
+        if kernel in ("cuda", "tinygemm_dequant"):
+            return m <= GEMV_MAX_ROWS
+        if kernel == "triton":
+            rows = triton_gemv_rows(k, params.get("group_size", 128))
+            return rows is None or m <= rows
+        return False
+
     def canonical_spec(self) -> CanonicalSpec:
         n, k, g = self.out_features, self.in_features, self.group_size
         return {

@@ -87,6 +87,10 @@ class Int8WeightOnlyLinear(_Int8Weights):
             return "triton"
         return None
 
+    @classmethod
+    def single_op(cls, kernel, m, n, k, **params):
+        return kernel == "triton" and m <= GEMV_MAX_ROWS and load_triton_ops()  # the Triton GEMV
+
     def _pack(self, device):
         self._gemv = device.type == "cuda" and self.kernel == "triton" and load_triton_ops()
         self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]

@@ -255,6 +255,73 @@ def test_a_kernel_outrun_at_every_m_by_one_that_ran_is_not_timed(tmp_path, monke
             assert got["tinygemm_dequant"][2048].median_us == got["triton"][2048].median_us
 
 
+def test_single_op_kernels_are_named_per_m(monkeypatch):
+    # A kernel whose forward is one opaque op at M (a custom op or an extern aten kernel) is what
+    # compile-mode timing runs eagerly in a CUDA graph; anything that is two ops, or Python around
+    # one, is compiled as the plan will run.
+    from autoao.kernels import fp8 as fp8_mod
+    from autoao.kernels import int4 as int4_mod
+    from autoao.kernels import int8 as int8_mod
+    from autoao.kernels import triton_gemv
+
+    monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
+    i4 = int4_mod.Int4WeightOnlyLinear
+    limit = triton_gemv.int4_max_rows(4096, 128)
+    ms = (1, 8, limit, 2048)
+    assert [i4.single_op("tinygemm", m, 1024, 4096, group_size=128) for m in ms] == [True] * 4
+    assert [i4.single_op("cuda", m, 1024, 4096, group_size=128) for m in ms] == [True, True, False, False]
+    assert [i4.single_op("tinygemm_dequant", m, 1024, 4096, group_size=128) for m in ms] == \
+        [True, True, False, False]
+    assert [i4.single_op("triton", m, 1024, 4096, group_size=128) for m in ms] == [True, True, True, False]
+    monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: False)  # "triton" runs tinygemm's op then
+    assert i4.single_op("triton", 2048, 1024, 4096, group_size=128)
+    for mod, cls, kernel in ((int8_mod, int8_mod.Int8WeightOnlyLinear, "triton"),
+                             (fp8_mod, fp8_mod.Fp8WeightOnlyLinear, "triton")):
+        monkeypatch.setattr(mod, "load_triton_ops", lambda: True)
+        assert [cls.single_op(kernel, m, 64, 64) for m in (1, 8, 9, 2048)] == [True, True, False, False]
+        monkeypatch.setattr(mod, "load_triton_ops", lambda: False)  # then the dequantize + F.linear
+        assert not cls.single_op(kernel, 1, 64, 64)
+    assert not int8_mod.Int8WeightOnlyLinear.single_op("dequant", 1, 64, 64)
+    assert not int8_mod.Int8DynLinear.single_op("default", 1, 64, 64)  # quantize x, then a GEMM
+
+    int4 = search_space.get("int4_wo", group_size=128)
+    cuda = torch.device("cuda")  # only its type is read
+    assert timing.single_op_tokens(int4, "cuda", 1024, 4096, [1, 2048], cuda, "compile") == {1}
+    assert timing.single_op_tokens(int4, "cuda", 1024, 4096, [1, 2048], cuda, "graph") == set()
+    assert timing.single_op_tokens(int4, "cuda", 1024, 4096, [1, 2048], torch.device("cpu"), "compile") == set()
+    monkeypatch.setattr(fp8_mod, "load_triton_ops", lambda: True)
+    fp8 = search_space.get("fp8_wo")  # one kernel: kernel None
+    assert timing.single_op_tokens(fp8, None, 64, 64, [1, 2048], cuda, "compile") == {1}
+
+
+def test_compile_mode_compiles_only_for_the_m_that_are_not_one_op(monkeypatch):
+    # The single-op M are timed on the eager module; torch.compile is called (once) only when some
+    # M is left, and the compiled module only ever sees those M (dynamo compiles per M it sees).
+    compiled_calls, compiles = [], []
+
+    def fake_compile(module, **kwargs):
+        compiles.append(module)
+
+        def run(x):
+            compiled_calls.append(x.shape[0])
+            return module(x)
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    seen = []
+    monkeypatch.setattr(timing, "time_module",
+                        lambda fn, m, k, dtype, device, graph: seen.append((m, fn(torch.zeros(m, k)).shape))
+                        or Timing(1.0, 1.0, 1.0, 5))
+    cand = search_space.get("int8_wo")
+    for single, compiled_ms in (({1, 4}, []), ({1}, [4]), (set(), [1, 4])):
+        compiled_calls.clear()
+        compiles.clear()
+        monkeypatch.setattr(timing, "single_op_tokens", lambda *a, single=single: single)
+        got = timing._time_missing(cand, None, 32, 64, [1, 4], torch.float32, torch.device("cpu"), "compile")
+        assert all(t.ok for t in got.values())
+        assert compiled_calls == compiled_ms and len(compiles) == (1 if compiled_ms else 0)
+
+
 def test_latency_table_reports_the_chosen_kernel_per_shape():
     t = lambda us, kern: timing.Timing(us, us, us, 5, kernel=kern)  # noqa: E731
     rows = [timing.LatencyRow("int4_wo(group_size=128)", m, 4096, 1024, t(9.0 * m, "tinygemm"), False)
