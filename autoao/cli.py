@@ -354,8 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated candidate names, e.g. 'int8_dyn,int4_wo(group_size=64)' (default: all)")
     k.add_argument("--mode", default=None, choices=["eager", "graph", "compile"],
                    help="how kernels run while timed: compile = torch.compile(fullgraph) replayed in a "
-                        "CUDA graph (CUDA default: how a plan runs), graph = eager modules in a CUDA graph, "
-                        "eager (CPU default)")
+                        "CUDA graph (CUDA default: how a plan runs; a layer whose forward is one kernel, "
+                        "e.g. a GEMV, runs uncompiled), graph = eager modules in a CUDA graph, eager (CPU "
+                        "default)")
     k.add_argument("--cache-dir", default=None, help="timing cache directory (default: $AUTOAO_CACHE_DIR "
                    "or ~/.cache/autoao)")
     k.add_argument("--csv", default=None, help="also write every timing to this CSV file")

@@ -378,7 +378,9 @@ def measure_latencies(
     shapes: (out_features N, in_features K) pairs (weight shapes), e.g. [(14336, 4096)].
     mode: "eager", "graph" (CUDA only: eager modules replayed in a CUDA graph) or "compile"
     (torch.compile(fullgraph=True), on CUDA replayed in a CUDA graph; resets torch._dynamo between
-    layers, since it compiles one module per shape and candidate). Default: default_mode(device).
+    layers, since it compiles one module per shape and candidate; on CUDA a cell whose forward is
+    one opaque op, QuantizedLinear.single_op, is replayed uncompiled: single_op_tokens).
+    Default: default_mode(device).
     Candidates with several CUDA kernels (QuantizedLinear.kernels) have each timed; the rows hold
     the kernel that pick_kernel chooses for the shape (Timing.kernel), kernel_timings all of them.
     cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
