@@ -112,47 +112,59 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                                   cache=cache, progress=not args.quiet)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    print(format_kernel_table(table, shapes, tokens, candidates))
+    print(format_kernel_table(table, shapes, tokens, candidates, all_kernels=args.all_kernels))
     print(f"\n{table.measured} kernel timings measured, {len(table.rows) - table.measured} from the cache "
           f"({cache.path}), {table.seconds:.1f} s.")
     if args.csv:
-        write_kernel_csv(table, args.csv)
+        write_kernel_csv(table, args.csv, all_kernels=args.all_kernels)
         print(f"wrote {args.csv}")
     return 0
 
 
-def format_kernel_table(table, shapes, tokens, candidates) -> str:
+def format_kernel_table(table, shapes, tokens, candidates, all_kernels: bool = False) -> str:
     """One block per shape: median time per candidate and M, speed-up vs bf16, and a notes column
     with why a candidate is unsupported or emulated (emulated times are never shown as a speed-up)
-    and, for candidates with several CUDA kernels, which one timing chose."""
+    and, for candidates with several CUDA kernels, which one timing chose. all_kernels: below such a
+    candidate, one row per kernel it timed ("  @kernel"; kernels not timed because another one
+    outran them, or ran the same code, are absent or repeat its numbers)."""
     lines = []
+
+    def row(label: str, times: list, bases: list, is_bf16: bool, notes: set[str]) -> str:
+        cells = []
+        for t, base in zip(times, bases):
+            if not t.ok:
+                cells.append("n/a" if (t.error or "").startswith("unsupported") else "failed")
+                notes.add(t.error or "")
+            elif t.emulated:
+                cells.append(f"{t.median_us:.1f}us emul.")
+                notes.add(f"emulated: {t.emulated}")
+            elif is_bf16 or not base.ok:
+                cells.append(f"{t.median_us:.1f}us")
+            else:
+                cells.append(f"{t.median_us:.1f}us {base.median_us / t.median_us:.2f}x")
+        return f"{label:<28}" + "".join(f"{c:>18}" for c in cells) + "  " + "; ".join(sorted(notes))
+
     for n, k in shapes:
         lines.append(f"\n{n}x{k} (N x K), {table.dtype} on {table.device}, mode {table.mode}")
         head = f"{'candidate':<28}" + "".join(f"{'M=' + str(m):>18}" for m in tokens) + "  notes"
         lines += [head, "-" * len(head)]
+        bases = [table.get("bf16", m, k, n) for m in tokens]
         for cand in candidates:
-            cells, notes = [], set()
-            for m in tokens:
-                t = table.get(cand.name, m, k, n)
-                base = table.get("bf16", m, k, n)
-                if t.kernel is not None:
-                    notes.add(f"kernel {t.kernel}")
-                if not t.ok:
-                    cells.append("n/a" if (t.error or "").startswith("unsupported") else "failed")
-                    notes.add(t.error or "")
-                elif t.emulated:
-                    cells.append(f"{t.median_us:.1f}us emul.")
-                    notes.add(f"emulated: {t.emulated}")
-                elif cand.family == "bf16" or not base.ok:
-                    cells.append(f"{t.median_us:.1f}us")
-                else:
-                    cells.append(f"{t.median_us:.1f}us {base.median_us / t.median_us:.2f}x")
-            lines.append(f"{cand.name:<28}" + "".join(f"{c:>18}" for c in cells) + "  " + "; ".join(sorted(notes)))
+            times = [table.get(cand.name, m, k, n) for m in tokens]
+            lines.append(row(cand.name, times, bases, cand.family == "bf16",
+                             {f"kernel {t.kernel}" for t in times if t.kernel is not None}))
+            by_kernel = table.kernel_timings.get((cand.name, k, n), {}) if all_kernels else {}
+            chosen = table.kernel_for(cand.name, k, n)
+            for kern, kern_times in by_kernel.items():
+                lines.append(row(f"  @{kern}", [kern_times[m] for m in tokens], bases, False,
+                                 {"chosen"} if kern == chosen else set()))
     return "\n".join(lines)
 
 
-def write_kernel_csv(table, path: str) -> None:
-    """Every timing of `table` as CSV (times in us; empty when the kernel failed), atomically."""
+def write_kernel_csv(table, path: str, all_kernels: bool = False) -> None:
+    """Every timing of `table` as CSV (times in us; empty when the kernel failed), atomically: one
+    row per (candidate, M, shape) with the kernel timing chose, or with all_kernels one per kernel
+    timed for candidates that have several (column chosen: 1 for the chosen kernel's rows)."""
     import csv
     import io
     from pathlib import Path
@@ -162,12 +174,14 @@ def write_kernel_csv(table, path: str) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["device", "dtype", "mode", "candidate", "m", "k", "n", "median_us", "p20_us", "p80_us",
-                "emulated", "error", "cached", "kernel"])
+                "emulated", "error", "cached", "kernel", "chosen"])
     for r in table.rows:
-        t = r.timing
-        w.writerow([table.device, table.dtype, table.mode, r.candidate, r.m, r.k, r.n,
-                    *(v if math.isfinite(v) else "" for v in (t.median_us, t.p20_us, t.p80_us)),
-                    t.emulated or "", t.error or "", int(r.cached), t.kernel or ""])
+        by_kernel = table.kernel_timings.get((r.candidate, r.k, r.n), {}) if all_kernels else {}
+        options = {kern: times[r.m] for kern, times in by_kernel.items()} or {r.timing.kernel: r.timing}
+        for kern, t in options.items():
+            w.writerow([table.device, table.dtype, table.mode, r.candidate, r.m, r.k, r.n,
+                        *(v if math.isfinite(v) else "" for v in (t.median_us, t.p20_us, t.p80_us)),
+                        t.emulated or "", t.error or "", int(r.cached), kern or "", int(kern == r.timing.kernel)])
     atomic_write(Path(path), lambda f: f.write(buf.getvalue().encode()))
 
 
@@ -360,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--cache-dir", default=None, help="timing cache directory (default: $AUTOAO_CACHE_DIR "
                    "or ~/.cache/autoao)")
     k.add_argument("--csv", default=None, help="also write every timing to this CSV file")
+    k.add_argument("--all-kernels", action="store_true",
+                   help="for candidates with several CUDA kernels, show (and write to --csv) every kernel "
+                        "timed, not only the one timing chose")
     k.add_argument("--quiet", action="store_true", help="no progress bar")
     k.set_defaults(func=cmd_kernels)
 

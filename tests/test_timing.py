@@ -132,6 +132,33 @@ def test_cli_kernels_table(tmp_path, capsys):
     assert "0 kernel timings measured, 8 from the cache" in capsys.readouterr().out
 
 
+def test_cli_kernels_all_kernels_lists_every_kernel_timed(tmp_path, capsys, monkeypatch):
+    # A candidate with several CUDA kernels: --all-kernels adds a row per kernel timed (the chosen
+    # one marked) and writes one CSV row per kernel; without it, only the chosen kernel's row.
+    from autoao.kernels import int4 as int4_mod
+
+    cls = int4_mod.Int4WeightOnlyLinear
+    monkeypatch.setattr(timing, "kernel_names",
+                        lambda cand, device: cls.kernels[:2] if cand.module_cls is cls else (None,))
+    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+        m: Timing({"tinygemm": 9.0, "cuda": 6.0}.get(kern, 20.0) * m, 0, 0, 5) for m in tokens})
+    argv = ["kernels", "--shapes", "32x64", "--tokens", "1,4", "--device", "cpu", "--quiet",
+            "--candidates", "int4_wo(group_size=32)", "--cache-dir", str(tmp_path)]
+    assert main([*argv, "--all-kernels", "--csv", str(tmp_path / "all.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "  @tinygemm" in out and "  @cuda" in out
+    chosen = [line for line in out.splitlines() if line.strip().startswith("@") and line.endswith("chosen")]
+    assert len(chosen) == 1 and chosen[0].strip().startswith("@cuda")
+    assert "6.0us 3.33x" in chosen[0] and "24.0us 3.33x" in chosen[0]  # vs bf16: 20 us x M
+    csv_rows = (tmp_path / "all.csv").read_text().splitlines()
+    int4_rows = [r for r in csv_rows if r.split(",")[3] == "int4_wo(group_size=32)"]
+    assert len(int4_rows) == 4 and sorted(r.rsplit(",", 2)[1:] for r in int4_rows) == \
+        [["cuda", "1"], ["cuda", "1"], ["tinygemm", "0"], ["tinygemm", "0"]]
+    assert main([*argv, "--csv", str(tmp_path / "chosen.csv")]) == 0
+    assert "@tinygemm" not in capsys.readouterr().out
+    assert (tmp_path / "chosen.csv").read_text().count("int4_wo") == 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["kernels", "--shapes", "4096by4096"], "bad --shapes entry"),
     (["kernels", "--tokens", "1,x"], "bad --tokens"),
