@@ -129,7 +129,7 @@ def test_cli_kernels_table(tmp_path, capsys):
     assert (tmp_path / "k.csv").read_text().count("\n") == 1 + 8
     rc = main(["kernels", "--shapes", "32x64", "--tokens", "1,4", "--device", "cpu", "--quiet",
                "--candidates", "int8_dyn,int4_wo(group_size=32),sparse24", "--cache-dir", str(tmp_path)])
-    assert "0 kernel timings measured, 8 from the cache" in capsys.readouterr().out
+    assert "0 kernel timings measured, 8 of 8 results from the cache" in capsys.readouterr().out
 
 
 def test_cli_kernels_all_kernels_lists_every_kernel_timed(tmp_path, capsys, monkeypatch):
@@ -147,6 +147,7 @@ def test_cli_kernels_all_kernels_lists_every_kernel_timed(tmp_path, capsys, monk
     assert main([*argv, "--all-kernels", "--csv", str(tmp_path / "all.csv")]) == 0
     out = capsys.readouterr().out
     assert "  @tinygemm" in out and "  @cuda" in out
+    assert "6 kernel timings measured, 0 of 4 results from the cache" in out  # bf16 + 2 int4 kernels, M 1 and 4
     chosen = [line for line in out.splitlines() if line.strip().startswith("@") and line.endswith("chosen")]
     assert len(chosen) == 1 and chosen[0].strip().startswith("@cuda")
     assert "6.0us 3.33x" in chosen[0] and "24.0us 3.33x" in chosen[0]  # vs bf16: 20 us x M
