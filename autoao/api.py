@@ -232,12 +232,14 @@ def optimize(
         # Per-layer timings summed can promise a speed-up the whole model does not deliver (SmolLM2
         # at M=2048 on the H200: 2:4 everywhere predicted 1.03x, measured 0.87x, NOTES session 10).
         # A plan that is not faster than the model as it came only costs accuracy: keep bf16.
-        notes.append(f"the chosen plan (trial {plan.metadata.get('trial')}) measured {measured / 1e3:.3f} ms end to end, "
-                     f"bf16 {bf16_end / 1e3:.3f} ms: not faster, so the model stays in bf16")
+        notes.append(f"the chosen plan (trial {plan.metadata.get('trial')}) measured {measured / 1e3:.3f} ms "
+                     f"end to end, bf16 {bf16_end / 1e3:.3f} ms: not faster, so the model stays in bf16")
         say(notes[-1])
         swapper.restore()
         chosen, chosen_acc = None, None
         plan, measured = shipped({}), bf16_end
+        for row in measured_plans:  # none of the re-ranked plans ships
+            row["chosen"] = False
     predicted = cost.predict(plan)
     pareto = [_pareto_entry(r, groups) for r in outcome.pareto]
     summary = {

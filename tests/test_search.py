@@ -276,8 +276,9 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     # Per-layer timings summed can promise a speed-up the model does not deliver end to end (SmolLM2
     # at M=2048 on the H200: predicted 1.03x, measured 0.87x). optimize then keeps the model as it
     # came and says why; a plan that does measure faster ships. Times are faked: per layer bf16 400
-    # us, int8_dyn 100 (so the cost model predicts 1000 vs 400 us, and bf16 is too far behind to be
-    # re-ranked); end to end, bf16 1000 us and any model holding an autoao module `plan_us`.
+    # us, int8_dyn 100, int8_wo 101 (so the cost model predicts ~400 vs 1000 us for bf16, too far
+    # behind to be re-ranked, while the int8 mixes are re-ranked); end to end, bf16 1000 us and any
+    # model holding an autoao module `plan_us`.
     import torch
     from torch import nn
 
@@ -287,7 +288,7 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     from autoao.kernels import QuantizedLinear
 
     monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing(400.0 if cand.name == "bf16" else 100.0, 0.0, 0.0, 5) for m in tokens})
+        m: Timing({"bf16": 400.0, "int8_dyn": 100.0}.get(cand.name, 101.0), 0.0, 0.0, 5) for m in tokens})
 
     def quantized(model):
         return any(isinstance(m, QuantizedLinear) for m in model.modules())
@@ -296,10 +297,12 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
-    result = api.optimize(model, [torch.randn(4, 64)], budget=6, candidates=["int8_dyn"], max_accuracy_drop=1.0,
-                          out_dir=tmp_path / "out", progress=False)
+    result = api.optimize(model, [torch.randn(4, 64)], budget=6, candidates=["int8_dyn", "int8_wo"],
+                          max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
     assert quantized(result.model) is ships and bool(result.plan.layers) is ships
     assert bool(result.summary["plan"]) is ships
     refused = [n for n in result.summary["notes"] if "not faster, so the model stays in bf16" in n]
     assert len(refused) == (0 if ships else 1)
     assert result.summary["speedup"]["measured"] == pytest.approx(1.0 if not ships else 2.0)
+    re_ranked = result.summary["measured_plans"]
+    assert len(re_ranked) > 1 and sum(row["chosen"] for row in re_ranked) == (1 if ships else 0)
