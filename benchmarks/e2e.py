@@ -135,8 +135,8 @@ def measure_row(report: Report, ctx: dict[str, Any], plan: str, make: Callable[[
         if ctx["m"] == "1":  # one decode step: the weights are read once
             r["roofline"] = r["read_bytes"] / (t.median_us * 1e-6) / ctx["bw"]
         if ctx.get("profile") and timer is None and ctx["inputs"][0][0].is_cuda:
-            write_profile(ctx["out"], f"{ctx['model']} M={ctx['m']} {plan}", kernel_profile(model, ctx["inputs"]),
-                          r["ms"])
+            rows, sequence = kernel_profile(model, ctx["inputs"])
+            write_profile(ctx["out"], f"{ctx['model']} M={ctx['m']} {plan}", rows, r["ms"], sequence)
     except Exception as e:  # noqa: BLE001 - one failing plan is a row, not the end of the run
         r["error"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     report.add(r)
@@ -268,11 +268,15 @@ def is_linear_kernel(name: str) -> bool:
     return not name.startswith("triton_") and "flash" not in name and bool(_LINEAR.search(name))
 
 
-def kernel_profile(model: nn.Module, inputs: list[tuple[torch.Tensor, int]]) -> list[tuple[str, float, float]]:
+def kernel_profile(model: nn.Module, inputs: list[tuple[torch.Tensor, int]]
+                   ) -> tuple[list[tuple[str, float, float]], list[tuple[str, float]]]:
     """GPU time per workload of each kernel of the compiled model (no CUDA graph, so launch gaps are
-    not in it; kernel durations are): [(kernel name, us, launches)], longest first."""
+    not in it; kernel durations are): [(kernel name, us, launches)], longest first; and the kernels
+    of the last forward of the first input in launch order, [(name, us)] (which GEMV is which
+    layer: a per-layer view the totals mix up)."""
     fn = torch.compile(model)
     totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    sequence: list[tuple[str, float]] = []
     reps = 5
     with torch.no_grad():
         for x, n in inputs:
@@ -289,11 +293,18 @@ def kernel_profile(model: nn.Module, inputs: list[tuple[torch.Tensor, int]]) -> 
                 if us > 0:
                     totals[e.key][0] += us * n / reps
                     totals[e.key][1] += e.count * n / reps
-    return sorted(((k, us, c) for k, (us, c) in totals.items()), key=lambda t: -t[1])
+            if not sequence:
+                kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                                 key=lambda e: e.time_range.start)
+                per_rep = len(kernels) // reps
+                sequence = [(e.name, e.time_range.elapsed_us()) for e in kernels[-per_rep:]] if per_rep else []
+    return sorted(((k, us, c) for k, (us, c) in totals.items()), key=lambda t: -t[1]), sequence
 
 
-def write_profile(out: Path, title: str, rows: list[tuple[str, float, float]], measured_ms: float | None) -> None:
-    """Append one model's kernel breakdown to out/profile.md: linear vs rest, then the top kernels."""
+def write_profile(out: Path, title: str, rows: list[tuple[str, float, float]], measured_ms: float | None,
+                  sequence: list[tuple[str, float]] | None = None) -> None:
+    """Append one model's kernel breakdown to out/profile.md: linear vs rest, the top kernels, then
+    (if given) one forward's kernels in launch order."""
     lin = sum(us for k, us, _ in rows if is_linear_kernel(k))
     total = sum(us for _, us, _ in rows)
     lines = [f"## {title}", "",
@@ -302,6 +313,10 @@ def write_profile(out: Path, title: str, rows: list[tuple[str, float, float]], m
              f"{'-' if measured_ms is None else f'{measured_ms:.3f} ms'}", "",
              "| kernel | linear | us | launches |", "|---|---|---|---|"]
     lines += [f"| `{k[:90]}` | {'y' if is_linear_kernel(k) else ''} | {us:.1f} | {c:.0f} |" for k, us, c in rows[:25]]
+    if sequence:
+        lines += ["", "One forward in launch order:", "", "| # | kernel | linear | us |", "|---|---|---|---|"]
+        lines += [f"| {i} | `{k[:70]}` | {'y' if is_linear_kernel(k) else ''} | {us:.1f} |"
+                  for i, (k, us) in enumerate(sequence)]
     with open(out / "profile.md", "a") as f:
         f.write("\n".join(lines) + "\n\n")
 
@@ -337,7 +352,8 @@ def main() -> int:
     ap.add_argument("--only-torchao", action="store_true", help="only compiled bf16 and torchao autoquant")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU, no CUDA graphs, no torchao")
     ap.add_argument("--profile", action="store_true",
-                    help="CUDA: also write each compiled row's kernel breakdown (linear vs rest) to $OUT/profile.md")
+                    help="CUDA: also write each compiled row's kernel breakdown (linear vs rest, and one "
+                         "forward's kernels in launch order) to $OUT/profile.md")
     ap.add_argument("--sample-stacks", action="store_true",
                     help="write where the search's wall time went (sampled stacks) to $OUT/stacks_<model>_m<M>.md")
     args = ap.parse_args()
