@@ -47,11 +47,6 @@ class PlanError(ValueError):
 
 ##### model fingerprint #########################################################################
 
-def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
-    """FQN -> module for every nn.Linear (and subclass) in the model, in module order."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-
-
 def _layer_spec(fqn: str, module: nn.Module) -> LayerSpec | None:
     if isinstance(module, nn.Linear):
         return LayerSpec.from_linear(fqn, module)
