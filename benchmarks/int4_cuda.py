@@ -125,8 +125,9 @@ def main() -> int:
                 res["triton (tuned)"] = time_cuda(lambda: [tg.int4_gemv_triton(x, *c, g) for c in canon])[0]
                 tc = tg._tune("int4", x, canon[0], n, k, g)  # the config it ran (cached by the call above)
                 print(f"g{g} {n}x{k} M={m}: triton tuned {tc}", flush=True)
-                for cfg in ci.CONFIGS if m == tokens[0] and not args.tuned_only else ():  # every config at the first M only
-                    if cfg.split * cfg.warps <= k // ci.unit_k(g) and str(cfg.split) in args.splits.split(","):
+                # every config the tuner would time, at the first M only
+                for cfg in ci.tuner_configs(k, g) if m == tokens[0] and not args.tuned_only else ():
+                    if str(cfg.split) in args.splits.split(","):
                         res[f"cuda {fmt(cfg)}"] = time_cuda(
                             lambda cfg=cfg: [ci._launch(x, qw, sz, g, cfg) for qw, sz in mma])[0]
                 tuned = fmt(ci._tune(x, *mma[0], g))
