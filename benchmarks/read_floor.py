@@ -21,9 +21,7 @@ same kernel with its math replaced by an XOR of the loaded registers (spliced in
 int4_mma.cu): what the math and its dependencies cost over the loads alone. `--bulk`: persistent,
 warp-specialized reads as cuBLAS's GEMV does them (one producer lane issuing bulk copies into a
 shared-memory ring, consumer warps reading it): whether that path streams at the floor with few
-warps per SM, which the per-lane loads above cannot. `--ld`: the segments read with other load
-instructions (int4_mma.cu's AUTOAO_LD variants: an L2 prefetch-size hint of 256 bytes, with or
-without an L1 line). Writes read_floor.md.
+warps per SM, which the per-lane loads above cannot. Writes read_floor.md.
 """
 
 from __future__ import annotations
@@ -50,25 +48,6 @@ SIZES_MB = {"o 4096x4096": 8.91, "qkv 6144x4096": 13.37, "down 4096x14336": 31.1
 SOURCE = r"""
 #include <cuda_runtime.h>
 #include <stdint.h>
-#ifndef LD_VARIANT
-#define LD_VARIANT 0
-#endif
-// the segments read's load, as int4_mma.cu's ld_weights (AUTOAO_LD): 0 = ld.global.cs, 1 = + an L2
-// prefetch-size hint of 256 bytes, 2 = ld.global.nc.L1::no_allocate + the same hint
-__device__ __forceinline__ uint4 ld16(const uint4* p) {
-#if LD_VARIANT == 0
-  return __ldcs(p);
-#else
-  uint4 v;
-#if LD_VARIANT == 1
-  asm volatile("ld.global.cs.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
-  return v;
-#endif
-}
 template <int U, bool PERSISTENT>
 __global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ p, long long n, unsigned* out) {
 #if __CUDA_ARCH__ >= 900
@@ -107,7 +86,7 @@ __global__ void __launch_bounds__(256) read_segments(const uint4* __restrict__ p
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const long long i = base + u * 32;
-      v[u] = i < hi ? ld16(p + i) : make_uint4(0, 0, 0, 0);
+      v[u] = i < hi ? __ldcs(p + i) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
@@ -227,8 +206,8 @@ def compile_so(source: str, *flags: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(d / "k.so"))
 
 
-def build(*flags: str) -> ctypes.CDLL:
-    lib = compile_so(SOURCE, *flags)
+def build() -> ctypes.CDLL:
+    lib = compile_so(SOURCE)
     lib.read_floor.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 6 + \
         [ctypes.c_void_p]
     lib.read_bulk_launch.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 6 + \
@@ -293,9 +272,6 @@ def main() -> int:
     ap.add_argument("--pdl", default="1,0")
     ap.add_argument("--per-sm", default="", help="also the segments read capped at these CTAs (of 8 warps) per SM")
     ap.add_argument("--gemv", action="store_true", help="also the int4 GEMV and the same kernel without its math")
-    ap.add_argument("--ld", default="", help="also the segments read (the GEMV's grids, U 2 and 4, PDL) with these "
-                    "load variants, comma-separated (1: + L2::256B prefetch hint, 2: ld.global.nc.L1::no_allocate + "
-                    "the hint; 0 is the default rows)")
     ap.add_argument("--bulk", default="", help="also the persistent bulk-copy read, configs 'cps/consumers/chunk "
                     "KB/stages' separated by ';' (CTAs per SM, consumer warps, chunk, ring depth), each with and "
                     "without the consumers reading the chunks from shared memory")
@@ -304,11 +280,9 @@ def main() -> int:
     args.pdl = [int(v) for v in args.pdl.split(",")]
     args.per_sm = [int(v) for v in args.per_sm.split(",") if v]
     args.bulk = [tuple(int(v) for v in c.split("/")) for c in args.bulk.split(";") if c]
-    args.ld = [int(v) for v in args.ld.split(",") if v]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lib = build()
-    ld_libs = {v: build(f"-DLD_VARIANT={v}") for v in args.ld if v}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth("cuda")
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -347,11 +321,6 @@ def main() -> int:
             row(f"{grid} {ctas}", str(u), pdl,
                 lambda b, st, mode=mode, u=u, ctas=ctas, warps=warps, pdl=pdl, smem=smem:
                 lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, mode, ctas, warps, pdl, smem, st))
-        for v, ld_lib in ld_libs.items():
-            for (rt, kw), u in ((g, u) for g in ((1, 8), (2, 2)) for u in (2, 4)):
-                row(f"segments {kw} warps x {tiles // rt}, ld {v}", str(u), 1,
-                    lambda b, st, ld_lib=ld_lib, u=u, ctas=tiles // rt, warps=kw:
-                    ld_lib.read_floor(b.data_ptr(), n16, sink.data_ptr(), u, 2, ctas, warps, 1, 0, st))
         for (cps, consumers, chunk_kb, stages), touch in ((c, t) for c in args.bulk for t in (0, 1)):
             row(f"bulk {consumers}+1 warps x {sms * cps}, {chunk_kb} KB x {stages}{' read' if touch else ''}", "-", 1,
                 lambda b, st, cps=cps, consumers=consumers, chunk_kb=chunk_kb, stages=stages, touch=touch:

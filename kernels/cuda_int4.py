@@ -150,7 +150,7 @@ def _build(group_size: int, arch: str) -> Path:
     from autoao.evaluators.cache import cache_dir
 
     flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-             f"-DAUTOAO_GROUP={group_size}"] + ([f"-DAUTOAO_LD={LOAD_VARIANT}"] if LOAD_VARIANT else [])
+             f"-DAUTOAO_GROUP={group_size}"]
     digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / "cuda" / f"int4_mma_g{group_size}_sm{arch}_{digest}.so"
     if not out.exists():
@@ -231,10 +231,6 @@ PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "8")) * 2 *
 # forward, which reads weights but never writes them; eagerly, the previous kernel could be the one
 # that packed or copied them. AUTOAO_CUDA_EARLY=0 turns it off.
 EARLY = os.environ.get("AUTOAO_CUDA_EARLY", "1") != "0"
-# The weight stream's load instruction (int4_mma.cu's ld_weights): 0 = ld.global.cs; 1 and 2 add an
-# L2 prefetch-size hint (an experiment, benchmarks/NOTES.md session 10; AUTOAO_CUDA_LD=1 or 2 builds
-# a separate library).
-LOAD_VARIANT = int(os.environ.get("AUTOAO_CUDA_LD", "0"))
 _DEFAULT = Config(1, 8, 0, 1, 4)  # the table's best single config (at most 1.42x the best, 1.07x on average)
 _TUNED: dict[tuple, Config] = {}
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival

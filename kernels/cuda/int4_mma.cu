@@ -42,35 +42,9 @@
 #error "compile with -DAUTOAO_GROUP=32|64|128"
 #endif
 
-#ifndef AUTOAO_LD
-#define AUTOAO_LD 0
-#endif
-
 namespace {
 
 constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1.0, 1.0)
-
-// One 16-byte load of the weight stream. 0 (the default): ld.global.cs, evict-first in L1 and L2.
-// Experiments (AUTOAO_CUDA_LD, benchmarks/NOTES.md session 10): 1 = the same with an L2 prefetch-size
-// hint of 256 bytes per miss (each warp reads 512 contiguous bytes per load; if what caps a warp's
-// stream is the number of outstanding sector requests, bigger requests raise it); 2 = the read-only
-// path with no L1 line allocated (ld.global.nc.L1::no_allocate) and the same hint. volatile: the
-// loads stay where the code puts them (never above griddepcontrol.wait unless written there).
-__device__ __forceinline__ uint4 ld_weights(const uint4* p) {
-#if AUTOAO_LD == 0
-  return __ldcs(p);
-#else
-  uint4 v;
-#if AUTOAO_LD == 1
-  asm volatile("ld.global.cs.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
-  return v;
-#endif
-}
 
 // bits 0-3 and 16-19 of w -> bf16x2 (128 + q_lo, 128 + q_hi): (w & 0x000f000f) | 0x43004300
 __device__ __forceinline__ uint32_t nib2(uint32_t w) {
@@ -139,7 +113,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
 #pragma unroll
-      for (int ch = 0; ch < UC; ++ch) w[r][ch] = ld_weights(wq[r] + (off * UC + ch) * 32);  // streamed once
+      for (int ch = 0; ch < UC; ++ch) w[r][ch] = __ldcs(wq[r] + (off * UC + ch) * 32);  // streamed once
       s[r] = __ldg(sq[r] + off * 8);
     }
   };
