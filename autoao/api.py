@@ -25,7 +25,7 @@ from autoao.cost import BASELINE, CostModel, fused_shape, layer_calls, token_cou
 from autoao.evaluators.cache import ResultCache, TimingCache, cache_dir, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
-from autoao.evaluators.timing import LatencyTable, measure_latencies, measure_model, workload_us
+from autoao.evaluators.timing import LatencyTable, default_mode, measure_latencies, measure_model, workload_us
 from autoao.kernels._base import canonical_on_device
 from autoao.plan import Plan, apply, atomic_write, save, set_module
 from autoao.profile import ModelProfile, profile
@@ -139,7 +139,16 @@ def optimize(
                                                calls=calls))
     stages = {"profile and kernel timing": time.perf_counter() - start}  # wall seconds per stage, in order
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
-    bf16_e2e = _measure_examples(model, examples)
+    # End-to-end measurements run the model as per-layer timing ran its layers: compiled on CUDA
+    # (kernels whose speed comes from inductor's fusion measure 2x slower eagerly: NOTES session 10)
+    e2e_compile = default_mode(device) == "compile"
+
+    def measure_examples() -> float:
+        return _measure_examples(model, examples, compile=e2e_compile)
+
+    t_e2e = time.perf_counter()
+    bf16_e2e = measure_examples()
+    e2e_seconds = time.perf_counter() - t_e2e  # one end-to-end measurement, its compiles included
     cost = CostModel.build(prof, table).with_rest_from(bf16_e2e)
     choices, excluded = layer_choices(prof, cands, table, device, allow_emulated)
     used = [c for c in cands if any(c.name in ch for ch in choices.values())]
@@ -174,8 +183,8 @@ def optimize(
     if budget.seconds is not None:
         # what runs after the trials: usually one or two tier-2 checks, the final apply and measurement
         # (without tier 2: up to RERANK_PLANS plans applied and measured end to end instead)
-        checks = 2 * tier2_seconds if tier2 is not None else RERANK_PLANS * 12 * bf16_e2e / 1e6
-        final = checks + 24 * bf16_e2e / 1e6 + 5
+        checks = 2 * tier2_seconds if tier2 is not None else RERANK_PLANS * max(12 * bf16_e2e / 1e6, e2e_seconds)
+        final = checks + max(24 * bf16_e2e / 1e6, 2 * e2e_seconds) + 5
         config.budget = Budget(seconds=max(budget.seconds - spent, 1.0))
         config.reserve_seconds = min(final, 0.5 * config.budget.seconds)
     context = _context(model, prof, cands, table, sqnr, choices, excluded, groups, cost, device, proxy, tier2,
@@ -210,7 +219,7 @@ def optimize(
         try:
             with canonical_on_device():  # measured and undone: no host copy of its weights
                 apply(model, shipped(params), act_norms=prof.act_norms())
-            return _measure_examples(model, examples)
+            return measure_examples()
         except Exception as e:  # noqa: BLE001 - one plan failing must not lose the search's result
             notes.append(f"a plan predicted as fast could not be measured: {type(e).__name__}: {e}")
             return math.inf
@@ -224,10 +233,10 @@ def optimize(
     swapper.restore()  # originals back, then apply for real (fresh modules, validated)
     # bf16 again, right before the plan: the two end-to-end times then share the machine's state
     # (measured on the 2-core CI VM: the same bf16 workload took 939-1112 ms in different runs)
-    bf16_end = _measure_examples(model, examples)
+    bf16_end = measure_examples()
     plan = shipped(chosen.params if chosen else {}, trial=chosen.number if chosen else None)
     apply(model, plan, act_norms=prof.act_norms())
-    measured = _measure_examples(model, examples)
+    measured = measure_examples()
     if plan.layers and measured >= bf16_end:
         # Per-layer timings summed can promise a speed-up the whole model does not deliver (SmolLM2
         # at M=2048 on the H200: 2:4 everywhere predicted 1.03x, measured 0.87x, NOTES session 10).
@@ -279,15 +288,19 @@ def optimize(
 
 ##### stages ####################################################################################
 
-def _measure_examples(model: nn.Module, examples: list[Any]) -> float:
+def _measure_examples(model: nn.Module, examples: list[Any], compile: bool = False) -> float:
     """Sum of end-to-end medians (us) over the examples; examples of the same shapes are timed once
-    (a workload like "prefill 256 tokens, then 32 decode steps" repeats one decode shape)."""
+    (a workload like "prefill 256 tokens, then 32 decode steps" repeats one decode shape).
+    compile: torch.compile the model for each shape, from a reset dynamo (static shapes; dynamo's
+    recompile limit never reached however many plans are measured on one model object)."""
     seen: dict[str, float] = {}
     total = 0.0
     for ex in examples:
         key = _describe_shapes(ex)
         if key not in seen:
-            seen[key] = measure_model(model, ex).median_us
+            if compile:
+                torch._dynamo.reset()
+            seen[key] = measure_model(model, ex, compile=compile).median_us
         total += seen[key]
     return total
 

@@ -293,7 +293,7 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     def quantized(model):
         return any(isinstance(m, QuantizedLinear) for m in model.modules())
 
-    monkeypatch.setattr(api, "_measure_examples", lambda model, examples: plan_us if quantized(model) else 1000.0)
+    monkeypatch.setattr(api, "_measure_examples", lambda model, examples, **kw: plan_us if quantized(model) else 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
@@ -306,3 +306,37 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     assert result.summary["speedup"]["measured"] == pytest.approx(1.0 if not ships else 2.0)
     re_ranked = result.summary["measured_plans"]
     assert len(re_ranked) > 1 and sum(row["chosen"] for row in re_ranked) == (1 if ships else 0)
+
+
+def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeypatch):
+    # optimize measures whole models the way timing measured layers: on CUDA ("compile" mode) each
+    # distinct input shape is compiled from a reset dynamo; on the CPU (eager) nothing is compiled.
+    import torch
+    from torch import nn
+
+    from autoao import api
+    from autoao.evaluators.timing import Timing
+
+    calls, resets = [], []
+    monkeypatch.setattr(api, "measure_model",
+                        lambda model, ex, compile=False: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    model = nn.Linear(8, 8)
+    examples = [torch.zeros(1, 5, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)]  # a prefill, two decode steps
+    assert api._measure_examples(model, examples, compile=True) == 30
+    assert calls == [((1, 5, 8), True), ((1, 1, 8), True)] and len(resets) == 2
+    calls.clear()
+    assert api._measure_examples(model, examples) == 30 and calls == [((1, 5, 8), False), ((1, 1, 8), False)]
+    assert len(resets) == 2
+
+    seen = []
+    monkeypatch.setattr(api, "_measure_examples", lambda model, examples, compile=False: seen.append(compile) or 1000.0)
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
+                 max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
+    assert seen and not any(seen)  # the CPU's timing mode is eager
+    monkeypatch.setattr(api, "default_mode", lambda device: "compile")
+    seen.clear()
+    api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
+                 max_accuracy_drop=1.0, out_dir=tmp_path / "out2", progress=False)
+    assert seen and all(seen)
