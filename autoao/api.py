@@ -79,7 +79,9 @@ def optimize(
     accuracy, the few plans it predicts within 5% of the fastest are then applied and measured end
     to end, and the fastest measured one is returned (summary.json's measured_plans). A plan that
     measures no faster end to end than the model as it came is not applied: the model stays in
-    bf16, and summary.json's notes say so.
+    bf16, and summary.json's notes say so. End-to-end measurements run the model as per-layer
+    timing ran its layers: torch.compile'd on CUDA (one compile per plan and input shape, counted
+    in the budget), eagerly on the CPU.
 
     Args:
         model: any nn.Module with nn.Linear layers, on the device it will run on.
