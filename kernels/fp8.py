@@ -2,8 +2,8 @@
 
 granularity "row": one scale per output channel (weights) and per token (activations), the
 per-token quantization fused in one Triton kernel on CUDA; "tensor": one scale each.
-torch._scaled_mm runs the product (cuBLASLt fp8 on sm89+). The CPU has no fp8 matrix unit:
-torch._scaled_mm there upconverts, so the CPU path is flagged emulated.
+torch._scaled_mm runs the product (cuBLASLt fp8 on sm89+). The CPU has no fp8 matrix unit: there
+the fp8 values are upconverted and multiplied in fp32, so the CPU path is flagged emulated.
 Also here: fp8 weight-only (Fp8WeightOnlyLinear), for decode.
 """
 
@@ -72,9 +72,15 @@ class Fp8DynLinear(QuantizedLinear):
     def _forward(self, x):
         x2 = flatten_tokens(x)
         xq, xs = self._quantize_act(x2)
-        # Rowwise scaling needs a bf16 output; tensorwise uses the same for one code path.
-        y = torch._scaled_mm(xq, self.w_q.t(), scale_a=xs, scale_b=self.w_scale,
-                             out_dtype=torch.bfloat16, use_fast_accum=x2.is_cuda)
+        if x2.is_cuda:
+            # Rowwise scaling needs a bf16 output; tensorwise uses the same for one code path.
+            y = torch._scaled_mm(xq, self.w_q.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16,
+                                 use_fast_accum=True)
+        else:
+            # The CPU's _scaled_mm upconverts too, but takes per-tensor scales only before torch 2.13:
+            # the same product in fp32 ([M, 1] or [] token scales, [1, N] or [] weight scales), rounded
+            # to bf16 like the CUDA output.
+            y = ((xq.float() @ self.w_q.float().t()) * xs * self.w_scale).to(torch.bfloat16)
         return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
 
     def reference(self, x):

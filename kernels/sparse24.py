@@ -184,8 +184,8 @@ class Sparse24Int8DynLinear(Int8DynLinear):
 class Sparse24Fp8DynLinear(Fp8DynLinear):
     """2:4-pruned fp8 rowwise weights x fp8 per-token dynamic activations (cuSPARSELt fp8, sm90).
 
-    Canonical as Fp8DynLinear(granularity="row"). CPU: torch._scaled_mm on the dense pruned
-    weight (emulated).
+    Canonical as Fp8DynLinear(granularity="row"). CPU: Fp8DynLinear's emulated product on the
+    dense pruned weight.
     """
 
     prune_rule = "unknown"
