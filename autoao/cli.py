@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 
 class CLIError(Exception):
@@ -208,7 +208,7 @@ def parse_drop(text: str) -> float:
 def load_model(spec: str, device):
     """A built-in name, or `module:factory` (a path to a .py file or an importable module). The
     factory returns a model, (model, tokenizer), or a dict with model / tokenizer / example_inputs /
-    eval_inputs. Returns that dict."""
+    eval_inputs. Returns that dict, the model and any inputs moved to `device`."""
     import importlib
     import importlib.util
     from pathlib import Path
@@ -258,8 +258,25 @@ def load_model(spec: str, device):
         raise CLIError(f"--model {spec!r}: {factory}() must return an nn.Module, (model, tokenizer) or a dict "
                        f"with 'model'; got {type(made).__name__}")
     out["model"] = out["model"].to(device)
+    # the factory cannot know --device: its inputs follow the model there
+    for key in ("example_inputs", "eval_inputs"):
+        if out.get(key) is not None:
+            out[key] = _to_device(out[key], device)
     out["name"] = spec
     return out
+
+
+def _to_device(obj: Any, device) -> Any:
+    """Tensors inside obj (nested lists, tuples, dicts) moved to device; anything else as is."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -388,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "demo model (SmolLM2-135M) against lm-eval task autoao_facts, 1% drop, 5 minutes.")
     s.add_argument("--model", default=DEMO_MODEL, help="built-in model name or module:factory (a .py path or "
                    "importable module; the factory returns a model, (model, tokenizer) or a dict with model, "
-                   "tokenizer, example_inputs, eval_inputs). Default: %(default)s")
+                   "tokenizer, example_inputs, eval_inputs; all moved to --device). Default: %(default)s")
     s.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks for the accuracy budget (tier 2); "
                    "'none' uses the tier-1 proxy only. Default: autoao_facts for the demo model, else none")
     s.add_argument("--budget", default="5m", help="wall time (90s, 10m, 1h) or a number of trials (200); "

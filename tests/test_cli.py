@@ -64,3 +64,16 @@ def test_search_writes_everything_and_continues_the_study(tmp_path, capsys):
 def test_resume_without_a_study_is_an_error(tmp_path, capsys):
     rc = main(["search", "--model", TINY, "--resume", "--out", str(tmp_path / "empty"), "--quiet"])
     assert rc == 2 and "no study to continue" in capsys.readouterr().err
+
+
+def test_a_factorys_inputs_follow_the_model_to_the_device():
+    # --device moves the model; the factory's example/eval inputs (made on the CPU: it cannot know
+    # the device) must go with it, or the first forward fails on a GPU machine ("meta" stands in here)
+    import torch
+
+    from autoao.cli import load_model
+
+    loaded = load_model(TINY, torch.device("meta"))
+    assert next(loaded["model"].parameters()).device.type == "meta"
+    inputs = loaded["example_inputs"] + loaded["eval_inputs"]
+    assert inputs and all(t.device.type == "meta" for t in inputs)
