@@ -347,8 +347,8 @@ __global__ void __launch_bounds__(128) int4_mma_dequant(const uint32_t* __restri
 
 }  // namespace
 
-// The configurations built (cuda_int4.CONFIGS lists the same; autoao's tuner times them with
-// split-K 1, 2, 4 and 8): RT row tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of
+// The configurations built (cuda_int4.CONFIGS lists each with the split-K values its tuner times,
+// split-K being a launch parameter): RT row tiles of 16 per warp, KW warps splitting K, CIF 64-k chunks of
 // weights in flight per warp while one unit is computed (the ring holds CIF / UC + 1 units; CIF 0:
 // one unit, nothing in flight during its math), MB: at least MB CTAs per SM (__launch_bounds__),
 // which caps the registers per thread. Why MB: a warp's stream of weights runs at a rate that
