@@ -14,9 +14,8 @@
 from __future__ import annotations
 
 from autoao import search_space
+from autoao.common import __version__
 from autoao.plan import Plan, PlanError, apply, fingerprint, load, plan_of, save, validate
-
-__version__ = "0.1.0"
 
 __all__ = ["OptimizeResult", "Plan", "PlanError", "apply", "fingerprint", "load", "optimize", "plan_of", "save",
            "search_space", "validate"]

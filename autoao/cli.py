@@ -14,6 +14,8 @@ import math
 import sys
 from typing import Any, Sequence
 
+from autoao.common import BASELINE
+
 
 class CLIError(Exception):
     """A user-input error: printed as one line, exit status 2."""
@@ -102,7 +104,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     if args.dtype not in DTYPES:
         raise CLIError(f"bad --dtype {args.dtype!r}: choose from {', '.join(DTYPES)}")
     dtype = getattr(torch, DTYPES[args.dtype])
-    if not any(c.family == "bf16" for c in candidates):
+    if not any(c.family == BASELINE for c in candidates):
         from autoao import search_space
 
         candidates = [search_space.get("bf16"), *candidates]  # the speed-up needs the baseline
@@ -150,10 +152,10 @@ def format_kernel_table(table, shapes, tokens, candidates, all_kernels: bool = F
         lines.append(f"\n{n}x{k} (N x K), {table.dtype} on {table.device}, mode {table.mode}")
         head = f"{'candidate':<28}" + "".join(f"{'M=' + str(m):>18}" for m in tokens) + "  notes"
         lines += [head, "-" * len(head)]
-        bases = [table.get("bf16", m, k, n) for m in tokens]
+        bases = [table.get(BASELINE, m, k, n) for m in tokens]
         for cand in candidates:
             times = [table.get(cand.name, m, k, n) for m in tokens]
-            lines.append(row(cand.name, times, bases, cand.family == "bf16",
+            lines.append(row(cand.name, times, bases, cand.family == BASELINE,
                              {f"kernel {t.kernel}" for t in times if t.kernel is not None}))
             by_kernel = table.kernel_timings.get((cand.name, k, n), {}) if all_kernels else {}
             chosen = table.kernel_for(cand.name, k, n)
@@ -171,7 +173,7 @@ def write_kernel_csv(table, path: str, all_kernels: bool = False) -> None:
     import io
     from pathlib import Path
 
-    from autoao.plan import atomic_write
+    from autoao.common import atomic_write
 
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -340,14 +342,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     model = loaded["model"]
     try:
         plan = Plan.load(args.plan)
-        act_norms = None
-        if any(c.family.startswith("sparse24") for c in plan.layers.values()) and loaded.get("tokenizer"):
+        calibration = None
+        if any(c.calibration_uses for c in plan.layers.values()) and loaded.get("tokenizer"):
             import autoao.models
             from autoao.profile import profile
 
             calib = [t.to(device) for t in autoao.models.text_inputs(loaded["tokenizer"], seq_len=256)]
-            act_norms = profile(model, calib).act_norms()  # Wanda needs the activation norms
-        apply(model, plan, act_norms=act_norms)
+            calibration = profile(model, calib).calibration
+        apply(model, plan, calibration=calibration)
         save(model, args.save)
     except PlanError as e:
         raise CLIError(str(e).replace("\n", " ")) from None

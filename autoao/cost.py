@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from autoao.common import BASELINE
 from autoao.evaluators.timing import LatencyTable
 from autoao.plan import Plan
 from autoao.profile import ModelProfile
 
-BASELINE = "bf16"
 
 
 def layer_calls(profile: ModelProfile) -> dict[str, dict[int, int]]:

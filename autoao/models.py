@@ -33,13 +33,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from autoao.evaluators.cache import cache_dir  # noqa: F401  (autoao.models.cache_dir: one cache root)
-
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+from autoao.common import OFFLINE_ENV, cache_dir, offline_env  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -133,25 +131,6 @@ def _spec(name: str) -> BuiltinModel:
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     raise ValueError(f"Unknown built-in model '{name}'.{hint} Available: {', '.join(available())}. "
                      "For your own model, load it with transformers and pass the model object.")
-
-
-@contextlib.contextmanager
-def offline_env(env: dict[str, str] | None = None) -> Iterator[None]:
-    """Set `env` (default OFFLINE_ENV) for the duration, then restore whatever was there.
-
-    huggingface_hub reads these when first imported, so they bind if transformers is first imported
-    inside; either way `load` only reads local files."""
-    env = OFFLINE_ENV if env is None else env
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _convert(spec: BuiltinModel, dtype: torch.dtype, target: Path) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +32,8 @@ import torch
 from torch import nn
 
 from autoao import search_space
+from autoao.calibration import Calibration
+from autoao.common import atomic_write  # noqa: F401  (re-exported)
 from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem, link_prefetch
 from autoao.search_space import Candidate, LayerSpec
 
@@ -303,16 +304,18 @@ def set_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
 def apply(
     model: nn.Module,
     plan: Plan,
-    act_norms: dict[str, torch.Tensor] | None = None,
+    calibration: Calibration | dict[str, torch.Tensor] | None = None,
 ) -> nn.Module:
     """Replace every layer the plan names by its candidate's module, in place; return the model.
 
-    act_norms: FQN -> [K] per-input-channel activation L2 norms, for Wanda 2:4 pruning (layers
-    without one are pruned by magnitude). Validates first (PlanError lists every problem), so the
+    calibration: the layers' input statistics (`profile(...).calibration`; a plain FQN -> [K]
+    activation-norm dict also works), read by candidates that use them (2:4 prunes by Wanda with
+    the activation norms, by magnitude without). Validates first (PlanError lists every problem), so the
     model is unchanged if any layer cannot take its candidate. Re-applying to an already
     quantized layer is an error: apply plans to the original model.
     """
     validate(model, plan)
+    calib = Calibration.of(calibration)
     modules = dict(model.named_modules())
     already = [fqn for fqn in plan.layers if isinstance(modules[fqn], QuantizedLinear)]
     if already:
@@ -327,8 +330,7 @@ def apply(
         by_weight[key] = fqn
     with torch.no_grad():
         for fqn, cand in plan.layers.items():
-            norm = (act_norms or {}).get(fqn)
-            module = cand.build(modules[fqn], act_norm=norm, fqn=fqn)
+            module = cand.build(modules[fqn], calib[fqn], fqn=fqn)
             if fqn in plan.kernels:
                 module.set_kernel(plan.kernels[fqn])
             set_module(model, fqn, module)
@@ -355,25 +357,6 @@ def plan_of(model: nn.Module) -> Plan:
 
 
 ##### save and load #############################################################################
-
-def atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
-    """Write `path` through a temporary file in the same directory, fsync, then rename over it:
-    readers see the old file or the new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode open() would
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def save(model: nn.Module, directory: str | os.PathLike) -> Path:
     """Write `plan.json` (read back from the model's modules) and `model.safetensors` (the whole

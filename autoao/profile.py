@@ -2,8 +2,8 @@
 
 `profile(model, example_inputs)` returns a `ModelProfile`. Its `.layers` is the list of
 `LayerProfile` (one per nn.Linear weight, in module order): name, (K, N), dtype, device, every
-input shape seen with its call count, token counts, per-input-channel activation norms (Wanda 2:4)
-and a bounded sample of real input rows (layer error measurement). Its `.skipped` names the
+input shape seen with its call count, token counts, per-input-channel activation norms and absmax
+and a bounded sample of real input rows (`LayerProfile.stats`; all layers: `.calibration`). Its `.skipped` names the
 linear-like layers autoao cannot quantize, with the reason, so none is silently dropped: today
 that is transformers' GPT-2 `Conv1D` (recognised by name, transformers is not imported).
 
@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from autoao.calibration import Calibration, LayerStats
+from autoao.common import call_model
 from autoao.search_space import LayerSpec
 
 
@@ -55,9 +57,10 @@ class LayerProfile:
     device: torch.device  # weight device
     shapes: dict[tuple[int, ...], int]  # each distinct input shape [..., K] -> number of calls with it
     tokens: int  # rows seen (product of the leading dims), summed over calls; 0 if never called
-    act_norm: torch.Tensor  # [K] float32 CPU: per-input-channel L2 norm over every row seen (Wanda)
-    act_absmax: torch.Tensor  # [K] float32 CPU: per-input-channel max |x|
-    sample: torch.Tensor  # [S, K] layer dtype CPU, S = min(tokens, max_sample_rows): real input rows
+    # act_norm [K] float32 CPU: per-input-channel L2 norm over every row seen; act_absmax [K]
+    # float32 CPU: per-input-channel max |x|; sample [S, K] layer dtype CPU, S = min(tokens,
+    # max_sample_rows): real input rows
+    stats: LayerStats
     tied: list[str]  # other Linear / Embedding FQNs holding the same weight Parameter
 
     @property
@@ -78,9 +81,11 @@ class ModelProfile:
     def by_fqn(self) -> dict[str, LayerProfile]:
         return {p.fqn: p for p in self.layers}
 
-    def act_norms(self) -> dict[str, torch.Tensor]:
-        """FQN -> [K] activation norms: the `act_norms` argument of `autoao.apply` (Wanda 2:4)."""
-        return {p.fqn: p.act_norm for p in self.layers}
+    @property
+    def calibration(self) -> Calibration:
+        """Every layer's input statistics as one object: the `calibration` argument of
+        `autoao.apply` (Wanda 2:4 pruning reads the activation norms)."""
+        return Calibration({p.fqn: p.stats for p in self.layers})
 
 
 def _is_conv1d(module: nn.Module) -> bool:
@@ -141,7 +146,7 @@ class _Recorder:
         s = min(self.tokens, self.sample.shape[0])
         return LayerProfile(fqn, linear.in_features, linear.out_features, linear.bias is not None,
                             linear.weight.dtype, linear.weight.device, self.shapes, self.tokens,
-                            self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone(), tied)
+                            LayerStats(self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone()), tied)
 
 
 class _Siblings:
@@ -174,15 +179,6 @@ class _Siblings:
                     and all(self.seen.get(f) == calls for f in group)):
                 out[group] = None
         return list(out)
-
-
-def call_model(model: nn.Module, example: Any) -> Any:
-    """Run one example input through `model` by the convention in the module docstring."""
-    if isinstance(example, tuple):
-        return model(*example)
-    if isinstance(example, Mapping):
-        return model(**example)
-    return model(example)
 
 
 def _describe(example: Any) -> str:

@@ -26,14 +26,16 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import optuna
 
 from autoao import search_space
-from autoao.cost import BASELINE, CostModel
+from autoao.common import BASELINE
+from autoao.cost import CostModel
 from autoao.evaluators.sensitivity import Accuracy
 from autoao.plan import Plan
+from autoao.runfiles import pareto_front  # noqa: F401  (re-exported: the report's front is the search's)
 
 ##### budget ####################################################################################
 
@@ -322,23 +324,3 @@ def _refresh(outcome: SearchOutcome) -> None:
     feasible = [r for r in done if r.feasible]
     outcome.best = min(feasible, key=lambda r: (r.predicted_us, r.drop)) if feasible else None
     outcome.pareto = pareto_front(done)
-
-
-T = TypeVar("T")
-
-
-def pareto_front(trials: list[T], latency: Callable[[T], float] = lambda r: r.predicted_us) -> list[T]:
-    """Non-dominated trials on (latency, drop), fastest first; duplicates of a plan once.
-
-    Works on anything with `.drop` and `.params` (TrialResult here; the report's own trial records,
-    with `latency` reading their milliseconds), so the report's front is the search's by construction."""
-    front: list[T] = []
-    seen: set[tuple] = set()
-    for r in sorted(trials, key=lambda r: (latency(r), r.drop)):  # type: ignore[attr-defined]
-        key = tuple(sorted(r.params.items()))  # type: ignore[attr-defined]
-        if key in seen:
-            continue
-        if not any(f.drop <= r.drop and latency(f) <= latency(r) for f in front):  # type: ignore[attr-defined]
-            front.append(r)
-            seen.add(key)
-    return front

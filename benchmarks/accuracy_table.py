@@ -50,7 +50,7 @@ def main() -> int:
     calib = autoao.models.text_inputs(tok, seq_len=256, n_seqs=2)
     held_out = autoao.models.text_inputs(tok, seq_len=256, n_seqs=2, held_out=True)
     prof = profile(model, calib)
-    norms = prof.act_norms()
+    norms = prof.calibration
     proxy = ProxyEvaluator(model, held_out)
     rows = []
     for name in plans:
@@ -58,7 +58,7 @@ def main() -> int:
         q = copy.deepcopy(model)
         plan = autoao.Plan.uniform(q, cand)
         t0 = time.perf_counter()
-        autoao.apply(q, plan, act_norms=norms)
+        autoao.apply(q, plan, calibration=norms)
         t_apply = time.perf_counter() - t0
         t0 = time.perf_counter()
         p = proxy(q)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from autoao.calibration import LayerStats
 from autoao import search_space
 from autoao.evaluators.sensitivity import sqnr_db as sqnr
 from autoao.evaluators.timing import build_layer, copy_bandwidth, time_cuda, time_module
@@ -81,7 +82,7 @@ def check_correctness(cands, shapes, device: str) -> list[dict]:
                 if bias:
                     torch.nn.init.normal_(lin.bias, std=0.5)
                 act_norm = torch.rand(k, device=device) + 0.1
-                mod = cand.build(lin, act_norm=act_norm)
+                mod = cand.build(lin, LayerStats(act_norm=act_norm))
                 w = lin.weight.float()
                 if cand.family in SPARSE:
                     w = w * prune_24_mask(w, act_norm)

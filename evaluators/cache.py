@@ -13,8 +13,10 @@ processes writing at once both land. A file that is not a readable SQLite databa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -22,7 +24,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autoao.evaluators.timing import Timing
+from autoao.common import cache_dir  # noqa: F401  (re-exported: the one cache root)
+
 
 CACHE_FILE = "timings.sqlite"
 _SCHEMA = """
@@ -37,12 +40,30 @@ CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL, c
 """
 
 
-def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """The autoao cache directory: `override`, else $AUTOAO_CACHE_DIR, else ~/.cache/autoao."""
-    if override is not None:
-        return Path(override)
-    env = os.environ.get("AUTOAO_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "autoao"
+@dataclass(frozen=True)
+class Timing:
+    """One measurement. Times in microseconds; `inf` when the candidate failed (see `error`)."""
+
+    median_us: float
+    p20_us: float
+    p80_us: float
+    reps: int
+    emulated: str | None = None  # why this is only emulated on the device (never a speed-up)
+    error: str | None = None  # why it failed (then the times are inf)
+    kernel: str | None = None  # which of the module's CUDA kernels ran (None: it has only one)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and math.isfinite(self.median_us)
+
+    @classmethod
+    def failed(cls, error: str) -> Timing:
+        return cls(math.inf, math.inf, math.inf, 0, None, error)
+
+    def flagged(self, emulated: str | None) -> Timing:
+        """This timing, marked as taken on an emulated path (or unchanged for None)."""
+        return self if emulated is None else dataclasses.replace(self, emulated=emulated)
+
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ from lm_eval.api.model import LM, TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
+from autoao.common import offline_env
+
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
 
@@ -145,9 +147,7 @@ def evaluate(
 ##### tasks #####################################################################################
 
 def _offline_env():
-    """OFFLINE_ENV for the duration of a run (see autoao.models.offline_env)."""
-    from autoao.models import offline_env
-
+    """OFFLINE_ENV (datasets too) for the duration of a run."""
     return offline_env(OFFLINE_ENV)
 
 

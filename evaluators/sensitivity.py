@@ -65,15 +65,15 @@ def layer_errors(
     from tqdm.auto import tqdm
 
     out: dict[str, dict[str, float]] = {}
-    layers = [lay for lay in profile.layers if lay.sample.shape[0] > 0]
+    layers = [lay for lay in profile.layers if lay.stats.sample is not None and lay.stats.sample.shape[0] > 0]
     bar = tqdm(total=len(layers) * len(candidates), desc="layer errors (tier 0)", disable=not progress,
                leave=False, unit="kernel")
     for lay in layers:
         linear = model.get_submodule(lay.fqn)
         device = linear.weight.device
-        x = lay.sample.to(device)  # [S, K] real activations
-        key_base = digest("tier0", linear.weight, linear.bias if linear.bias is not None else 0, lay.sample,
-                          lay.act_norm)
+        x = lay.stats.sample.to(device)  # [S, K] real activations
+        key_base = digest("tier0", linear.weight, linear.bias if linear.bias is not None else 0, lay.stats.sample,
+                          lay.stats.act_norm)
         with torch.no_grad():
             ref = None
             per: dict[str, float] = {}
@@ -90,7 +90,7 @@ def layer_errors(
                     ref = linear(x).float()
                 try:
                     with canonical_on_device():  # measured, then dropped: no host copy of its weights
-                        q = cand.build(linear, act_norm=lay.act_norm.to(device), fqn=lay.fqn)
+                        q = cand.build(linear, lay.stats, fqn=lay.fqn)
                     value = sqnr_db(ref, q(x).float())
                 except Exception:  # noqa: BLE001 - a candidate that fails here is left out, as unsupported
                     continue

@@ -16,159 +16,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
+from autoao import search_space
+from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
+from autoao.common import __version__, call_model
+from autoao.evaluators.cache import Timing, TimingCache, TimingKey
 from autoao.kernels._base import canonical_on_device
 from autoao.search_space import Candidate, LayerSpec
 
-if TYPE_CHECKING:
-    from autoao.evaluators.cache import TimingCache
-
-L2_FLUSH_BYTES = 256 * 1024 * 1024
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
 # are not reused. 4: compiled modules replayed in CUDA graphs, per-kernel timings, Triton GEMVs.
 HARNESS_VERSION = 4
-
-
-@dataclass(frozen=True)
-class Timing:
-    """One measurement. Times in microseconds; `inf` when the candidate failed (see `error`)."""
-
-    median_us: float
-    p20_us: float
-    p80_us: float
-    reps: int
-    emulated: str | None = None  # why this is only emulated on the device (never a speed-up)
-    error: str | None = None  # why it failed (then the times are inf)
-    kernel: str | None = None  # which of the module's CUDA kernels ran (None: it has only one)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and math.isfinite(self.median_us)
-
-    @classmethod
-    def failed(cls, error: str) -> Timing:
-        return cls(math.inf, math.inf, math.inf, 0, None, error)
-
-    def flagged(self, emulated: str | None) -> Timing:
-        """This timing, marked as taken on an emulated path (or unchanged for None)."""
-        return self if emulated is None else dataclasses.replace(self, emulated=emulated)
-
-
-def _warm_up(fn: Callable[[], object], warmup: int, reps: int, max_seconds: float,
-             sync: Callable[[], object]) -> int:
-    """Run fn `warmup` times, time one more call, and return how many repeats fit in about
-    `max_seconds` (at least 5, at most `reps`)."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return max(5, min(reps, int(max_seconds / max(time.perf_counter() - t0, 1e-6))))
-
-
-def _quantiles(samples_us: list[float]) -> tuple[float, float, float]:
-    s = sorted(samples_us)
-    q = statistics.quantiles(s, n=10, method="inclusive") if len(s) > 1 else [s[0]] * 9
-    return statistics.median(s), q[1], q[7]  # median, p20, p80
-
-
-def time_cuda(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3, graph: bool = True,
-              flush_l2: bool = True, max_seconds: float = 0.3,
-              prime: Callable[[], object] | None = None) -> tuple[float, float, float, int]:
-    """(median, p20, p80 in us, repeats) of fn() on the current CUDA device (module docstring).
-
-    Repeats are capped so the timed loop takes about `max_seconds` (at least 5 repeats): a kernel
-    that takes 75 ms (int4 tinygemm at M=2048 on a 128256-wide layer) need not be run 50 times to
-    know it loses."""
-    reps = _warm_up(fn, warmup, reps, max_seconds, torch.cuda.synchronize)
-    call = fn
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # graphs are captured on a side stream
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(g):
-            fn()
-        call = g.replay
-    # Flush by *reading* 256 MB: L2 ends up full of clean lines, so the timed kernel does not pay
-    # for writing back dirty flush data (zeroing the buffer, as do_bench does, leaves 50+ MB of dirty
-    # lines behind). `prime` then puts what the real model would have in L2 (the layer's input,
-    # just written by the previous op) back in.
-    flush = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if flush is not None:
-            flush.sum()
-        if prime is not None:
-            prime()
-        starts[i].record()
-        call()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return (*_quantiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]), reps)
-
-
-def tuning_us(fn: Callable[[], object]) -> float:
-    """Median us of fn() as the in-process kernel tuners rank their options (the Triton GEMVs'
-    launch configs, cuSPARSELt's algorithms): 20 runs, no graph, L2 flushed by a *read* before
-    each. (triton's do_bench flushes by zeroing: the write-back of those dirty lines lands on the
-    timed kernel, and its ranking of the int4 GEMV configs ran llama8's step 1.092 ms on the H200
-    where this one's ran 0.793 ms: benchmarks/NOTES.md, session 4.)"""
-    return time_cuda(fn, reps=20, graph=False, max_seconds=0.05)[0]
-
-
-_Option = TypeVar("_Option")
-
-
-def fastest(options: Iterable[_Option], run: Callable[[_Option], Callable[[], object] | None],
-            skip: tuple[type[BaseException], ...] = ()) -> _Option | None:
-    """The in-process kernel tuners' choice: the option whose `run(option)` (a zero-argument call
-    that launches it) takes the least `tuning_us`. An option is passed over when run returns None
-    (it does not apply, or gave wrong numbers) or run or the timing raises one of `skip` (it does
-    not compile or launch on this problem). None when no option ran."""
-    best, best_us = None, float("inf")
-    for option in options:
-        try:
-            fn = run(option)
-            if fn is None:
-                continue
-            us = tuning_us(fn)
-        except skip:
-            continue
-        if us < best_us:
-            best, best_us = option, us
-    return best
-
-
-def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2, threads: int | None = None,
-             max_seconds: float = 0.5) -> tuple[float, float, float, int]:
-    """(median, p20, p80 in us, repeats) of fn() on the CPU with a fixed thread count; repeats are
-    capped at about `max_seconds` of timed work (at least 5)."""
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        reps = _warm_up(fn, warmup, reps, max_seconds, lambda: None)
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
-    finally:
-        torch.set_num_threads(old)
-    return (*_quantiles(samples), reps)
 
 
 def last_level_cache_bytes() -> int:
@@ -388,10 +253,6 @@ def measure_latencies(
     each M once).
     Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
     """
-    import autoao
-    from autoao import search_space
-    from autoao.evaluators.cache import TimingCache, TimingKey
-
     device = torch.device(device)
     mode = mode or default_mode(device)
     if mode not in ("eager", "graph", "compile"):
@@ -408,7 +269,7 @@ def measure_latencies(
         triton_version = "none"
     dev_name, dt = device_name(device), str(dtype).removeprefix("torch.")
     base = dict(device=dev_name, torch=torch.__version__, triton=triton_version,
-                autoao=f"{autoao.__version__}/harness-{HARNESS_VERSION}", dtype=dt, mode=mode)
+                autoao=f"{__version__}/harness-{HARNESS_VERSION}", dtype=dt, mode=mode)
 
     work = [(n, k, c) for n, k in shapes for c in candidates]
     rows: list[LatencyRow] = []
@@ -527,8 +388,6 @@ def measure_model(model: nn.Module, example_input, *, compile: bool = False, gra
     forward in a CUDA graph and time replays (default True; set False for models that cannot be
     captured). L2 is flushed before each repeat, as for layer timings. Failures score inf.
     """
-    from autoao.profile import call_model
-
     params = list(model.parameters()) + list(model.buffers())
     device = params[0].device if params else torch.device("cpu")
     fn = torch.compile(model) if compile else model

@@ -30,6 +30,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from autoao.calibration import LayerStats
+
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # Rows (tokens) up to which the weight-only "triton" kernels run autoao's GEMV (triton_gemv.py;
 # int4's tensor-core kernel takes up to 16 where it fits: triton_gemv.int4_max_rows); beyond it they
@@ -67,6 +69,8 @@ class QuantizedLinear(nn.Module):
       - `params()`: the constructor keyword arguments beyond the common ones.
     Class attribute `emulated_on` lists device types with no fast kernel (forward then runs a
     reference path that computes the same numbers, and is never reported as a speed-up).
+    Class attribute `calibration_uses` names the calibration statistics (autoao.calibration)
+    `quantize` reads when they are given.
 
     Class attribute `kernels` names alternative CUDA implementations of the same numbers (first =
     default), e.g. int4 ("tinygemm", "triton"); `self.kernel` is the one forward uses and
@@ -76,6 +80,7 @@ class QuantizedLinear(nn.Module):
     """
 
     emulated_on: frozenset[str] = frozenset()
+    calibration_uses: frozenset[str] = frozenset()
     kernels: tuple[str, ...] = ("default",)
     # True where each output row's canonical numbers depend on that row of the float weight alone
     # (per-channel / group-wise scales, 2:4 within a row): sibling layers can then run as one module
@@ -130,9 +135,10 @@ class QuantizedLinear(nn.Module):
     def reference(self, x: torch.Tensor) -> torch.Tensor: ...
 
     @abstractmethod
-    def quantize(self, weight: torch.Tensor, act_norm: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """weight [N, K] (the float weight) -> canonical tensors. act_norm [K]: per-input-channel
-        activation L2 norms, used by the 2:4 families (Wanda) and ignored by the others."""
+    def quantize(self, weight: torch.Tensor, stats: LayerStats | None = None) -> dict[str, torch.Tensor]:
+        """weight [N, K] (the float weight) -> canonical tensors. stats: the layer's calibration
+        statistics; a module reads only those in `calibration_uses`, and quantizes without
+        calibration when they are absent."""
 
     def params(self) -> dict[str, Any]:
         return {}
@@ -180,11 +186,12 @@ class QuantizedLinear(nn.Module):
         return self._forward(x)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, act_norm: torch.Tensor | None = None, **params: Any):
-        """Quantize an nn.Linear into a new module of this class on the linear's device."""
+    def from_linear(cls, linear: nn.Linear, stats: LayerStats | None = None, **params: Any):
+        """Quantize an nn.Linear into a new module of this class on the linear's device, using the
+        layer's calibration statistics where the class uses them."""
         w = linear.weight.detach()
         m = cls(linear.in_features, linear.out_features, linear.bias is not None, w.dtype, w.device, **params)
-        m.set_canonical(m.quantize(w, act_norm))
+        m.set_canonical(m.quantize(w, stats))
         if linear.bias is not None:
             m.bias.data.copy_(linear.bias.detach())
         return m

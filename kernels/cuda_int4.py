@@ -53,6 +53,9 @@ from pathlib import Path
 
 import torch
 
+from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
+from autoao.common import cache_dir
+
 MAX_ROWS = 8  # tokens per call: the mma's B operand has 8 columns
 GROUP_SIZES = (32, 64, 128)  # one library each (-DAUTOAO_GROUP)
 _SOURCE = Path(__file__).with_name("cuda") / "int4_mma.cu"
@@ -147,8 +150,6 @@ _LIBS: dict[tuple[int, int | None], ctypes.CDLL] = {}  # (group size, device ind
 def _build(group_size: int, arch: str) -> Path:
     """The shared library for `group_size` on sm_`arch`, compiled by nvcc unless already on disk
     (keyed by the source's and the flags' hash); raises RuntimeError with nvcc's message."""
-    from autoao.evaluators.cache import cache_dir
-
     flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              f"-DAUTOAO_GROUP={group_size}"]
     digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
@@ -304,7 +305,6 @@ def _tune(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
         return cfg
     if torch.cuda.is_current_stream_capturing():
         return _DEFAULT
-    from autoao.evaluators.timing import fastest  # L2 flushed by a read, as the model meets the layer
 
     best = fastest(tuner_configs(k, group_size), lambda cfg: lambda: _launch(x, qw, sz, group_size, cfg)) or _DEFAULT
     _TUNED[key] = best

@@ -24,7 +24,7 @@ class Bf16Linear(QuantizedLinear):
     def canonical_spec(self) -> CanonicalSpec:
         return {"weight": ((self.out_features, self.in_features), torch.bfloat16)}
 
-    def quantize(self, weight, act_norm=None):
+    def quantize(self, weight, stats=None):
         return {"weight": weight.to(torch.bfloat16)}
 
     def _pack(self, device):

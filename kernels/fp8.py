@@ -51,7 +51,7 @@ class Fp8DynLinear(QuantizedLinear):
         scale_shape = (n,) if self.granularity == "row" else ()
         return {"qweight": ((n, k), FP8_DTYPE), "scale": (scale_shape, torch.float32)}
 
-    def quantize(self, weight, act_norm=None):
+    def quantize(self, weight, stats=None):
         q, s = quantize_fp8(weight, self.granularity)
         return {"qweight": q, "scale": s.reshape(self.canonical_spec()["scale"][0])}
 
@@ -104,7 +104,7 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
     kernels = ("triton",)
     qdtype = FP8_DTYPE
 
-    def quantize(self, weight, act_norm=None):
+    def quantize(self, weight, stats=None):
         q, s = quantize_fp8(weight, "row")
         return {"qweight": q, "scale": s.reshape(-1)}
 

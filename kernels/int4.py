@@ -130,7 +130,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
             "zeros": ((n, k // g), torch.bfloat16),
         }
 
-    def quantize(self, weight, act_norm=None):
+    def quantize(self, weight, stats=None):
         q, scales, zeros = quantize_int4_groupwise(weight, self.group_size)
         return {"qweight": pack_int4(q), "scales": scales, "zeros": zeros}
 

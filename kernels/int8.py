@@ -39,7 +39,7 @@ class _Int8Weights(PerChannelWeights):
 
     qdtype = torch.int8
 
-    def quantize(self, weight, act_norm=None):
+    def quantize(self, weight, stats=None):
         q, s = quantize_int8_per_channel(weight)
         return {"qweight": q, "scale": s}
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autoao.calibration import LayerStats
+from autoao.clock import fastest
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
 from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
@@ -24,7 +26,9 @@ from autoao.kernels.quant import FP8_DTYPE, dequantize_output, prune_24_mask, qu
 _CSLT_ROW_MULTIPLE = 16
 
 
-def _prune(weight: torch.Tensor, act_norm: torch.Tensor | None) -> tuple[torch.Tensor, str]:
+def _prune(weight: torch.Tensor, stats: LayerStats | None) -> tuple[torch.Tensor, str]:
+    """2:4-pruned weight, by Wanda where the layer's activation norms are known, else by magnitude."""
+    act_norm = stats.act_norm if stats is not None else None
     mask = prune_24_mask(weight, act_norm)
     return weight * mask, ("wanda" if act_norm is not None else "magnitude")
 
@@ -70,8 +74,6 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
         return _ALG[key]
     if xt.is_cuda and torch.cuda.is_current_stream_capturing():
         return 0, False  # no timing inside a graph capture: torch's default
-    from autoao.evaluators.timing import fastest
-
     ref = _cslt_row_major(w_c, xt, alpha, out_dtype, 0, False).float()  # torch's default way
     tol = 1e-2 * ref.abs().max().item()
 
@@ -115,6 +117,7 @@ class Sparse24Linear(QuantizedLinear):
     """
 
     emulated_on = frozenset({"cpu"})
+    calibration_uses = frozenset({"act_norm"})  # Wanda
     rows_independent = True  # 2:4 chosen within each row
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
@@ -125,8 +128,8 @@ class Sparse24Linear(QuantizedLinear):
     def canonical_spec(self) -> CanonicalSpec:
         return {"weight": ((self.out_features, self.in_features), self.dtype)}
 
-    def quantize(self, weight, act_norm=None):
-        w, self.prune_rule = _prune(weight, act_norm)
+    def quantize(self, weight, stats=None):
+        w, self.prune_rule = _prune(weight, stats)
         return {"weight": w.to(self.dtype)}
 
     @property
@@ -161,10 +164,11 @@ class Sparse24Int8DynLinear(Int8DynLinear):
     """
 
     emulated_on = frozenset({"cpu"})
+    calibration_uses = frozenset({"act_norm"})  # Wanda
     prune_rule = "unknown"  # "wanda" or "magnitude" once quantized; informational
 
-    def quantize(self, weight, act_norm=None):
-        w, self.prune_rule = _prune(weight, act_norm)
+    def quantize(self, weight, stats=None):
+        w, self.prune_rule = _prune(weight, stats)
         return super().quantize(w)
 
     def _pack(self, device):
@@ -188,6 +192,7 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
     dense pruned weight.
     """
 
+    calibration_uses = frozenset({"act_norm"})  # Wanda
     prune_rule = "unknown"
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
@@ -196,8 +201,8 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
     def params(self):
         return {}
 
-    def quantize(self, weight, act_norm=None):
-        w, self.prune_rule = _prune(weight, act_norm)
+    def quantize(self, weight, stats=None):
+        w, self.prune_rule = _prune(weight, stats)
         return super().quantize(w)
 
     def _pack(self, device):

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
 from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
 
 MMA_MAX_ROWS = 16  # the tensor-core int4 kernel pads x to 16 rows: up to 16 cost what 1 does
@@ -382,7 +383,6 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
         if m > MAX_ROWS:
             return candidates[0]
         return _DEFAULT if _fits(_DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
-    from autoao.evaluators.timing import fastest  # L2 flushed by a read, as the model meets the layer
 
     # a config that does not compile (registers) is skipped
     best = fastest(candidates, lambda cfg: lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype),

@@ -34,7 +34,7 @@ def render(out_dir: str | Path, out: str | Path | None = None) -> Path:
     Raises:
         autoao.reports.load.ReportError (a ValueError): out_dir is not a readable search directory.
     """
-    from autoao.plan import atomic_write
+    from autoao.common import atomic_write
 
     data = load(out_dir)
     path = Path(out) if out is not None else Path(out_dir) / "report.html"

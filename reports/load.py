@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoao.common import BASELINE
 from autoao.reports.fmt import fmt_db, fmt_us
 
-BASELINE = "bf16"
 
 # Tier-1 proxy metrics: label, and whether higher is better (None: no direction, shown as is).
 PROXY_METRICS = {

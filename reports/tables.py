@@ -55,7 +55,7 @@ def build(data: ReportData) -> dict[str, pd.DataFrame]:
 
 def write_csvs(tables: dict[str, pd.DataFrame], html_path: Path) -> list[Path]:
     """Each table as `<report stem>_<name>.csv` beside the HTML, written atomically."""
-    from autoao.plan import atomic_write
+    from autoao.common import atomic_write
 
     paths = []
     for name, df in tables.items():

@@ -7,7 +7,8 @@ by family name. It answers three questions:
   the reason string ("K=4100 not a multiple of group size 128") goes to the report as-is.
 - `emulated(device) -> None | reason`: does it run only as a reference path here (same numbers, no
   fast kernel)? Emulated candidates are never reported as a speed-up.
-- `build(linear, act_norm) -> nn.Module`: the replacement module (quantized weights).
+- `build(linear, stats) -> nn.Module`: the replacement module (quantized weights; `stats`: the
+  layer's calibration statistics, read where `calibration_uses` says so).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from autoao.calibration import LayerStats
 from autoao.kernels import QuantizedLinear
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -125,8 +127,15 @@ class Candidate(ABC):
         return f"no {self.family} kernel on {device.type}: emulated"
 
     # ---- construction ----------------------------------------------------------------------
-    def build(self, linear: nn.Linear, act_norm: torch.Tensor | None = None, fqn: str = "") -> nn.Module:
-        """The module replacing `linear` (on linear's device). act_norm [K]: activation norms (Wanda).
+    @property
+    def calibration_uses(self) -> frozenset[str]:
+        """The calibration statistics (autoao.calibration.STATISTICS) this candidate's quantization
+        reads when they are given; empty for plain round-to-nearest."""
+        return self.module_cls.calibration_uses if self.module_cls is not None else frozenset()
+
+    def build(self, linear: nn.Linear, stats: LayerStats | None = None, fqn: str = "") -> nn.Module:
+        """The module replacing `linear` (on linear's device), quantized with the layer's
+        calibration statistics where the candidate uses them.
 
         Raises ValueError naming the layer if the candidate does not support it."""
         layer = LayerSpec.from_linear(fqn, linear)
@@ -135,7 +144,7 @@ class Candidate(ABC):
             raise ValueError(f"candidate {self.name} cannot be applied to layer {fqn or '<unnamed>'} "
                              f"({layer.shape}, {layer.dtype}): {reason}")
         assert self.module_cls is not None
-        return self.module_cls.from_linear(linear, act_norm, **self._module_params())
+        return self.module_cls.from_linear(linear, stats, **self._module_params())
 
     def empty(self, layer: LayerSpec, device: torch.device | str) -> nn.Module:
         """A module of the right shapes with zero weights, to be filled by load_state_dict."""

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from autoao.calibration import LayerStats
 from autoao.kernels import Bf16Linear
 from autoao.search_space._base import Candidate, LayerSpec
 from autoao.search_space._registry import register
@@ -28,10 +29,10 @@ class Bf16(Candidate):
     def fusable(self) -> bool:
         return False  # the baseline keeps the model's own layers (a bf16 model's are not replaced)
 
-    def build(self, linear: nn.Linear, act_norm: torch.Tensor | None = None, fqn: str = "") -> nn.Module:
+    def build(self, linear: nn.Linear, stats: LayerStats | None = None, fqn: str = "") -> nn.Module:
         if linear.weight.dtype == torch.bfloat16:
             return linear  # already the baseline: no copy, no change
-        return super().build(linear, act_norm, fqn)
+        return super().build(linear, stats, fqn)
 
     def empty(self, layer: LayerSpec, device: torch.device | str) -> nn.Module:
         if layer.dtype == torch.bfloat16:

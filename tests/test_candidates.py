@@ -24,6 +24,7 @@ from torch import nn
 
 import autoao
 from autoao import search_space
+from autoao.calibration import LayerStats
 from autoao.kernels.quant import is_24_sparse, prune_24_mask
 from autoao.search_space import LayerSpec
 
@@ -81,7 +82,7 @@ def test_candidate_matches_reference(cand, shape, dtype):
             cand.build(lin, fqn="layer")
         return
     act_norm = torch.rand(k) + 0.1
-    m = cand.build(lin, act_norm=act_norm, fqn="layer")
+    m = cand.build(lin, LayerStats(act_norm=act_norm), fqn="layer")
     x = torch.randn(2, 3, k).to(dtype)
     with torch.no_grad():
         y = m(x)
@@ -121,7 +122,7 @@ def test_reasons_name_the_constraint():
 @pytest.mark.parametrize("cand", CANDIDATES, ids=str)
 def test_compiles_fullgraph_on_cpu(cand):
     lin = make_linear(256, 128, True, torch.bfloat16)
-    m = cand.build(lin, act_norm=torch.rand(256), fqn="layer")
+    m = cand.build(lin, LayerStats(act_norm=torch.rand(256)), fqn="layer")
     x = torch.randn(4, 256, dtype=torch.bfloat16)
     # Every family shares QuantizedLinear.forward's code object, so a fresh dynamo per module keeps
     # the test away from the per-code recompile limit (a model compiles as one frame).
@@ -139,7 +140,7 @@ def test_save_load_round_trip_is_bit_exact(cand, dtype, tmp_path):
     model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 32, bias=False)).to(dtype)
     fresh = copy.deepcopy(model)
     plan = autoao.Plan.uniform(model, cand)
-    autoao.apply(model, plan, act_norms={"0": torch.rand(128) + 0.1})
+    autoao.apply(model, plan, calibration={"0": torch.rand(128) + 0.1})
     autoao.save(model, tmp_path)
     # the fresh copy gets different weights: everything must come from the file
     for p in fresh.parameters():
@@ -165,7 +166,7 @@ def test_sparse_candidates_prune_two_of_four_by_wanda_score(family):
     act_norm = torch.ones(k)
     act_norm[0::4] = 100.0
     act_norm[1::4] = 100.0
-    m = search_space.get(family).build(lin, act_norm=act_norm)
+    m = search_space.get(family).build(lin, LayerStats(act_norm=act_norm))
     canon = m.canonical()["qweight" if "qweight" in m.canonical() else "weight"].float()
     assert is_24_sparse(canon)
     kept = canon.reshape(32, k // 4, 4) != 0
@@ -240,11 +241,11 @@ def test_modules_built_with_canonical_on_device_compute_and_save_the_same(cand):
     if cand.supports(LayerSpec.from_linear("l", lin), lin.weight.device):
         pytest.skip("not supported on this GPU")
     norm = torch.rand(256, device="cuda") + 0.1
-    host = cand.build(lin, act_norm=norm)
+    host = cand.build(lin, LayerStats(act_norm=norm))
     if not isinstance(host, QuantizedLinear):
         pytest.skip("the layer itself is this candidate's module (bf16 on a bf16 layer)")
     with canonical_on_device():
-        kept = cand.build(lin, act_norm=norm)
+        kept = cand.build(lin, LayerStats(act_norm=norm))
     assert {t.device.type for t in host.canonical().values()} == {"cpu"}
     assert {t.device.type for t in kept.canonical().values()} == {"cuda"}
     for kern in host.kernels if len(host.kernels) > 1 else (None,):

@@ -91,7 +91,7 @@ def test_finds_every_linear_with_exact_shapes_and_token_counts():
         assert p.dtype == torch.float32 and p.device == torch.device("cpu")
         assert p.shapes == {(b, t, p.in_features): 1 for b, t in INPUTS_SHAPES}
         assert p.tokens == TOKENS
-        assert p.act_norm.shape == p.act_absmax.shape == (p.in_features,)
+        assert p.stats.act_norm.shape == p.stats.act_absmax.shape == (p.in_features,)
         assert p.spec == LayerSpec(fqn, p.in_features, p.out_features, p.bias, torch.float32)
     assert layers["blocks.0.down_proj"].shapes[(1, 9, HIDDEN)] == 1
     assert layers["lm_head"].out_features == VOCAB
@@ -103,7 +103,7 @@ def test_tuple_dict_and_single_tensor_inputs_follow_the_convention():
     results = [profile(model, ex).by_fqn()["blocks.0.up_proj"] for ex in (ids, (ids,), {"ids": ids})]
     for p in results:
         assert p.tokens == 9 and p.shapes == {(1, 9, DIM): 1}
-        torch.testing.assert_close(p.act_norm, results[0].act_norm, rtol=0, atol=0)
+        torch.testing.assert_close(p.stats.act_norm, results[0].stats.act_norm, rtol=0, atol=0)
 
 
 def test_act_norm_and_absmax_match_hand_computed():
@@ -112,11 +112,11 @@ def test_act_norm_and_absmax_match_hand_computed():
     rows = capture_inputs(model, "blocks.1.down_proj", inputs)  # [20, HIDDEN]
     prof = profile(model, inputs)
     p = prof.by_fqn()["blocks.1.down_proj"]
-    assert p.act_norm.dtype == torch.float32 and p.act_norm.device == torch.device("cpu")
-    torch.testing.assert_close(p.act_norm, rows.square().sum(0).sqrt())
-    torch.testing.assert_close(p.act_absmax, rows.abs().amax(0), rtol=0, atol=0)
-    assert prof.act_norms()["blocks.1.down_proj"] is p.act_norm  # what autoao.apply takes for Wanda
-    assert set(prof.act_norms()) == set(prof.by_fqn())
+    assert p.stats.act_norm.dtype == torch.float32 and p.stats.act_norm.device == torch.device("cpu")
+    torch.testing.assert_close(p.stats.act_norm, rows.square().sum(0).sqrt())
+    torch.testing.assert_close(p.stats.act_absmax, rows.abs().amax(0), rtol=0, atol=0)
+    assert prof.calibration["blocks.1.down_proj"] is p.stats  # what autoao.apply takes for Wanda
+    assert set(prof.calibration.layers) == set(prof.by_fqn())
 
 
 def test_sample_is_bounded_real_rows_and_deterministic():
@@ -124,18 +124,18 @@ def test_sample_is_bounded_real_rows_and_deterministic():
     model, inputs = TinyLM(), token_inputs()
     rows = capture_inputs(model, "blocks.1.up_proj", inputs)  # [20, DIM], call 0 = rows 0..4, etc.
     p = profile(model, inputs, max_sample_rows=8).by_fqn()["blocks.1.up_proj"]
-    assert p.sample.shape == (8, DIM) and p.sample.dtype == torch.float32
-    where = [int(((rows == r).all(1)).nonzero()[0]) for r in p.sample]  # raises if a row is not real
+    assert p.stats.sample.shape == (8, DIM) and p.stats.sample.dtype == torch.float32
+    where = [int(((rows == r).all(1)).nonzero()[0]) for r in p.stats.sample]  # raises if a row is not real
     assert len(set(where)) == 8
     calls = {0 if i < 5 else 1 if i < 14 else 2 for i in where}
     assert len(calls) > 1
     again = profile(model, inputs, max_sample_rows=8).by_fqn()["blocks.1.up_proj"]
-    assert torch.equal(p.sample, again.sample)
+    assert torch.equal(p.stats.sample, again.stats.sample)
 
     everything = profile(model, inputs, max_sample_rows=64).by_fqn()["blocks.1.up_proj"]
-    assert everything.sample.shape == (TOKENS, DIM)  # fewer rows than the cap: all of them, in order
-    assert torch.equal(everything.sample, rows)
-    assert profile(model, inputs, max_sample_rows=0).layers[0].sample.shape == (0, DIM)
+    assert everything.stats.sample.shape == (TOKENS, DIM)  # fewer rows than the cap: all of them, in order
+    assert torch.equal(everything.stats.sample, rows)
+    assert profile(model, inputs, max_sample_rows=0).layers[0].stats.sample.shape == (0, DIM)
 
 
 def test_tied_weights_reported_once_with_their_other_names():
@@ -154,7 +154,7 @@ def test_layer_never_called_has_zero_tokens():
     model.unused = nn.Linear(DIM, 8)
     p = profile(model, token_inputs()).by_fqn()["unused"]
     assert p.tokens == 0 and p.shapes == {}
-    assert p.sample.shape == (0, DIM) and not p.act_norm.any()
+    assert p.stats.sample.shape == (0, DIM) and not p.stats.act_norm.any()
 
 
 class Conv1D(nn.Module):

@@ -1,0 +1,83 @@
+"""Small helpers every stage shares; this module imports nothing from autoao, so any layer may use it.
+
+    BASELINE                 the candidate name of the unchanged layer ("bf16": the model as it came)
+    cache_dir()              where timings, layer errors, built kernels and models are cached
+    call_model(model, x)     run one example input by autoao's input convention
+    offline_env()            Hugging Face libraries read only local files inside this block
+    atomic_write(path, fn)   readers see the old file or the new one, never a partial one
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from torch import nn
+
+# The candidate that leaves a layer as it is. Every plan's unlisted layers run it; the search's
+# warm start and the cost model's baseline are measured with it.
+BASELINE = "bf16"
+
+__version__ = "0.1.0"  # autoao's; part of every cache key (pyproject.toml holds the same)
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The autoao cache directory: `override`, else $AUTOAO_CACHE_DIR, else ~/.cache/autoao."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get("AUTOAO_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "autoao"
+
+
+def call_model(model: nn.Module, example: Any) -> Any:
+    """Run one example input through `model`: a tuple is positional arguments, a mapping keyword
+    arguments, anything else the single argument."""
+    if isinstance(example, tuple):
+        return model(*example)
+    if isinstance(example, Mapping):
+        return model(**example)
+    return model(example)
+
+
+@contextlib.contextmanager
+def offline_env(env: dict[str, str] | None = None) -> Iterator[None]:
+    """Set `env` (default OFFLINE_ENV) for the duration, then restore whatever was there.
+
+    huggingface_hub reads these when first imported, so they bind if transformers is first imported
+    inside; either way code inside only reads local files."""
+    env = OFFLINE_ENV if env is None else env
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
+    """Write `path` through a temporary file in the same directory, fsync, then rename over it:
+    readers see the old file or the new one, never a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode open() would
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
