@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from autoao import search_space
-from autoao.common import __version__
+from autoao.common import __version__  # noqa: F401  (autoao.__version__)
 from autoao.plan import Plan, PlanError, apply, fingerprint, load, plan_of, save, validate
 
 __all__ = ["OptimizeResult", "Plan", "PlanError", "apply", "fingerprint", "load", "optimize", "plan_of", "save",

@@ -14,7 +14,15 @@ import math
 import sys
 from typing import Any, Sequence
 
-from autoao.common import BASELINE
+import autoao.models
+from autoao import search_space
+from autoao.api import optimize
+from autoao.common import BASELINE, atomic_write
+from autoao.evaluators.cache import TimingCache, cache_dir
+from autoao.evaluators.timing import measure_latencies
+from autoao.plan import Plan, PlanError, apply, save
+from autoao.profile import profile
+from autoao.search import Budget
 
 
 class CLIError(Exception):
@@ -59,7 +67,6 @@ def parse_ints(text: str, flag: str) -> list[int]:
 
 
 def parse_candidates(text: str | None):
-    from autoao import search_space
 
     if text is None:
         return search_space.all_candidates()
@@ -94,8 +101,6 @@ DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float1
 def cmd_kernels(args: argparse.Namespace) -> int:
     import torch
 
-    from autoao.evaluators.cache import TimingCache, cache_dir
-    from autoao.evaluators.timing import measure_latencies
 
     shapes = parse_shapes(args.shapes)
     tokens = parse_ints(args.tokens, "--tokens")
@@ -105,8 +110,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         raise CLIError(f"bad --dtype {args.dtype!r}: choose from {', '.join(DTYPES)}")
     dtype = getattr(torch, DTYPES[args.dtype])
     if not any(c.family == BASELINE for c in candidates):
-        from autoao import search_space
-
+    
         candidates = [search_space.get("bf16"), *candidates]  # the speed-up needs the baseline
     try:
         cache = TimingCache(cache_dir(args.cache_dir) / "timings.sqlite")
@@ -173,7 +177,6 @@ def write_kernel_csv(table, path: str, all_kernels: bool = False) -> None:
     import io
     from pathlib import Path
 
-    from autoao.common import atomic_write
 
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -215,7 +218,6 @@ def load_model(spec: str, device):
     import importlib.util
     from pathlib import Path
 
-    import autoao.models
 
     if ":" not in spec:
         if spec not in autoao.models.available():
@@ -284,9 +286,6 @@ def _to_device(obj: Any, device) -> Any:
 def cmd_search(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import autoao.models
-    from autoao.api import optimize
-    from autoao.search import Budget
 
     try:
         budget = Budget.parse(args.budget)
@@ -322,12 +321,11 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     s = result.summary
     print(f"plan: {result.plan.summary() or 'all bf16'}")
-    print(f"latency: bf16 {s['baseline_ms']['measured']:.2f} ms -> {s['plan_ms']['measured']:.2f} ms measured "
-          f"({s['speedup']['measured']:.2f}x; predicted {s['speedup']['predicted']:.2f}x) on {s['device']}")
-    if s["accuracy"]:
-        print(f"accuracy drop: {s['accuracy']['drop']:+.4f} (tier {s['accuracy']['tier']}: {s['accuracy']['source']}; "
-              f"budget {drop})")
-    for note in s["notes"]:
+    print(f"latency: bf16 {s.baseline_ms.measured:.2f} ms -> {s.plan_ms.measured:.2f} ms measured "
+          f"({s.speedup.measured:.2f}x; predicted {s.speedup.predicted:.2f}x) on {s.device}")
+    if s.accuracy:
+        print(f"accuracy drop: {s.accuracy.drop:+.4f} (tier {s.accuracy.tier}: {s.accuracy.source}; budget {drop})")
+    for note in s.notes:
         print(f"note: {note}")
     print(f"wrote {out}/plan.json, pareto.json, summary.json, study.db, model/"
           + (f", {result.report_path}" if result.report_path else ""))
@@ -335,7 +333,6 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from autoao.plan import Plan, PlanError, apply, save
 
     device = parse_device(args.device)
     loaded = load_model(args.model, device)
@@ -344,9 +341,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         plan = Plan.load(args.plan)
         calibration = None
         if any(c.calibration_uses for c in plan.layers.values()) and loaded.get("tokenizer"):
-            import autoao.models
-            from autoao.profile import profile
-
+        
             calib = [t.to(device) for t in autoao.models.text_inputs(loaded["tokenizer"], seq_len=256)]
             calibration = profile(model, calib).calibration
         apply(model, plan, calibration=calibration)
@@ -358,7 +353,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autoao.reports import ReportError, render
+    from autoao.reports import ReportError, render  # lazy: jinja2 and matplotlib are heavy
 
     try:
         path = render(args.dir, args.out)

@@ -28,7 +28,6 @@ import contextlib
 import difflib
 import importlib.metadata
 import importlib.util
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+import autoao.evaluators
 from autoao.common import OFFLINE_ENV, cache_dir, offline_env  # noqa: F401  (re-exported)
 
 
@@ -188,11 +188,7 @@ def text_inputs(tokenizer: Any, *, seq_len: int = 256, n_seqs: int = 1, held_out
     """
     import json
 
-    path = Path(__file__).resolve().parent.parent / "evaluators" / "tasks" / "autoao_text.jsonl"
-    if not path.is_file():  # installed as a package: the tasks live in autoao/evaluators/tasks
-        import autoao.evaluators
-
-        path = Path(autoao.evaluators.__file__).parent / "tasks" / "autoao_text.jsonl"
+    path = Path(autoao.evaluators.__file__).parent / "tasks" / "autoao_text.jsonl"
     docs = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
     half = len(docs) // 2
     text = "\n\n".join(docs[half:] if held_out else docs[:half])

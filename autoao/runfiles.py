@@ -79,7 +79,8 @@ class AccuracySpec:
     tasks: list[str] | None = None
     metric: str | None = None  # the user callable's name
     baseline_tier1: dict[str, float] = field(default_factory=dict)  # proxy metrics of the unchanged model
-    baseline_tier2: AccuracyResult | None = None
+    baseline_tier2: float | None = None  # the unchanged model's tier-2 accuracy (mean headline metric)
+    baseline_tier2_metrics: dict[str, float] = field(default_factory=dict)  # "task/metric" -> value (lm-eval)
 
 
 @dataclass
@@ -319,7 +320,13 @@ def _upgrade_context(d: dict[str, Any]) -> dict[str, Any]:
         d["model"] = model
         acc = dict(d["accuracy"])
         base = acc.pop("baseline", {}) or {}
-        acc["baseline_tier1"], acc["baseline_tier2"] = base.get("tier1") or {}, base.get("tier2")
+        acc["baseline_tier1"], tier2 = base.get("tier1") or {}, base.get("tier2")
+        if isinstance(tier2, dict):  # lm-eval: {"accuracy", "metrics": {task: {metric: value}}}
+            acc["baseline_tier2"] = tier2.get("accuracy")
+            acc["baseline_tier2_metrics"] = {f"{t}/{k}": v for t, m in (tier2.get("metrics") or {}).items()
+                                             for k, v in m.items() if not k.endswith("_stderr")}
+        else:
+            acc["baseline_tier2"] = tier2
         d["accuracy"] = acc
         d["groups"] = [{"name": n, "fqns": f, "choices": c} for n, f, c in d["groups"]]
     return d

@@ -211,7 +211,7 @@ class LmEvalEvaluator:
 
     def __init__(self, tokenizer: Any, tasks: list[str], *, limit: int | float | None = None,
                  batch_size: int = 8, cache: ResultCache | None = None) -> None:
-        from autoao.evaluators import lmeval
+        from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
 
         self.tokenizer, self.tasks, self.limit, self.batch_size, self.cache = tokenizer, tasks, limit, batch_size, cache
         self._lmeval = lmeval

@@ -53,7 +53,7 @@ def triton_gemv_rows(in_features: int, group_size: int) -> int | None:
     cannot load (the "triton" kernel then runs tinygemm's path)."""
     if not load_triton_ops():
         return None
-    from autoao.kernels.triton_gemv import int4_max_rows
+    from autoao.kernels.triton_gemv import int4_max_rows  # lazy: triton is heavy and optional
 
     return int4_max_rows(in_features, group_size)
 

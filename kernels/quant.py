@@ -147,8 +147,8 @@ def load_triton_ops() -> bool:
     global _TRITON_OPS
     if _TRITON_OPS is None:
         try:
-            import autoao.kernels.triton_gemv  # noqa: F401
-            import autoao.kernels.triton_quant  # noqa: F401
+            import autoao.kernels.triton_gemv  # noqa: F401  (lazy: triton is heavy and optional)
+            import autoao.kernels.triton_quant  # noqa: F401  (lazy: triton)
             _TRITON_OPS = True
         except ImportError as e:  # no triton wheel for this platform
             import warnings

@@ -18,7 +18,9 @@ from typing import Any
 
 from autoao.reports import plots, tables
 from autoao.reports.fmt import fmt_bytes, fmt_db, fmt_drop, fmt_ms, fmt_num, fmt_times, fmt_us
-from autoao.reports.load import BASELINE, TIER_LABEL, ReportData, Trial, load
+from autoao.common import BASELINE, atomic_write
+from autoao.reports.load import TIER_LABEL, ReportData, Trial, decision_notes, load, plan_of
+from autoao.runfiles import Latency
 
 TEMPLATE = "template.html.j2"
 
@@ -34,7 +36,6 @@ def render(out_dir: str | Path, out: str | Path | None = None) -> Path:
     Raises:
         autoao.reports.load.ReportError (a ValueError): out_dir is not a readable search directory.
     """
-    from autoao.common import atomic_write
 
     data = load(out_dir)
     path = Path(out) if out is not None else Path(out_dir) / "report.html"
@@ -63,7 +64,7 @@ def render_html(data: ReportData, csv_names: list[str]) -> str:
         # Our own matplotlib output (its text is XML-escaped by matplotlib); never user markup.
         pareto_svg=Markup(pareto) if pareto else None, history_svg=Markup(history) if history else None,
         pareto_rows=[_pareto_row(data, t) for n in data.pareto if (t := data.trial(n)) is not None],
-        plan_text=lambda params: tables.plan_text(data, params), BASELINE=BASELINE,
+        plan_text=lambda params: tables.plan_text(data, params), BASELINE=BASELINE, decision_notes=decision_notes,
     )
 
 
@@ -77,8 +78,8 @@ class Headline:
     predicted_speedup: float | None
     measured_speedup: float | None
     speedup_why: str  # why a speed-up is missing, or ""
-    baseline_ms: dict[str, float | None]
-    plan_ms: dict[str, float | None]
+    baseline_ms: Latency
+    plan_ms: Latency
     drop: float | None
     drop_tier: int | None
     drop_source: str
@@ -94,45 +95,43 @@ class Headline:
 def headline(data: ReportData) -> Headline:
     ctx, s = data.context, data.summary
     chosen = data.trial(data.chosen_trial)
-    base = dict((s or ctx)["baseline_ms"])  # finished: bf16 measured again next to the plan
+    base = s.baseline_ms if s else ctx.baseline_ms  # finished: bf16 measured again next to the plan
     emulated = data.emulated_in_plan()
     speedup_why = (f"not reported: the plan uses {', '.join(emulated)}, only emulated on this device"
                    if emulated else "")
     changed = sum(c != BASELINE for c in data.plan.values())
     if s is not None:
-        plan_ms = dict(s["plan_ms"])
-        acc = s.get("accuracy")
-        drop, tier, source = ((acc["drop"], acc["tier"], acc["source"]) if acc else
+        plan_ms = s.plan_ms
+        acc = s.accuracy
+        drop, tier, source = ((acc.drop, acc.tier, acc.source) if acc else
                               (0.0, None, "the model is unchanged (all bf16)"))
-        predicted, measured = s["speedup"]["predicted"], s["speedup"]["measured"]
-        after, seconds, stopped = s["weight_bytes"]["after"], s.get("seconds"), str(s.get("stopped", ""))
+        predicted, measured = s.speedup.predicted, s.speedup.measured
+        after, seconds, stopped = s.weight_bytes.after, s.seconds, s.stopped
     else:
-        plan_ms = {"predicted": chosen.predicted_ms if chosen else base.get("predicted"), "measured": None}
+        plan_ms = Latency(chosen.predicted_ms if chosen else base.predicted, None)
         drop, tier = (chosen.drop, chosen.tier) if chosen else (0.0, None)
         source = "best trial so far" if chosen else "no feasible trial yet (all bf16)"
-        predicted = base["predicted"] / plan_ms["predicted"] if base.get("predicted") and plan_ms["predicted"] else None
+        predicted = base.predicted / plan_ms.predicted if base.predicted and plan_ms.predicted else None
         measured, after, stopped = None, None, "not finished"
         seconds = max((t.finished_s for t in data.trials if t.finished_s is not None), default=None)
         speedup_why = speedup_why or "measured when the search finishes"
     if emulated:
         predicted = measured = None
     return Headline(
-        title=f"{ctx['model']['class']} on {ctx['device']['name']}",
+        title=f"{ctx.model.class_name} on {ctx.device.name}",
         predicted_speedup=predicted, measured_speedup=measured, speedup_why=speedup_why, baseline_ms=base,
         plan_ms=plan_ms, drop=drop, drop_tier=tier, drop_source=source,
         within_budget=None if drop is None else drop <= data.max_drop,
-        bytes_before=ctx["model"]["weight_bytes"], bytes_after=after,
+        bytes_before=ctx.model.weight_bytes, bytes_after=after,
         trials_done=len(data.completed), seconds=seconds, stopped=stopped, layers_changed=changed,
     )
 
 
 def _pareto_row(data: ReportData, t: Trial) -> dict[str, Any]:
-    from autoao.reports.load import plan_of
-
     plan = plan_of(data.groups, t.params)
     emulated = {lay.fqn: {c.candidate for c in lay.choices if c.emulated} for lay in data.layers}
     uses_emulated = any(plan.get(f, BASELINE) in e for f, e in emulated.items())
-    base = data.context["baseline_ms"].get("predicted")
+    base = data.context.baseline_ms.predicted
     return {"trial": t, "speedup": None if uses_emulated or not base else base / t.predicted_ms,
             "emulated": uses_emulated, "shown": t.number == data.chosen_trial, "plan": tables.plan_text(data, t.params)}
 

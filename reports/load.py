@@ -18,14 +18,17 @@ Everything here is a pure function of those files, so loading twice gives identi
 from __future__ import annotations
 
 import datetime
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autoao.common import BASELINE
+from autoao.plan import Plan, PlanError
 from autoao.reports.fmt import fmt_db, fmt_us
+from autoao.runfiles import (FusedRecord, KernelTimes, LayerRecord, RunContext, RunFileError, RunSummary,
+                             describe, load_context, load_summary)
+from autoao.runfiles import pareto_front as search_front
 
 
 # Tier-1 proxy metrics: label, and whether higher is better (None: no direction, shown as is).
@@ -118,8 +121,8 @@ class AccuracyRow:
 class ReportData:
     out_dir: Path
     finished: bool
-    context: dict[str, Any]  # context.json as written (model, device, versions, budget, ...)
-    summary: dict[str, Any] | None  # summary.json, None while unfinished
+    context: RunContext  # context.json (model, device, versions, budget, ...)
+    summary: RunSummary | None  # summary.json, None while unfinished
     trials: list[Trial]
     pareto: list[int]  # trial numbers on the (latency, drop) front, fastest first
     chosen_trial: int | None  # the trial whose plan is shown; None: all bf16 / unknown
@@ -132,7 +135,7 @@ class ReportData:
 
     @property
     def max_drop(self) -> float:
-        return float(self.context["max_accuracy_drop"])
+        return self.context.max_accuracy_drop
 
     @property
     def completed(self) -> list[Trial]:
@@ -170,8 +173,11 @@ def load(out_dir: str | Path) -> ReportData:
     if not ctx_path.is_file():
         raise ReportError(f"{out_dir} is not an autoao search directory (no context.json): give the --out "
                           "directory of `autoao search` or the out_dir of optimize()")
-    context = _read_json(ctx_path)
-    summary = _read_json(out_dir / "summary.json") if (out_dir / "summary.json").is_file() else None
+    try:
+        context = load_context(ctx_path)
+        summary = load_summary(out_dir / "summary.json") if (out_dir / "summary.json").is_file() else None
+    except RunFileError as e:
+        raise ReportError(str(e)) from None
     warnings: list[str] = []
     trials, study_error = _load_trials(context, out_dir)
     if study_error:
@@ -179,7 +185,7 @@ def load(out_dir: str | Path) -> ReportData:
     pareto = pareto_front(trials)
     groups = _groups(context)
     if summary is not None:
-        plan = dict(summary.get("plan") or {})
+        plan = dict(summary.plan)
         chosen_trial = _final_trial(out_dir, plan, trials, groups)
         plan_source = "plan.json: the plan the search chose and applied"
     else:
@@ -193,14 +199,12 @@ def load(out_dir: str | Path) -> ReportData:
         else:
             plan, chosen_trial = {}, None
             plan_source = "no feasible plan yet: every layer stays bf16"
-    fqns = [lay["fqn"] for lay in context["layers"]]
-    plan = {f: plan.get(f, BASELINE) for f in fqns}
-    fusions = _fusion_notes(context, plan)
-    layers = [_layer(lay, plan[lay["fqn"]], groups, fusions.get(lay["fqn"], "")) for lay in context["layers"]]
-    candidates = [CandidateInfo(c["name"], c["summary"], c["status"], c["layers"],
-                                sum(p == c["name"] for p in plan.values()), c.get("emulated"),
-                                list(c.get("reasons") or []))
-                  for c in context["candidates"]]
+    plan = {lay.fqn: plan.get(lay.fqn, BASELINE) for lay in context.layers}
+    fusions = _fusion_notes(context.layers, context.fused, plan)
+    layers = [_layer(lay, plan[lay.fqn], groups, fusions.get(lay.fqn, "")) for lay in context.layers]
+    candidates = [CandidateInfo(c.name, c.summary, c.status, c.layers, sum(p == c.name for p in plan.values()),
+                                c.emulated, list(c.reasons))
+                  for c in context.candidates]
     data = ReportData(out_dir, summary is not None, context, summary, trials, [t.number for t in pareto],
                       chosen_trial, plan_source, plan, layers, candidates, [], warnings)
     data.accuracy = _accuracy_rows(data)
@@ -208,21 +212,14 @@ def load(out_dir: str | Path) -> ReportData:
     return data
 
 
-def _groups(context: dict[str, Any]) -> list[tuple[str, list[str], list[str]]]:
-    return [(name, list(fqns), list(choices)) for name, fqns, choices in context["groups"]]
+def _groups(context: RunContext) -> list[tuple[str, list[str], list[str]]]:
+    return [(g.name, list(g.fqns), list(g.choices)) for g in context.groups]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ReportError(f"cannot read {path}: {e}") from None
-
-
-def _storage_url(context: dict[str, Any], out_dir: Path) -> str | None:
+def _storage_url(context: RunContext, out_dir: Path) -> str | None:
     """The study's storage. The default one (study.db in the output directory) is read from the
     directory itself, so a directory that was moved or copied reports its own study."""
-    url = context.get("storage")
+    url = context.storage
     local = out_dir / "study.db"
     if url and url.startswith("sqlite:///"):
         if url.endswith("/study.db") and local.is_file():
@@ -231,7 +228,7 @@ def _storage_url(context: dict[str, Any], out_dir: Path) -> str | None:
     return url
 
 
-def _load_trials(context: dict[str, Any], out_dir: Path) -> tuple[list[Trial], str | None]:
+def _load_trials(context: RunContext, out_dir: Path) -> tuple[list[Trial], str | None]:
     url = _storage_url(context, out_dir)
     if url is None:
         return [], f"{out_dir / 'study.db'} not found"
@@ -239,13 +236,13 @@ def _load_trials(context: dict[str, Any], out_dir: Path) -> tuple[list[Trial], s
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=context["study_name"], storage=url)
+        study = optuna.load_study(study_name=context.study_name, storage=url)
         frozen = study.get_trials(deepcopy=False)
     except Exception as e:  # noqa: BLE001 - any storage failure: report what else is known
         return [], f"{type(e).__name__}: {e}"
     starts = [t.datetime_start for t in frozen if t.datetime_start is not None]
     t0 = min(starts) if starts else None
-    return [_trial(t, t0, context["max_accuracy_drop"]) for t in frozen], None
+    return [_trial(t, t0, context.max_accuracy_drop) for t in frozen], None
 
 
 def _trial(t: Any, t0: datetime.datetime | None, max_drop: float) -> Trial:
@@ -267,9 +264,7 @@ def _trial(t: Any, t0: datetime.datetime | None, max_drop: float) -> Trial:
 
 def pareto_front(trials: list[Trial]) -> list[Trial]:
     """Non-dominated COMPLETE trials on (predicted latency, drop), fastest first, each plan once:
-    autoao.search.pareto_front itself, so the report's front is the search's."""
-    from autoao.search import pareto_front as search_front  # optuna loads with the study anyway
-
+    the search's own rule (autoao.runfiles.pareto_front), so the report's front is the search's."""
     return search_front([t for t in trials if t.state == "COMPLETE"], latency=lambda t: t.predicted_ms)
 
 
@@ -288,11 +283,13 @@ def plan_of(groups: list[tuple[str, list[str], list[str]]], params: dict[str, st
 def _final_trial(out_dir: Path, plan: dict[str, str], trials: list[Trial],
                  groups: list[tuple[str, list[str], list[str]]]) -> int | None:
     """The trial the final plan came from: plan.json's metadata, else the earliest trial with the
-    same choices (None when the plan is all bf16 because nothing held)."""
+    same choices; None when the plan changes nothing (the model was kept as it came)."""
+    if all(c == BASELINE for c in plan.values()):
+        return None
     if (out_dir / "plan.json").is_file():
-        meta = _read_json(out_dir / "plan.json").get("metadata") or {}
-        if "trial" in meta:
-            return meta["trial"]
+        _, trial = _plan_file(out_dir / "plan.json")
+        if trial is not None:
+            return trial
     wanted = {f: c for f, c in plan.items() if c != BASELINE}
     for t in sorted(trials, key=lambda t: t.number):
         if t.state == "COMPLETE" and {f: c for f, c in plan_of(groups, t.params).items() if c != BASELINE} == wanted:
@@ -301,8 +298,6 @@ def _final_trial(out_dir: Path, plan: dict[str, str], trials: list[Trial],
 
 
 def _plan_file(path: Path) -> tuple[dict[str, str], int | None]:
-    from autoao.plan import Plan, PlanError
-
     try:
         plan = Plan.load(path)
     except (PlanError, OSError) as e:
@@ -312,14 +307,14 @@ def _plan_file(path: Path) -> tuple[dict[str, str], int | None]:
 
 ##### per-layer explanations ####################################################################
 
-def _fusion_notes(context: dict[str, Any], plan: dict[str, str]) -> dict[str, str]:
+def _fusion_notes(layers: list[LayerRecord], fused: list[FusedRecord], plan: dict[str, str]) -> dict[str, str]:
     """FQN -> "; runs as one kernel with k_proj, v_proj: 30 µs for the group instead of 41 µs" for
     the layers of sibling groups that the plan runs fused (same rule as the search: one candidate
     that fuses, and a fused time below the members' sum)."""
-    times = {lay["fqn"]: lay["time_us"] for lay in context["layers"]}
+    times = {lay.fqn: lay.time_us for lay in layers}
     notes = {}
-    for group in context.get("fused") or []:
-        fqns, fused_us = group["fqns"], group["time_us"]
+    for group in fused:
+        fqns, fused_us = group.fqns, group.time_us
         chosen = {plan.get(f, BASELINE) for f in fqns}
         name = next(iter(chosen))
         if len(chosen) != 1 or name == BASELINE or name not in fused_us:
@@ -333,22 +328,21 @@ def _fusion_notes(context: dict[str, Any], plan: dict[str, str]) -> dict[str, st
     return notes
 
 
-def _layer(lay: dict[str, Any], chosen: str, groups: list[tuple[str, list[str], list[str]]],
+def _layer(lay: LayerRecord, chosen: str, groups: list[tuple[str, list[str], list[str]]],
            fusion: str = "") -> Layer:
-    group, members = next(((n, f) for n, f, _ in groups if lay["fqn"] in f), (lay["fqn"], [lay["fqn"]]))
-    times: dict[str, float] = lay["time_us"]
-    sqnr: dict[str, float] = lay["sqnr_db"]
-    emulated = set(lay["emulated"])
-    names = list(dict.fromkeys([*times, *lay["timing_error"], *lay["excluded"], *lay["choices"]]))
+    group, members = next(((n, f) for n, f, _ in groups if lay.fqn in f), (lay.fqn, [lay.fqn]))
+    times, sqnr = lay.time_us, lay.sqnr_db
+    emulated = set(lay.emulated)
+    names = list(dict.fromkeys([*times, *lay.timing_error, *lay.excluded, *lay.choices]))
     t_chosen = times.get(chosen)
     choices = []
     for c in names:
         if c == chosen:
             status, reason = "chosen", _why_chosen(chosen, lay, members, fusion)
-        elif c in lay["excluded"]:
-            status, reason = "excluded", f"excluded: {lay['excluded'][c]}"
-        elif c not in lay["choices"]:
-            status, reason = "excluded", f"excluded: {lay['timing_error'].get(c, 'not offered to the search')}"
+        elif c in lay.excluded:
+            status, reason = "excluded", f"excluded: {lay.excluded[c]}"
+        elif c not in lay.choices:
+            status, reason = "excluded", f"excluded: {lay.timing_error.get(c, 'not offered to the search')}"
         else:
             status = "allowed"
             t, s, s_chosen = times.get(c), sqnr.get(c), sqnr.get(chosen)
@@ -358,20 +352,20 @@ def _layer(lay: dict[str, Any], chosen: str, groups: list[tuple[str, list[str], 
                 reason = f"less accurate: SQNR {fmt_db(s)} vs {fmt_db(s_chosen)}"
             else:
                 reason = "not picked by the search (Pareto trade-off)"
-        kern, note = _kernel(lay.get("kernels", {}).get(c))
+        kern, note = _kernel(lay.kernels.get(c))
         choices.append(Choice(c, status, times.get(c), c in emulated, sqnr.get(c), reason, kern, note))
     order = {"chosen": 0, "allowed": 1, "excluded": 2}
     choices.sort(key=lambda ch: order[ch.status])  # stable: the candidates' registry order within
-    return Layer(lay["fqn"], group, len(members), lay["in_features"], lay["out_features"], lay["tokens"],
-                 {int(m): n for m, n in lay["calls"].items()}, list(lay.get("tied") or []), chosen,
+    return Layer(lay.fqn, group, len(members), lay.in_features, lay.out_features, lay.tokens,
+                 dict(lay.calls), list(lay.tied), chosen,
                  choices[0].reason if choices and choices[0].status == "chosen" else "", choices)
 
 
-def _kernel(info: dict[str, Any] | None) -> tuple[str | None, str]:
-    """context.json's per-candidate kernel timings -> (chosen kernel, "kernel; other 1.52x slower")."""
-    if not info or info.get("chosen") is None:
+def _kernel(info: KernelTimes | None) -> tuple[str | None, str]:
+    """A layer's per-kernel timings of one candidate -> (chosen kernel, "kernel; other 1.52x slower")."""
+    if info is None or info.chosen is None:
         return None, ""
-    chosen, us = info["chosen"], info["us"]
+    chosen, us = info.chosen, info.us
     others = []
     for kern, t in us.items():
         if kern != chosen:
@@ -380,14 +374,14 @@ def _kernel(info: dict[str, Any] | None) -> tuple[str | None, str]:
     return chosen, "; ".join([chosen, *others])
 
 
-def _why_chosen(chosen: str, lay: dict[str, Any], members: list[str], fusion: str = "") -> str:
+def _why_chosen(chosen: str, lay: LayerRecord, members: list[str], fusion: str = "") -> str:
     group_size = len(members)
-    times, sqnr = lay["time_us"], lay["sqnr_db"]
-    faster = [c for c in lay["choices"] if c in times and times[c] < times.get(chosen, math.inf)]
+    times, sqnr = lay.time_us, lay.sqnr_db
+    faster = [c for c in lay.choices if c in times and times[c] < times.get(chosen, math.inf)]
     noisier = all(sqnr.get(c, -math.inf) < sqnr.get(chosen, math.inf) for c in faster)
     shared = fusion
     if group_size > 1 and not fusion:  # siblings (q/k/v, gate/up) take one choice together
-        siblings = [f.rpartition(".")[2] for f in members if f != lay["fqn"]]
+        siblings = [f.rpartition(".")[2] for f in members if f != lay.fqn]
         shared = f"; shared with {', '.join(siblings)}"
     if chosen == BASELINE:
         if not faster:
@@ -403,7 +397,7 @@ def _why_chosen(chosen: str, lay: dict[str, Any], members: list[str], fusion: st
         lead = f"chosen: {_faster(len(faster))} less accurate"
     else:
         lead = "chosen by the search over faster candidates (Pareto trade-off)"
-    if chosen in lay["emulated"]:
+    if chosen in lay.emulated:
         lead += " (emulated here: its time is not a speed-up)"
     return lead + shared
 
@@ -416,11 +410,11 @@ def _faster(n: int) -> str:
 
 def _accuracy_rows(data: ReportData) -> list[AccuracyRow]:
     """Every accuracy number of the shown plan next to bf16's, each with the tier that made it."""
-    acc = data.context["accuracy"]
+    acc = data.context.accuracy
     rows: list[AccuracyRow] = []
     chosen = data.trial(data.chosen_trial)
     all_bf16 = all(c == BASELINE for c in data.plan.values())
-    base1 = acc["baseline"].get("tier1") or {}
+    base1 = acc.baseline_tier1
     lm = "kl" in base1  # LM mode: next-token metrics; otherwise the relative error of the outputs
     proxy_source = "next-token accuracy on held-out tokens" if lm else "1 - relative output error on held-out inputs"
     for key, label in PROXY_METRICS.items():
@@ -431,37 +425,39 @@ def _accuracy_rows(data: ReportData) -> list[AccuracyRow]:
         plan_value = base1[key] if all_bf16 else (chosen.metrics.get(key) if chosen else None)
         higher = {"accuracy": True, "agreement": True, "kl": False, "loss": False, "rel_error": False}[key]
         rows.append(AccuracyRow(label, 1, f"proxy: {proxy_source}", base1[key], plan_value, higher))
-    if acc["tier"] == 2:
-        rows += _tier2_rows(acc, data.summary, all_bf16)
+    if acc.tier == 2:
+        rows += _tier2_rows(data.context, data.summary, all_bf16)
     return rows
 
 
-def _tier2_rows(acc: dict[str, Any], summary: dict[str, Any] | None, all_bf16: bool) -> list[AccuracyRow]:
-    base = acc["baseline"].get("tier2")
-    final = (summary or {}).get("accuracy") or {}
-    measured = final.get("tier") == 2
-    if acc.get("tasks"):
-        tasks = acc["tasks"] if isinstance(acc["tasks"], list) else [t.strip() for t in acc["tasks"].split(",")]
-        source = f"lm-eval: {', '.join(tasks)}"
-        base_flat = {f"{t}/{k}": v for t, m in ((base or {}).get("metrics") or {}).items() for k, v in m.items()
-                     if not k.endswith("_stderr")}
-        rows = [AccuracyRow("mean headline accuracy of the tasks", 2, source, (base or {}).get("accuracy"),
-                            (base or {}).get("accuracy") if all_bf16 else final.get("accuracy") if measured else None,
+def _tier2_rows(context: RunContext, summary: RunSummary | None, all_bf16: bool) -> list[AccuracyRow]:
+    acc = context.accuracy
+    final = summary.accuracy if summary is not None else None
+    measured = final is not None and final.tier == 2
+    if acc.tasks:
+        source = f"lm-eval: {', '.join(acc.tasks)}"
+        rows = [AccuracyRow("mean headline accuracy of the tasks", 2, source, acc.baseline_tier2,
+                            acc.baseline_tier2 if all_bf16 else final.accuracy if measured else None,  # type: ignore[union-attr]
                             True)]
-        for key, value in base_flat.items():
-            plan_value = value if all_bf16 else (final.get("metrics") or {}).get(key) if measured else None
+        for key, value in acc.baseline_tier2_metrics.items():
+            plan_value = value if all_bf16 else final.metrics.get(key) if measured else None  # type: ignore[union-attr]
             rows.append(AccuracyRow(key, 2, source, value, plan_value, "perplexity" not in key and "bits" not in key))
         return rows
-    name = acc.get("metric") or "metric"
-    plan_value = base if all_bf16 else final.get("accuracy") if measured else None
-    return [AccuracyRow(name, 2, f"user metric: {name}", base, plan_value, True)]
+    name = acc.metric or "metric"
+    plan_value = acc.baseline_tier2 if all_bf16 else final.accuracy if measured else None  # type: ignore[union-attr]
+    return [AccuracyRow(name, 2, f"user metric: {name}", acc.baseline_tier2, plan_value, True)]
+
+
+def decision_notes(data: ReportData) -> list[str]:
+    """The finished run's decisions as sentences (autoao.runfiles.describe)."""
+    return [describe(d) for d in data.summary.decisions] if data.summary is not None else []
 
 
 def _trust_warnings(data: ReportData) -> list[str]:
     """What makes a number on the page less trustworthy than it looks, said up front."""
     out = []
-    base = data.context.get("baseline_ms") or {}
-    pred, meas = base.get("predicted"), base.get("measured")
+    base = data.context.baseline_ms
+    pred, meas = base.predicted, base.measured
     if pred and meas and not 0.5 <= pred / meas <= 2.0:
         out.append(f"The cost model predicts {pred:,.3f} ms for the bf16 model but it measured {meas:,.3f} ms end "
                    f"to end ({max(pred / meas, meas / pred):,.1f}x apart): per-layer timings on this device are "
@@ -472,7 +468,7 @@ def _trust_warnings(data: ReportData) -> list[str]:
                    "their latency is not that of a fast kernel, so no speed-up is reported for them")
     s = data.summary
     chosen = data.trial(data.chosen_trial)
-    speedups = dict(s["speedup"]) if s else (
+    speedups: dict[str, float | None] = {"predicted": s.speedup.predicted, "measured": s.speedup.measured} if s else (
         {"predicted": pred / chosen.predicted_ms} if pred and chosen and chosen.predicted_ms > 0 else {})
     for kind, value in speedups.items():
         if value and value > PLAUSIBLE_SPEEDUP and not emulated:
@@ -483,6 +479,6 @@ def _trust_warnings(data: ReportData) -> list[str]:
     if p_up and m_up and not 2 / 3 <= p_up / m_up <= 1.5 and not emulated:
         out.append(f"The cost model predicted a {p_up:.2f}x speed-up but the plan measured {m_up:.2f}x end to end: "
                    "trust the measured number; latencies in the Pareto front and the layer table are predictions")
-    if s and s.get("speedup", {}).get("measured") and s["speedup"]["measured"] < 1.0 and s.get("plan"):
-        out.append(f"The chosen plan measured slower than bf16 end to end (speed-up {s['speedup']['measured']:.2g}x)")
+    if s and s.speedup.measured and s.speedup.measured < 1.0 and s.plan:
+        out.append(f"The chosen plan measured slower than bf16 end to end (speed-up {s.speedup.measured:.2g}x)")
     return out

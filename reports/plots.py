@@ -63,7 +63,7 @@ def _pareto(data: ReportData) -> str | None:
         ax.scatter([t.predicted_ms for t in front], [t.drop for t in front], s=46, facecolors="none",
                    edgecolors=FRONT, linewidths=1.3, zorder=4)
     ax.axhline(data.max_drop, color=LIMIT, ls="--", lw=1.2, label=f"max accuracy drop ({data.max_drop:g})", zorder=1)
-    base = data.context["baseline_ms"].get("predicted")
+    base = data.context.baseline_ms.predicted
     if base:
         ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"bf16, predicted ({fmt_ms(base)})", zorder=1)
     chosen = data.trial(data.chosen_trial)

@@ -11,7 +11,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autoao.reports.load import BASELINE, ReportData
+from autoao.common import BASELINE, atomic_write
+from autoao.reports.load import ReportData, plan_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,8 +56,6 @@ def build(data: ReportData) -> dict[str, pd.DataFrame]:
 
 def write_csvs(tables: dict[str, pd.DataFrame], html_path: Path) -> list[Path]:
     """Each table as `<report stem>_<name>.csv` beside the HTML, written atomically."""
-    from autoao.common import atomic_write
-
     paths = []
     for name, df in tables.items():
         path = html_path.with_name(f"{html_path.stem}_{name}.csv")
@@ -68,8 +67,6 @@ def write_csvs(tables: dict[str, pd.DataFrame], html_path: Path) -> list[Path]:
 
 def plan_text(data: ReportData, params: dict[str, str]) -> str:
     """"int8_dyn x4, int4_wo(group_size=64) x2" (layers per candidate, bf16 left out; "all bf16")."""
-    from autoao.reports.load import plan_of
-
     counts: dict[str, int] = {}
     for cand in plan_of(data.groups, params).values():
         if cand != BASELINE:
@@ -81,34 +78,35 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
     """The headline numbers as (item, value) text pairs: the summary CSV and the HTML's facts."""
     ctx, s = data.context, data.summary
     counts = data.state_counts()
-    items = [("status", "finished: " + str(s.get("stopped", "")) if s else "not finished (interrupted or running)"),
+    items = [("status", "finished: " + s.stopped if s else "not finished (interrupted or running)"),
              ("trials finished", str(counts.get("COMPLETE", 0))),
              ("trials failed / running / waiting",
               f"{counts.get('FAIL', 0)} / {counts.get('RUNNING', 0)} / {counts.get('WAITING', 0)}"),
              ("shown plan", data.plan_source),
-             ("bf16 latency predicted (ms)", _num(ctx["baseline_ms"].get("predicted"))),
-             ("bf16 latency measured (ms)", _num((s or ctx)["baseline_ms"].get("measured")))]
+             ("bf16 latency predicted (ms)", _num(ctx.baseline_ms.predicted)),
+             ("bf16 latency measured (ms)", _num((s or ctx).baseline_ms.measured))]
     chosen = data.trial(data.chosen_trial)
     if s:
-        items += [("plan latency predicted (ms)", _num(s["plan_ms"]["predicted"])),
-                  ("plan latency measured (ms)", _num(s["plan_ms"]["measured"])),
-                  ("speed-up predicted", _num(s["speedup"]["predicted"]) if not data.emulated_in_plan() else ""),
-                  ("speed-up measured", _num(s["speedup"]["measured"]) if not data.emulated_in_plan() else ""),
-                  ("weight bytes before", str(s["weight_bytes"]["before"])),
-                  ("weight bytes after", str(s["weight_bytes"]["after"])),
-                  ("search seconds", _num(s.get("seconds")))]
-        if s.get("stage_seconds"):  # where the wall time went (summaries before session 6 lack it)
+        items += [("plan latency predicted (ms)", _num(s.plan_ms.predicted)),
+                  ("plan latency measured (ms)", _num(s.plan_ms.measured)),
+                  ("speed-up predicted", _num(s.speedup.predicted) if not data.emulated_in_plan() else ""),
+                  ("speed-up measured", _num(s.speedup.measured) if not data.emulated_in_plan() else ""),
+                  ("weight bytes before", str(s.weight_bytes.before)),
+                  ("weight bytes after", str(s.weight_bytes.after)),
+                  ("search seconds", _num(s.seconds))]
+        if s.stage_seconds:  # where the wall time went (older run files may lack it)
             items.append(("search seconds by stage",
-                          "; ".join(f"{stage} {sec:.1f}" for stage, sec in s["stage_seconds"].items())))
+                          "; ".join(f"{stage} {sec:.1f}" for stage, sec in s.stage_seconds.items())))
     elif chosen is not None:
         items += [("plan latency predicted (ms)", _num(chosen.predicted_ms))]
-    acc = (s or {}).get("accuracy") or (
-        {"drop": chosen.drop, "tier": chosen.tier} if chosen is not None else None)
-    items += [("accuracy drop", _num(acc["drop"]) if acc else "0 (all bf16)"),
-              ("accuracy drop tier", str(acc["tier"]) if acc else ""),
+    final = s.accuracy if s else None
+    drop, tier = ((final.drop, final.tier) if final else (chosen.drop, chosen.tier) if chosen and not s else
+                  (None, None))
+    items += [("accuracy drop", _num(drop) if drop is not None else "0 (all bf16)"),
+              ("accuracy drop tier", str(tier) if tier is not None else ""),
               ("max accuracy drop", _num(data.max_drop)),
-              ("budget", str(ctx["budget"])), ("seed", str(ctx["seed"])),
-              ("device", f"{ctx['device']['name']} ({ctx['device']['type']}, timing {ctx['device']['timing_mode']})")]
+              ("budget", ctx.budget), ("seed", str(ctx.seed)),
+              ("device", f"{ctx.device.name} ({ctx.device.type}, timing {ctx.device.timing_mode})")]
     return items
 
 

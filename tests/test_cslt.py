@@ -2,7 +2,7 @@
 
 The CPU has no cuSPARSELt, so torch._cslt_sparse_mm is replaced by a dense emulation with the same
 contract (compressed W [N, K] @ dense B [K, M] -> [N, M], or [M, N] with transpose_result) and
-the tuners' timer (evaluators.timing.tuning_us) by a table of times: what is tested is the
+the tuners' timer (autoao.clock.tuning_us) by a table of times: what is tested is the
 choice, not the library.
 """
 
@@ -37,10 +37,10 @@ def fake_cslt(monkeypatch):
         timed.append(last[0])
         return times[last[0]]
 
-    from autoao.evaluators import timing
+    from autoao import clock
 
     monkeypatch.setattr(torch, "_cslt_sparse_mm", cslt)
-    monkeypatch.setattr(timing, "tuning_us", tuning_us)
+    monkeypatch.setattr(clock, "tuning_us", tuning_us)
     monkeypatch.setattr(sparse24, "_alg_count", lambda: 3)
     monkeypatch.setattr(sparse24, "_ALG", {})
     return timed

@@ -297,7 +297,7 @@ def test_chained_launches_read_the_previous_kernels_output():
 
 
 def test_tuner_times_every_config_without_idle_warps_once_and_keeps_the_fastest(monkeypatch):
-    from autoao.evaluators import timing
+    from autoao import clock
 
     timed = []
 
@@ -310,7 +310,7 @@ def test_tuner_times_every_config_without_idle_warps_once_and_keeps_the_fastest(
     monkeypatch.setattr(cuda_int4, "_launch", fake_launch)
     monkeypatch.setattr(cuda_int4, "_TUNED", {})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(timing, "tuning_us", lambda fn: (fn(), made_up_us(timed[-1]))[1])
+    monkeypatch.setattr(clock, "tuning_us", lambda fn: (fn(), made_up_us(timed[-1]))[1])
     k, group = 512, 128  # 4 units of K: a config with split x warps > 4 would leave warps idle
     x = torch.zeros(1, k, dtype=torch.bfloat16)
     qw, sz = torch.zeros(2, k // 64, 32, 4, dtype=torch.int32), torch.zeros(2, k // 128, 8, 1, 2, dtype=torch.int32)

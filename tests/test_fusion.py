@@ -263,10 +263,12 @@ def test_fused_members_are_quantized_linears():
 
 def test_report_says_which_layers_run_fused():
     from autoao.reports.load import _fusion_notes
+    from autoao.runfiles import FusedRecord, LayerRecord
 
-    context = {"layers": [{"fqn": f, "time_us": {"bf16": 10.0, "int8_wo": 6.0, "int4": 5.0}} for f in QKV],
-               "fused": [{"fqns": list(QKV), "time_us": {"bf16": 25.0, "int8_wo": 12.0, "int4": 16.0}}]}
-    notes = _fusion_notes(context, {f: "int8_wo" for f in QKV})
+    layers = [LayerRecord(f, 8, 8, 1, {1: 1}, {"bf16": 10.0, "int8_wo": 6.0, "int4": 5.0}, {}, {}, [], {}, [], {})
+              for f in QKV]
+    fused = [FusedRecord(list(QKV), {"bf16": 25.0, "int8_wo": 12.0, "int4": 16.0})]
+    notes = _fusion_notes(layers, fused, {f: "int8_wo" for f in QKV})
     assert notes["k_proj"] == "; runs as one kernel with q_proj, v_proj: 12 µs for the group instead of 18 µs"
-    assert _fusion_notes(context, {f: "int4" for f in QKV}) == {}  # fused is slower: not fused
-    assert _fusion_notes(context, {"q_proj": "int8_wo", "k_proj": "int8_wo"}) == {}  # v stays bf16
+    assert _fusion_notes(layers, fused, {f: "int4" for f in QKV}) == {}  # fused is slower: not fused
+    assert _fusion_notes(layers, fused, {"q_proj": "int8_wo", "k_proj": "int8_wo"}) == {}  # v stays bf16

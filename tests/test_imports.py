@@ -19,10 +19,10 @@ FOLDERS = {"autoao": "autoao", "search_space": "autoao.search_space", "kernels":
 
 # Lowest first. A module may import from its own layer and the ones before it, never after.
 LAYERS = [
-    ["autoao.common", "autoao.clock", "autoao.runfiles"],  # leaves: import nothing from autoao
+    ["autoao.common", "autoao.clock", "autoao.calibration", "autoao.runfiles"],  # leaves: nothing from autoao
     ["autoao.kernels"],
     ["autoao.search_space"],
-    ["autoao.calibration", "autoao.profile", "autoao.plan"],
+    ["autoao.profile", "autoao.plan"],
     ["autoao.evaluators"],
     ["autoao.cost"],
     ["autoao.search"],

@@ -85,20 +85,20 @@ def test_loader_reads_the_finished_search(search):
     assert data.finished and data.summary is not None
     # the measured speed-up divides two end-to-end times taken back to back after the search
     s = data.summary
-    assert s["speedup"]["measured"] == pytest.approx(s["baseline_ms"]["measured"] / s["plan_ms"]["measured"])
-    assert s["baseline_ms"]["measured_at_start"] == pytest.approx(data.context["baseline_ms"]["measured"])
+    assert s.speedup.measured == pytest.approx(s.baseline_ms.measured / s.plan_ms.measured)
+    assert s.baseline_ms_at_start == pytest.approx(data.context.baseline_ms.measured)
     assert [lay.fqn for lay in data.layers] == [f"blocks.{i}.{n}" for i in range(2) for n in ("up_proj", EVIL, "down_proj")]
     assert {f: c for f, c in data.plan.items() if c != "bf16"} == {f: c.name for f, c in result.plan.layers.items()}
     assert data.chosen_trial == result.plan.metadata.get("trial")
     assert len(data.completed) == 20
     assert data.pareto == [p["trial"] for p in result.pareto]  # the search's own front, fastest first
     # the wall time per stage adds up to the search's, in the order the stages ran
-    stages = s["stage_seconds"]
+    stages = s.stage_seconds
     assert list(stages) == ["profile and kernel timing", "layer errors, proxy and baselines", "search trials",
                             "choice, re-rank and final measurement"]
-    assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(s["seconds"])
+    assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(s.seconds, rel=1e-3)
     # the timing stage by candidate, largest first, within the stage's wall time
-    by_kernel = list(s["timing_seconds"].values())
+    by_kernel = list(s.timing_seconds.values())
     assert by_kernel == sorted(by_kernel, reverse=True)
     assert sum(by_kernel) <= stages["profile and kernel timing"] + 0.05
     # the tier of every accuracy number is known; tier 2 here is the user metric
@@ -256,10 +256,10 @@ def test_report_in_headless_chromium(search, tmp_path, capsys):
                     "Candidates on this device", "Reproduce"):
         assert heading in text
     assert "Search finished" in text
-    assert f"{s['speedup']['measured']:.2f}×" in card
-    assert f"{s['baseline_ms']['measured']:.3g} ms" in card
-    assert f"{s['speedup']['predicted']:.2f}×" in text
-    assert f"{s['accuracy']['drop']:+.4f}" in text and "tier 2 · user metric" in text and "tier 1 · proxy" in text
+    assert f"{s.speedup.measured:.2f}×" in card
+    assert f"{s.baseline_ms.measured:.3g} ms" in card
+    assert f"{s.speedup.predicted:.2f}×" in text
+    assert f"{s.accuracy.drop:+.4f}" in text and "tier 2 · user metric" in text and "tier 1 · proxy" in text
     assert layer_cells == [lay.fqn for lay in load(out).layers]  # the evil name reads as text
     assert layer_cells[1] == f"blocks.0.{EVIL}"
     assert "python tiny_search.py" in text and str(out) in text

@@ -197,8 +197,10 @@ def test_tier2_check_skips_plans_the_calibrated_proxy_predicts_to_fail():
     # The proxy's accuracy let all five plans through; on tier 2 the drop is 0.8 x the proxy's KL.
     # After the fastest fails (KL 0.04 -> drop 0.032), plans predicted over 0.8 x the budget are
     # skipped unchecked, so the fifth check is not needed to reach the plan that holds.
-    from autoao.api import _choose
-    from autoao.search import Group, SearchOutcome, TrialResult
+    from autoao.ledger import RunLedger
+    from autoao.runfiles import describe
+    from autoao.search import Budget, Group, SearchOutcome, TrialResult
+    from autoao.stages import choose_tier2
 
     groups = [Group(f"l{i}", (f"l{i}",), ("bf16", "int8_wo", "int8_dyn")) for i in range(3)]
     kls = [0.04, 0.035, 0.03, 0.028, 0.005]
@@ -211,31 +213,32 @@ def test_tier2_check_skips_plans_the_calibrated_proxy_predicts_to_fail():
     kl_of = {tuple(sorted(p.items())): kl for p, kl in zip(params, kls)}
     checked = []
 
-    class Swapper:
-        def set(self, plan):
-            self.key = tuple(sorted((f, c.name) for f, c in plan.layers.items()))
-
-    swapper = Swapper()
-
-    def tier2(model, key):
-        checked.append(swapper.key)
-        drop = 0.8 * kl_of[swapper.key]
+    def tier2(plan):
+        key = tuple(sorted((f, c.name) for f, c in plan.layers.items()))
+        checked.append(key)
+        drop = 0.8 * kl_of[key]
         return Accuracy(2, 0.5 - drop, drop, {}, "fake lm-eval")
 
-    notes: list[str] = []
-    chosen, acc = _choose(outcome, groups, tier2, swapper, None, "w", 0.01, notes, lambda msg: None)
-    assert chosen is trials[4] and acc.drop == pytest.approx(0.004)
+    choice = choose_tier2(outcome, tier2, 0.01, RunLedger(Budget(trials=1), progress=False))
+    assert choice.trial is trials[4] and choice.accuracy.drop == pytest.approx(0.004)
     assert checked == [tuple(sorted(params[0].items())), tuple(sorted(params[4].items()))]
-    assert "trial 0" in notes[0] and "rejected" in notes[0]
-    assert notes[-1] == "chose trial 4: faster plans broke the budget on tier 2 or were predicted to (3 skipped unchecked)"
+    first, last = choice.decisions[0], choice.decisions[-1]
+    assert (first.kind, first.trial, first.numbers["drop"]) == ("tier2_rejected", 0, pytest.approx(0.032))
+    assert "trial 0" in describe(first) and "rejected" in describe(first)
+    assert (last.kind, last.trial, last.numbers["skipped"]) == ("tier2_chose_slower", 4, 3)
+    assert describe(last) == "chose trial 4: faster plans broke the budget on tier 2 or were predicted to (3 skipped unchecked)"
 
 
 def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wins():
     # Without tier 2, the feasible plans predicted within RERANK_BAND of the chosen one (distinct,
     # at most RERANK_PLANS) are measured end to end; one replaces the chosen plan only when it runs
     # more than RERANK_MARGIN faster. Out-of-band, infeasible and duplicate plans are not measured.
-    from autoao.api import RERANK_MARGIN, RERANK_PLANS, _rerank
-    from autoao.search import Group, SearchOutcome, TrialResult
+    from autoao.ledger import RunLedger
+    from autoao.runfiles import describe
+    from autoao.search import Budget, Group, SearchOutcome, TrialResult
+    from autoao.stages import RERANK_MARGIN, RERANK_PLANS, rerank
+
+    ledger = RunLedger(Budget(trials=1), progress=False)
 
     assert RERANK_PLANS == 3
     groups = [Group("l0", ("l0",), ("bf16", "int8_wo", "int8_dyn", "fp8_wo"))]
@@ -245,30 +248,35 @@ def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wi
     outcome = SearchOutcome(None, groups, trials, trials, trials[0], 0.0, "budget spent")
 
     def run(measured):
-        calls, notes = [], []
+        calls = []
 
         def measure(params):
             calls.append(params["l0"])
+            if isinstance(measured[params["l0"]], Exception):
+                raise measured[params["l0"]]
             return measured[params["l0"]]
 
-        chosen, rows = _rerank(outcome, trials[0], measure, notes, lambda msg: None)
-        return chosen, rows, calls, notes
+        choice = rerank(outcome, trials[0], measure, ledger)
+        return choice.trial, choice.measured_plans, calls, [describe(d) for d in choice.decisions]
 
     chosen, rows, calls, notes = run({"int8_wo": 100.0, "int8_dyn": 90.0, "fp8_wo": 95.0})
     assert calls == ["int8_wo", "int8_dyn", "fp8_wo"]  # trial 2 repeats the chosen plan, 4 is infeasible
-    assert chosen is trials[1] and [r["chosen"] for r in rows] == [False, True, False]
-    assert [r["trial"] for r in rows] == [0, 1, 3] and rows[1]["measured_ms"] == pytest.approx(0.09)
+    assert chosen is trials[1] and [r.chosen for r in rows] == [False, True, False]
+    assert [r.trial for r in rows] == [0, 1, 3] and rows[1].measured_ms == pytest.approx(0.09)
     assert "chose trial 1" in notes[0] and "trial 0" in notes[0]
     # faster, but within the margin: the cost model's pick stays
     close = 100.0 / (1 + RERANK_MARGIN) + 0.5
     chosen, rows, _, notes = run({"int8_wo": 100.0, "int8_dyn": close, "fp8_wo": 101.0})
-    assert chosen is trials[0] and rows[0]["chosen"] and notes[0].startswith("kept trial 0")
-    # a plan that could not be measured (inf) is never taken
+    assert chosen is trials[0] and rows[0].chosen and notes[0].startswith("kept trial 0")
+    # a plan that could not be measured (inf, or it raised) is never taken, and the reason is kept
     chosen, rows, _, _ = run({"int8_wo": 100.0, "int8_dyn": math.inf, "fp8_wo": 101.0})
     assert chosen is trials[0]
+    chosen, rows, _, notes = run({"int8_wo": 100.0, "int8_dyn": RuntimeError("no kernel"), "fp8_wo": 101.0})
+    assert chosen is trials[0] and any("could not be measured: RuntimeError: no kernel" in n for n in notes)
     # nothing else in the band: nothing measured
     lone = SearchOutcome(None, groups, trials[:1] + trials[5:], trials[:1], trials[0], 0.0, "budget spent")
-    assert _rerank(lone, trials[0], lambda p: pytest.fail("measured"), [], lambda msg: None) == (trials[0], [])
+    choice = rerank(lone, trials[0], lambda p: pytest.fail("measured"), ledger)
+    assert choice.trial is trials[0] and choice.measured_plans == [] and choice.decisions == []
 
 
 @pytest.mark.parametrize("plan_us, ships", [(2000.0, False), (500.0, True)])
@@ -282,7 +290,7 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     import torch
     from torch import nn
 
-    from autoao import api
+    from autoao import api, stages
     from autoao.evaluators import timing
     from autoao.evaluators.timing import Timing
     from autoao.kernels import QuantizedLinear
@@ -293,19 +301,20 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     def quantized(model):
         return any(isinstance(m, QuantizedLinear) for m in model.modules())
 
-    monkeypatch.setattr(api, "_measure_examples", lambda model, examples, **kw: plan_us if quantized(model) else 1000.0)
+    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, **kw: plan_us if quantized(model) else 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
     result = api.optimize(model, [torch.randn(4, 64)], budget=6, candidates=["int8_dyn", "int8_wo"],
                           max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
     assert quantized(result.model) is ships and bool(result.plan.layers) is ships
-    assert bool(result.summary["plan"]) is ships
-    refused = [n for n in result.summary["notes"] if "not faster, so the model stays in bf16" in n]
+    assert bool(result.summary.plan) is ships
+    refused = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
     assert len(refused) == (0 if ships else 1)
-    assert result.summary["speedup"]["measured"] == pytest.approx(1.0 if not ships else 2.0)
-    re_ranked = result.summary["measured_plans"]
-    assert len(re_ranked) > 1 and sum(row["chosen"] for row in re_ranked) == (1 if ships else 0)
+    assert all("not faster, so the model stays in bf16" in n for n in result.summary.notes if "chosen plan" in n)
+    assert result.summary.speedup.measured == pytest.approx(1.0 if not ships else 2.0)
+    re_ranked = result.summary.measured_plans
+    assert len(re_ranked) > 1 and sum(row.chosen for row in re_ranked) == (1 if ships else 0)
 
 
 def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeypatch):
@@ -314,28 +323,28 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
     import torch
     from torch import nn
 
-    from autoao import api
+    from autoao import api, stages
     from autoao.evaluators.timing import Timing
 
     calls, resets = [], []
-    monkeypatch.setattr(api, "measure_model",
+    monkeypatch.setattr(stages, "measure_model",
                         lambda model, ex, compile=False: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
     monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
     model = nn.Linear(8, 8)
     examples = [torch.zeros(1, 5, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)]  # a prefill, two decode steps
-    assert api._measure_examples(model, examples, compile=True) == 30
+    assert stages.measure_examples(model, examples, compile=True) == 30
     assert calls == [((1, 5, 8), True), ((1, 1, 8), True)] and len(resets) == 2
     calls.clear()
-    assert api._measure_examples(model, examples) == 30 and calls == [((1, 5, 8), False), ((1, 1, 8), False)]
+    assert stages.measure_examples(model, examples) == 30 and calls == [((1, 5, 8), False), ((1, 1, 8), False)]
     assert len(resets) == 2
 
     seen = []
-    monkeypatch.setattr(api, "_measure_examples", lambda model, examples, compile=False: seen.append(compile) or 1000.0)
+    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, compile=False: seen.append(compile) or 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
                  max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
     assert seen and not any(seen)  # the CPU's timing mode is eager
-    monkeypatch.setattr(api, "default_mode", lambda device: "compile")
+    monkeypatch.setattr(stages, "default_mode", lambda device: "compile")
     seen.clear()
     api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
                  max_accuracy_drop=1.0, out_dir=tmp_path / "out2", progress=False)

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 
+from autoao import clock
 from autoao import search_space
 from autoao.cli import main
 from autoao.evaluators import timing
@@ -362,12 +363,12 @@ def test_latency_table_reports_the_chosen_kernel_per_shape():
 
 
 def test_optimize_puts_the_timed_kernels_in_the_plan():
-    # api._kernels maps each planned layer to the kernel timing chose for its shape, and the members
+    # stages.kernels_for maps each planned layer to the kernel timing chose for its shape, and the members
     # of a fusion to the one chosen for the fused shape (CUDA tables carry kernels; here a hand-made
     # table stands in for one)
     from torch import nn
 
-    from autoao.api import _kernels, _shape_calls, _unique_shapes
+    from autoao.stages import kernels_for, shape_calls, unique_shapes
     from autoao.plan import Plan
     from autoao.profile import profile
 
@@ -383,9 +384,9 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
     model = Siblings()
     prof = profile(model, [torch.randn(1, 3, 64), torch.randn(1, 1, 64)])
     assert prof.siblings == [("a", "b")]
-    assert _shape_calls(prof, []) == {(32, 64): {3: 1, 1: 1}, (64, 64): {3: 1, 1: 1}, (64, 32): {3: 1, 1: 1}}
-    assert _shape_calls(prof, prof.siblings)[(96, 64)] == {3: 1, 1: 1}
-    assert _unique_shapes(prof) == [(32, 64), (64, 32), (64, 64)]
+    assert shape_calls(prof, []) == {(32, 64): {3: 1, 1: 1}, (64, 64): {3: 1, 1: 1}, (64, 32): {3: 1, 1: 1}}
+    assert shape_calls(prof, prof.siblings)[(96, 64)] == {3: 1, 1: 1}
+    assert unique_shapes(prof) == [(32, 64), (64, 32), (64, 64)]
     int4 = search_space.get("int4_wo", group_size=32)
     t = lambda kern: timing.Timing(5.0, 5.0, 5.0, 5, kernel=kern)  # noqa: E731
     rows = [timing.LatencyRow(int4.name, m, k, n, t(kern), False) for m in (1, 3)
@@ -393,10 +394,10 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
                                  (96, 64): "tinygemm_dequant"}.items()]
     table = timing.LatencyTable("gpu", "bfloat16", "compile", rows, 0, 0.0)
     plan = Plan({"a": int4, "b": int4, "c": int4})
-    assert _kernels(plan, prof, table) == {"a": "triton", "b": "tinygemm", "c": "tinygemm"}
+    assert kernels_for(plan, prof, table) == {"a": "triton", "b": "tinygemm", "c": "tinygemm"}
     plan.fusions = [("a", "b")]
-    assert _kernels(plan, prof, table) == {"a": "tinygemm_dequant", "b": "tinygemm_dequant", "c": "tinygemm"}
-    assert _kernels(Plan({"a": search_space.get("bf16")}), prof, table) == {}  # no timing, no kernel
+    assert kernels_for(plan, prof, table) == {"a": "tinygemm_dequant", "b": "tinygemm_dequant", "c": "tinygemm"}
+    assert kernels_for(Plan({"a": search_space.get("bf16")}), prof, table) == {}  # no timing, no kernel
 
 
 def test_cost_model_fuses_only_what_timing_measured_fused():
@@ -438,7 +439,7 @@ def test_cost_model_fuses_only_what_timing_measured_fused():
 def test_tuners_pick_the_fastest_option_that_ran(monkeypatch):
     # the kernel tuners' shared loop: options that do not apply (None) or fail in an expected way
     # are passed over; any other failure is a bug and propagates
-    monkeypatch.setattr(timing, "tuning_us", lambda fn: fn())  # each launch "takes" what it returns
+    monkeypatch.setattr(clock, "tuning_us", lambda fn: fn())  # each launch "takes" what it returns
     us = {"a": 5.0, "b": 1.0, "c": 0.5, "d": 3.0, "e": 4.0}
 
     def run(option):
@@ -448,14 +449,14 @@ def test_tuners_pick_the_fastest_option_that_ran(monkeypatch):
             raise RuntimeError("unsupported here")
         return lambda: us[option]
 
-    assert timing.fastest("abcde", run, skip=(RuntimeError,)) == "d"
-    assert timing.fastest("bc", run, skip=(RuntimeError,)) is None
+    assert clock.fastest("abcde", run, skip=(RuntimeError,)) == "d"
+    assert clock.fastest("bc", run, skip=(RuntimeError,)) is None
     with pytest.raises(RuntimeError, match="unsupported"):
-        timing.fastest("abcde", run)
+        clock.fastest("abcde", run)
 
     def fails_when_timed(option):
         def launch():
             raise ValueError("does not compile")
         return launch if option == "a" else (lambda: us[option])
 
-    assert timing.fastest("ae", fails_when_timed, skip=(ValueError,)) == "e"
+    assert clock.fastest("ae", fails_when_timed, skip=(ValueError,)) == "e"

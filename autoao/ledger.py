@@ -1,0 +1,62 @@
+"""The run ledger: one object owns a run's clock, its progress messages and its time budget.
+
+    ledger = RunLedger(Budget.parse("5m"), progress=True)
+    with ledger.stage("profile and kernel timing"):
+        ...
+    ledger.say("searching ...")
+    ledger.remaining()          # seconds of the budget left (None for a trial-count budget)
+    ledger.stage_seconds()      # wall seconds per stage, in the order the stages ran
+
+The budget covers the whole run, from the ledger's creation to the report written. The stages
+tile the run: each starts where the previous one ended (the first at the ledger's creation), so
+their seconds add up to the run's, and the stage still open counts up to now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Iterator
+
+from autoao.search import Budget
+
+
+class RunLedger:
+    def __init__(self, budget: Budget, progress: bool = True) -> None:
+        self.budget = budget
+        self.progress = progress
+        self.start = time.perf_counter()
+        self._closed: dict[str, float] = {}
+        self._open: str | None = None
+        self._mark = self.start  # where the next stage starts
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def remaining(self) -> float | None:
+        """Seconds of a time budget not yet spent (may be negative); None for a trial budget."""
+        return None if self.budget.seconds is None else self.budget.seconds - self.elapsed()
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """The block, and whatever ran since the previous stage ended, as stage `name`."""
+        self._open = name
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            self._closed[name] = self._closed.get(name, 0.0) + now - self._mark
+            self._mark, self._open = now, None
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Wall seconds per stage so far, in order; the open stage up to now."""
+        out = dict(self._closed)
+        if self._open is not None:
+            out[self._open] = out.get(self._open, 0.0) + time.perf_counter() - self._mark
+        return out
+
+    def say(self, msg: str) -> None:
+        """One progress line on stderr, stamped with the run's elapsed seconds."""
+        if self.progress:
+            print(f"[autoao {self.elapsed():6.1f}s] {msg}", file=sys.stderr, flush=True)

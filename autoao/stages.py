@@ -1,0 +1,677 @@
+"""The stages `autoao.optimize` runs, each a function with a typed input and output:
+
+    profile_workload  model + inputs                -> Workload       (layers, token counts, siblings)
+    time_candidates   Workload + candidates         -> LatencyTable   (cached per-layer timings)
+    measure           Workload + LatencyTable       -> Measurements   (cost model, choices, layer errors,
+                                                                       proxy and tier-2 baselines)
+    search            Measurements + SearchConfig   -> SearchOutcome  (the Optuna study)
+    choose            SearchOutcome + Measurements  -> Choice         (the plan that holds, and why)
+    finalize          Choice                        -> Final          (applied, measured against bf16)
+    run_context / run_summary                       -> the typed run files the report reads
+
+`ModelBench` is the one object that changes the model while choosing: it swaps trial modules in
+and out, scores plans on the proxy and tier 2, and measures plans end to end.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+import torch
+from torch import nn
+
+from autoao import search_space
+from autoao.calibration import Calibration
+from autoao.common import BASELINE, __version__
+from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
+from autoao.evaluators.cache import ResultCache, TimingCache, digest
+from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
+                                           layer_errors)
+from autoao.evaluators.timing import LatencyTable, default_mode, measure_latencies, measure_model, workload_us
+from autoao.kernels._base import canonical_on_device
+from autoao.ledger import RunLedger
+from autoao.plan import Plan, apply, set_module
+from autoao.profile import ModelProfile, profile
+from autoao.runfiles import (AccuracyResult, AccuracySpec, CandidateRecord, Decision, DeviceInfo, FusedRecord,
+                             GroupRecord, KernelTimes, LayerRecord, Latency, MeasuredPlan, ModelInfo, RunContext,
+                             RunSummary, UniformRow, WeightBytes, describe)
+from autoao.search import Group, SearchConfig, SearchOutcome, TrialResult, make_groups, plan_from_params, run_search
+from autoao.search_space import Candidate
+
+TIER2_CHECKS = 4  # plans checked with lm-eval / the user metric, fastest first (choose_tier2)
+TIER2_MARGIN = 0.8  # after a rejection, check only plans predicted to drop <= this x the budget
+RERANK_BAND = 0.05  # without tier 2, plans predicted within 5% of the chosen one are measured (rerank)
+RERANK_PLANS = 3  # at most this many, the chosen one included
+RERANK_MARGIN = 0.03  # another plan replaces the chosen one only if measured > 3% faster
+# What runs after the trials, for the budget's reserve: measure_model times the CPU workload at
+# least 10 times after a warm-up (12 runs), so one end-to-end measurement costs at least 12 x the
+# workload's time (more where it compiles: then the measured first measurement's seconds);
+# finalize measures twice (bf16, then the plan); writing the model and the report takes a few s.
+E2E_RUNS = 12
+FINAL_MEASUREMENTS = 2
+WRITE_SECONDS = 5.0
+
+
+##### profile ###################################################################################
+
+@dataclass
+class Workload:
+    """What the model runs and what its linear layers see."""
+
+    prof: ModelProfile
+    examples: list[Any]  # the example inputs, one forward each
+    eval_inputs: Any  # held-out inputs for the tier-1 proxy
+    siblings: list[tuple[str, ...]]  # layers reading one input, fused where timing says so
+    device: torch.device
+    dtype: torch.dtype  # the layers' dtype (bf16 if any layer is)
+    tokens: list[int]  # every M (rows per call) any layer saw
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(N, K) of every profiled layer, each once (fused groups' shapes are timed separately)."""
+        return unique_shapes(self.prof)
+
+    @property
+    def fused_shapes(self) -> list[tuple[int, int]]:
+        """(N, K) of every sibling group run as one module."""
+        return sorted({fused_shape(self.prof, g)[::-1] for g in self.siblings})
+
+
+def profile_workload(model: nn.Module, example_inputs: Any, eval_inputs: Any = None,
+                     fuse_groups: bool = True) -> Workload:
+    prof = profile(model, example_inputs)
+    return Workload(prof, example_inputs if isinstance(example_inputs, list) else [example_inputs],
+                    eval_inputs if eval_inputs is not None else example_inputs,
+                    prof.siblings if fuse_groups else [], model_device(model), layer_dtype(prof), token_counts(prof))
+
+
+def unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:
+    return sorted({(lay.out_features, lay.in_features) for lay in prof.layers})
+
+
+def shape_calls(prof: ModelProfile, siblings: list[tuple[str, ...]]) -> dict[tuple[int, int], dict[int, int]]:
+    """(N, K) -> {M: calls per forward, summed over the layers (and fused sibling groups) of that
+    shape}: how the workload weighs each token count when timing chooses among a candidate's kernels."""
+    out: dict[tuple[int, int], dict[int, int]] = {}
+    calls = layer_calls(prof)
+    shaped = [((lay.out_features, lay.in_features), lay.fqn) for lay in prof.layers]
+    shaped += [(fused_shape(prof, g)[::-1], g[0]) for g in siblings]
+    for shape_nk, fqn in shaped:
+        shape = out.setdefault(shape_nk, {})
+        for m, n in calls[fqn].items():
+            shape[m] = shape.get(m, 0) + n
+    return out
+
+
+def layer_dtype(prof: ModelProfile) -> torch.dtype:
+    dtypes = {lay.dtype for lay in prof.layers}
+    return torch.bfloat16 if torch.bfloat16 in dtypes or not dtypes else next(iter(dtypes))
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    return torch.device("cpu")
+
+
+##### measure ###################################################################################
+
+def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCache, allow_emulated: bool = False,
+                    progress: bool = True) -> LatencyTable:
+    """Every pickable candidate on every layer shape at every token count, and the candidates that
+    fuse on the sibling groups' shapes. Emulated candidates can never be picked unless allowed, and
+    their reference paths are the slowest to time (fp8 on the CPU: ~40x int8), so they are not
+    timed (`autoao kernels` times them)."""
+    pickable = [c for c in cands if allow_emulated or not c.emulated(work.device)]
+    calls = shape_calls(work.prof, work.siblings)
+    table = measure_latencies(work.shapes, work.tokens, pickable, device=work.device, dtype=work.dtype,
+                              cache=cache, progress=progress, calls=calls)
+    fusable = [c for c in pickable if c.fusable]
+    if work.fused_shapes and fusable:
+        table = table.merged(measure_latencies(work.fused_shapes, work.tokens, fusable, device=work.device,
+                                               dtype=work.dtype, cache=cache, progress=progress, calls=calls))
+    return table
+
+
+@dataclass
+class Measurements:
+    """Everything the search and the final choice read, measured once."""
+
+    table: LatencyTable
+    cost: CostModel
+    choices: dict[str, list[str]]  # FQN -> candidate names the search may pick
+    excluded: dict[str, dict[str, str]]  # FQN -> candidate -> why it may not
+    sqnr: dict[str, dict[str, float]]  # tier 0: FQN -> candidate -> layer output SQNR (dB)
+    proxy: ProxyEvaluator
+    tier2: LmEvalEvaluator | CallableEvaluator | None
+    bf16_us: float  # the unchanged model, end to end, at the start
+    e2e_seconds: float  # what that one measurement cost (its compiles included)
+    tier2_seconds: float  # what the tier-2 baseline cost
+    weights_key: str  # the model's weights, for result-cache keys
+    compile: bool  # end-to-end measurements compile the model (as timing compiled layers)
+
+
+def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: LatencyTable,
+            tier2: LmEvalEvaluator | CallableEvaluator | None, *, cache: ResultCache, ledger: RunLedger,
+            allow_emulated: bool = False) -> Measurements:
+    """The unchanged model end to end (the cost model's rest), what each layer may pick, the layer
+    errors (tier 0), the proxy's reference outputs (tier 1) and the tier-2 baseline."""
+    # End-to-end measurements run the model as per-layer timing ran its layers: compiled on CUDA
+    # (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly).
+    compile = default_mode(work.device) == "compile"
+    t0 = ledger.elapsed()
+    bf16_us = measure_examples(model, work.examples, compile=compile)
+    e2e_seconds = ledger.elapsed() - t0
+    cost = CostModel.build(work.prof, table).with_rest_from(bf16_us)
+    choices, excluded = layer_choices(work.prof, cands, table, work.device, allow_emulated)
+    used = [c for c in cands if any(c.name in ch for ch in choices.values())]
+    ledger.say("measuring layer errors (tier 0)")
+    sqnr = layer_errors(model, work.prof, used, cache=cache, progress=ledger.progress)
+    ledger.say("reference outputs for the proxy (tier 1)")
+    proxy = ProxyEvaluator(model, work.eval_inputs, cache=cache)
+    weights_key = digest("model", *[t for t in model.state_dict().values()])
+    tier2_seconds = 0.0
+    if tier2 is not None:
+        ledger.say("baseline accuracy (tier 2)")
+        t0 = ledger.elapsed()
+        tier2.set_baseline(model, key=f"{weights_key}:{plan_key(Plan())}")
+        tier2_seconds = ledger.elapsed() - t0
+    return Measurements(table, cost, choices, excluded, sqnr, proxy, tier2, bf16_us, e2e_seconds, tier2_seconds,
+                        weights_key, compile)
+
+
+def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTable, device: torch.device,
+                  allow_emulated: bool) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
+    """FQN -> candidate names the search may pick; and FQN -> candidate -> why it may not."""
+    choices: dict[str, list[str]] = {}
+    excluded: dict[str, dict[str, str]] = {}
+    calls = layer_calls(prof)
+    for lay in prof.layers:
+        ok, why = [BASELINE], {}
+        for c in cands:
+            if c.name == BASELINE:
+                continue
+            reason = c.supports(lay.spec, device)
+            if reason is None and c.emulated(device) and not allow_emulated:
+                reason = f"emulated on {device.type}: {c.emulated(device)}"
+            if reason is None:
+                failed = [(m, t) for m in calls[lay.fqn] if not (t := table.get(c.name, m, lay.in_features,
+                                                                               lay.out_features)).ok]
+                if failed:
+                    reason = f"timing failed at M={failed[0][0]}: {failed[0][1].error}"
+            if reason:
+                why[c.name] = reason
+            else:
+                ok.append(c.name)
+        choices[lay.fqn] = ok
+        excluded[lay.fqn] = why
+    return choices, excluded
+
+
+def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False) -> float:
+    """Sum of end-to-end medians (us) over the examples; examples of the same shapes are timed once
+    (a workload like "prefill 256 tokens, then 32 decode steps" repeats one decode shape).
+    compile: torch.compile the model for each shape, from a reset dynamo (static shapes; dynamo's
+    recompile limit never reached however many plans are measured on one model object)."""
+    seen: dict[str, float] = {}
+    total = 0.0
+    for ex in examples:
+        key = _describe_shapes(ex)
+        if key not in seen:
+            if compile:
+                torch._dynamo.reset()
+            seen[key] = measure_model(model, ex, compile=compile).median_us
+        total += seen[key]
+    return total
+
+
+def _describe_shapes(example: Any) -> str:
+    if isinstance(example, torch.Tensor):
+        return f"T{tuple(example.shape)}{example.dtype}"
+    if isinstance(example, (tuple, list)):
+        return "(" + ",".join(_describe_shapes(e) for e in example) + ")"
+    if isinstance(example, dict):
+        return "{" + ",".join(f"{k}:{_describe_shapes(v)}" for k, v in example.items()) + "}"
+    return repr(example)
+
+
+def plan_key(plan: Plan) -> str:
+    return digest(sorted((f, c.name) for f, c in plan.layers.items()))
+
+
+##### the model under test ######################################################################
+
+class ModelBench:
+    """Switches the model between plans by swapping modules, building each (layer, candidate)
+    module once (trials revisit the same choices; rebuilding would dominate a CPU search), and
+    scores or measures the plan in place. `restore()` puts the original modules back."""
+
+    def __init__(self, model: nn.Module, work: Workload, meas: Measurements, groups: list[Group]) -> None:
+        self.model, self.work, self.meas, self.groups = model, work, meas, groups
+        self.original = {lay.fqn: model.get_submodule(lay.fqn) for lay in work.prof.layers}
+        self.calibration: Calibration = work.prof.calibration
+        self.bank: dict[tuple[str, str], nn.Module] = {}
+        self.current: dict[str, str] = {}
+
+    def set(self, plan: Plan) -> None:
+        """Swap in the plan's trial modules (unfused, default kernels: as the search scores them)."""
+        for fqn, orig in self.original.items():
+            cand = plan.layers.get(fqn)
+            name = cand.name if cand is not None else BASELINE
+            if self.current.get(fqn, BASELINE) == name:
+                continue
+            if cand is None:
+                module = orig
+            else:
+                if (fqn, name) not in self.bank:
+                    with torch.no_grad(), canonical_on_device():  # trial modules are never saved
+                        self.bank[(fqn, name)] = cand.build(orig, self.calibration[fqn], fqn=fqn)
+                module = self.bank[(fqn, name)]
+            set_module(self.model, fqn, module)
+            self.current[fqn] = name
+
+    def restore(self) -> None:
+        """The original modules back in every profiled layer, whatever put others there."""
+        for fqn, orig in self.original.items():
+            set_module(self.model, fqn, orig)
+        self.current = {}
+
+    def proxy(self, plan: Plan) -> Accuracy:
+        """Tier 1 of a plan; a plan that fails to apply scores -inf (that trial fails, not the search)."""
+        try:
+            self.set(plan)
+        except Exception as e:  # noqa: BLE001 - a candidate failing on a layer fails this trial only
+            return Accuracy(1, -math.inf, math.inf, {}, f"plan failed to apply: {type(e).__name__}: {e}")
+        return self.meas.proxy(self.model, key=f"{self.meas.weights_key}:{plan_key(plan)}")
+
+    def tier2(self, plan: Plan) -> Accuracy:
+        assert self.meas.tier2 is not None
+        self.set(plan)
+        return self.meas.tier2(self.model, key=f"{self.meas.weights_key}:{plan_key(plan)}")
+
+    def shipped(self, params: dict[str, str], **metadata: Any) -> Plan:
+        """The plan these search params make, as it ships: fused groups, the timed kernel per layer."""
+        searched = plan_from_params(self.groups, params, self.meas.cost.fusion_pays)
+        return Plan.for_model(self.model, searched.layers, kernels_for(searched, self.work.prof, self.meas.table),
+                              searched.fusions, **metadata)
+
+    def measure(self, params: dict[str, str]) -> float:
+        """End-to-end us of the plan these params make, applied as it would ship; inf if it cannot
+        be applied or run (then it is not chosen). The model is restored afterwards."""
+        self.restore()
+        try:
+            with canonical_on_device():  # measured and undone: no host copy of its weights
+                apply(self.model, self.shipped(params), calibration=self.calibration)
+            return measure_examples(self.model, self.work.examples, compile=self.meas.compile)
+        finally:
+            self.restore()
+
+
+def kernels_for(plan: Plan, prof: ModelProfile, table: LatencyTable) -> dict[str, str]:
+    """FQN -> the CUDA kernel timing chose for the layer's candidate and shape (where it had a
+    choice); the members of a fusion get the one chosen for the fused shape."""
+    shapes = {lay.fqn: (lay.in_features, lay.out_features) for lay in prof.layers}
+    for group in plan.fusions:
+        shape = fused_shape(prof, group)
+        shapes.update({f: shape for f in group})
+    chosen = {fqn: table.kernel_for(c.name, *shapes[fqn]) for fqn, c in plan.layers.items() if fqn in shapes}
+    return {fqn: kern for fqn, kern in chosen.items() if kern is not None}
+
+
+##### search ####################################################################################
+
+def search_groups(meas: Measurements, work: Workload) -> list[Group]:
+    return make_groups(meas.choices, work.siblings)
+
+
+def reserve_seconds(meas: Measurements) -> float:
+    """Seconds a time budget keeps for what runs after the trials: with tier 2, up to two checks on
+    it; without, up to RERANK_PLANS plans measured end to end; then the final measurements."""
+    one_e2e = max(E2E_RUNS * meas.bf16_us / 1e6, meas.e2e_seconds)
+    checks = 2 * meas.tier2_seconds if meas.tier2 is not None else RERANK_PLANS * one_e2e
+    return checks + FINAL_MEASUREMENTS * one_e2e + WRITE_SECONDS
+
+
+def search(groups: list[Group], bench: ModelBench, config: SearchConfig, ledger: RunLedger,
+           on_best: Callable[[Plan], None] | None = None) -> SearchOutcome:
+    """The study over `groups`, trials scored by the bench's proxy; `on_best(plan)` gets each new
+    best feasible plan (so a killed run leaves it on disk)."""
+    cost = bench.meas.cost
+
+    def on_trial(r: TrialResult, outcome: SearchOutcome) -> None:
+        if on_best is not None and outcome.best is r:
+            on_best(plan_from_params(groups, r.params, cost.fusion_pays, trial=r.number,
+                                     predicted_ms=r.predicted_us / 1e3, drop=r.drop, tier=r.tier))
+
+    ledger.say(f"searching: {len(groups)} choices, budget {ledger.budget} "
+               f"({ledger.elapsed():.0f} s spent on measurements)")
+    return run_search(groups, cost, bench.proxy, config, layer_sqnr=bench.meas.sqnr, on_trial=on_trial,
+                      progress=ledger.progress)
+
+
+##### choose ####################################################################################
+
+@dataclass
+class Choice:
+    """The plan that holds the accuracy budget on the tier the user asked for (None: none did)."""
+
+    trial: TrialResult | None
+    accuracy: Accuracy | None
+    decisions: list[Decision] = field(default_factory=list)
+    measured_plans: list[MeasuredPlan] = field(default_factory=list)
+
+
+def choose(outcome: SearchOutcome, bench: ModelBench, max_drop: float, ledger: RunLedger) -> Choice:
+    """With tier 2: `choose_tier2`. Without: the fastest feasible plan, re-ranked end to end."""
+    front = sorted((r for r in outcome.pareto if r.feasible), key=lambda r: r.predicted_us)
+    if not front:
+        return Choice(None, None, [Decision("no_feasible_plan")])
+    if bench.meas.tier2 is not None:
+        return choose_tier2(outcome, bench.tier2, max_drop, ledger)
+    choice = rerank(outcome, front[0], bench.measure, ledger)
+    t = choice.trial
+    assert t is not None
+    choice.accuracy = Accuracy(t.tier, t.accuracy, t.drop, {}, "proxy (tier 1)")
+    return choice
+
+
+def choose_tier2(outcome: SearchOutcome, tier2: Callable[[Plan], Accuracy], max_drop: float,
+                 ledger: RunLedger) -> Choice:
+    """The fastest feasible plan that holds on tier 2 (`tier2(plan)`, seconds each): at most
+    TIER2_CHECKS plans are checked, fastest first. The proxy can miss what tier 2 sees (the CPU
+    demo: int8_dyn everywhere, proxy drop +0.006, autoao_facts drop +0.032), so each rejection
+    calibrates a prediction: tier-2 drop per unit of the proxy's continuous error (KL), the largest
+    ratio seen; plans whose predicted drop exceeds TIER2_MARGIN x the budget are skipped unchecked."""
+    order = distinct_feasible(outcome)
+    decisions: list[Decision] = []
+    per_error, checked, skipped = 0.0, 0, 0
+    for r in order:
+        err = r.proxy_error
+        if per_error and err is not None and err * per_error > TIER2_MARGIN * max_drop:
+            skipped += 1
+            continue
+        if checked == TIER2_CHECKS:
+            break
+        checked += 1
+        ledger.say(f"checking trial {r.number} on tier 2")
+        acc = tier2(plan_from_params(outcome.groups, r.params))
+        if acc.drop <= max_drop:
+            if r is not order[0]:
+                decisions.append(Decision("tier2_chose_slower", r.number, {"skipped": skipped}))
+            return Choice(r, acc, decisions)
+        decisions.append(Decision("tier2_rejected", r.number, {"predicted_ms": r.predicted_us / 1e3,
+                                                               "drop": acc.drop}, acc.source))
+        if err is not None:
+            per_error = max(per_error, acc.drop / max(err, 1e-12))
+    decisions.append(Decision("tier2_none_held", None, {"checked": checked, "skipped": skipped}))
+    return Choice(None, None, decisions)
+
+
+def distinct_feasible(outcome: SearchOutcome) -> list[TrialResult]:
+    """The feasible trials, fastest predicted first (then least drop), each plan once (its first
+    trial: samplers revisit plans)."""
+    seen: set[tuple] = set()
+    out = []
+    for r in sorted((r for r in outcome.trials if r.feasible), key=lambda r: (r.predicted_us, r.drop)):
+        key = tuple(sorted(r.params.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def rerank(outcome: SearchOutcome, chosen: TrialResult, measure: Callable[[dict[str, str]], float],
+           ledger: RunLedger) -> Choice:
+    """The chosen plan, or a feasible plan predicted nearly as fast that runs faster end to end.
+
+    The cost model sums per-layer times measured one layer at a time; between plans a few % apart it
+    ranks only as well as that sum predicts the whole model (llama8 at M=1 on the H200: the
+    searched plan, predicted 0.843 ms, ran 0.820; uniform fp8_wo, predicted 0.863, ran 0.780). So
+    the distinct feasible plans predicted within RERANK_BAND of the chosen one (at most
+    RERANK_PLANS, fastest predicted first, the chosen one among them) are measured
+    (`measure(params)` -> us; raising = cannot be run), and the fastest replaces the chosen one if
+    it is more than RERANK_MARGIN faster. Only where the proxy decides accuracy: every plan here is
+    feasible on it, as the chosen one is."""
+    near = [r for r in distinct_feasible(outcome)
+            if r.params != chosen.params and r.predicted_us <= (1 + RERANK_BAND) * chosen.predicted_us]
+    plans = [chosen, *near[:RERANK_PLANS - 1]]
+    if len(plans) == 1:
+        return Choice(chosen, None)
+    ledger.say(f"measuring the {len(plans)} plans predicted within {RERANK_BAND:.0%} of the fastest end to end")
+    decisions: list[Decision] = []
+    times = []
+    for r in plans:
+        try:
+            times.append(measure(r.params))
+        except Exception as e:  # noqa: BLE001 - one plan failing must not lose the search's result
+            decisions.append(Decision("plan_unmeasurable", r.number, reason=f"{type(e).__name__}: {e}"))
+            times.append(math.inf)
+    best = min(range(len(plans)), key=lambda i: times[i])
+    pick = best if times[best] * (1 + RERANK_MARGIN) < times[0] else 0
+    rows = [MeasuredPlan(r.number, r.predicted_us / 1e3, t / 1e3, i == pick) for i, (r, t) in enumerate(zip(plans, times))]
+    if pick:
+        decisions.append(Decision("rerank_chose", plans[pick].number, {
+            "measured_ms": times[pick] / 1e3, "pick": chosen.number, "pick_measured_ms": times[0] / 1e3,
+            "pick_predicted_ms": chosen.predicted_us / 1e3}))
+    else:
+        decisions.append(Decision("rerank_kept", chosen.number, {
+            "measured_ms": times[0] / 1e3, "band": RERANK_BAND, "margin": RERANK_MARGIN},
+            others={r.number: t / 1e3 for r, t in zip(plans[1:], times[1:])}))
+    return Choice(plans[pick], None, decisions, rows)
+
+
+##### finalize ##################################################################################
+
+@dataclass
+class Final:
+    """The plan applied to the model, and its end-to-end time next to the unchanged model's."""
+
+    plan: Plan
+    accuracy: Accuracy | None  # None: the model is unchanged
+    baseline_us: float  # bf16, measured right before the plan
+    plan_us: float
+    predicted_baseline_us: float
+    predicted_us: float
+    decisions: list[Decision]
+    measured_plans: list[MeasuredPlan]
+
+
+def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
+    """Apply the chosen plan for real (fresh modules, validated) and measure it right after bf16, so
+    the two times share the machine's state. A plan that is not faster than the model as it came
+    only costs accuracy: then the model stays unchanged (per-layer timings summed can promise a
+    speed-up the whole model does not deliver: SmolLM2 at M=2048 on the H200, 2:4 everywhere
+    predicted 1.03x, measured 0.87x)."""
+    model, work, meas = bench.model, bench.work, bench.meas
+    decisions, rows = list(choice.decisions), list(choice.measured_plans)
+    bench.restore()
+    bf16_us = measure_examples(model, work.examples, compile=meas.compile)
+    trial = choice.trial
+    plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
+    apply(model, plan, calibration=bench.calibration)
+    plan_us = measure_examples(model, work.examples, compile=meas.compile)
+    accuracy = choice.accuracy
+    if plan.layers and plan_us >= bf16_us:
+        decisions.append(Decision("kept_unchanged", plan.metadata.get("trial"),
+                                  {"plan_ms": plan_us / 1e3, "baseline_ms": bf16_us / 1e3}))
+        ledger.say(describe(decisions[-1]))
+        bench.restore()
+        plan, plan_us, accuracy = bench.shipped({}), bf16_us, None
+        rows = [MeasuredPlan(r.trial, r.predicted_ms, r.measured_ms, False) for r in rows]
+    return Final(plan, accuracy, bf16_us, plan_us, meas.cost.predict(Plan()), meas.cost.predict(plan),
+                 decisions, rows)
+
+
+##### the run files #############################################################################
+
+def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements,
+                groups: list[Group], config: SearchConfig, *, budget: str, accuracy: Any,
+                command: str | None) -> RunContext:
+    """Everything the report needs that is known before the first trial (context.json)."""
+    try:
+        import triton  # a version string only; triton is not otherwise loaded here
+
+        triton_v: str | None = triton.__version__
+    except ImportError:
+        triton_v = None
+    calls = layer_calls(work.prof)
+    layers = [_layer_record(lay, calls[lay.fqn], cands, meas, work.device) for lay in work.prof.layers]
+    tier2 = meas.tier2
+    base2 = getattr(tier2, "baseline", None)
+    return RunContext(
+        started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model=ModelInfo(type(model).__name__, sum(p.numel() for p in model.parameters()), weight_bytes(model),
+                        str(work.dtype).removeprefix("torch."), len(work.prof.layers), dict(work.prof.skipped)),
+        device=DeviceInfo(work.device.type, meas.table.device, meas.table.mode),
+        versions={"autoao": __version__, "torch": torch.__version__, "triton": triton_v,
+                  "optuna": optuna.__version__, "python": sys.version.split()[0]},
+        budget=budget, max_accuracy_drop=config.max_accuracy_drop, seed=config.seed, command=command,
+        accuracy=AccuracySpec(
+            tier=2 if tier2 is not None else 1,
+            tasks=tier2.tasks if isinstance(tier2, LmEvalEvaluator) else None,
+            metric=getattr(accuracy, "__name__", None) if callable(accuracy) else None,
+            baseline_tier1=dict(meas.proxy.baseline),
+            baseline_tier2=(base2["accuracy"] if isinstance(base2, dict) else base2),
+            baseline_tier2_metrics=({f"{t}/{k}": v for t, m in base2["metrics"].items() for k, v in m.items()
+                                     if not k.endswith("_stderr")} if isinstance(base2, dict) else {})),
+        storage=config.storage or "", study_name=config.study_name,
+        baseline_ms=Latency(meas.cost.predict(Plan()) / 1e3, meas.bf16_us / 1e3),
+        rest_ms=meas.cost.rest_us / 1e3,
+        candidates=[_candidate_record(c, layers, work.device) for c in cands],
+        groups=[GroupRecord(g.name, list(g.fqns), list(g.choices)) for g in groups],
+        fused=[FusedRecord(list(g), {c: t for c, t in per.items() if math.isfinite(t)})
+               for g, per in meas.cost.fused_us.items()],
+        layers=layers,
+    )
+
+
+def _layer_record(lay: Any, calls: dict[int, int], cands: list[Candidate], meas: Measurements,
+                  device: torch.device) -> LayerRecord:
+    times, errors, emulated = {}, {}, []
+    for c in cands:
+        if c.name not in meas.cost.layer_us[lay.fqn]:  # not timed (emulated and not allowed)
+            errors[c.name] = f"not timed: {c.emulated(device)} (allow_emulated=True times and allows it)"
+            emulated.append(c.name)
+            continue
+        ts = [meas.table.get(c.name, m, lay.in_features, lay.out_features) for m in calls]
+        if all(t.ok for t in ts):
+            times[c.name] = meas.cost.layer_us[lay.fqn][c.name]
+            if any(t.emulated for t in ts):
+                emulated.append(c.name)
+        else:
+            errors[c.name] = next(t.error or "" for t in ts if not t.ok)
+    kernels = {}
+    for c in cands:
+        by_kernel = meas.table.kernel_timings.get((c.name, lay.in_features, lay.out_features))
+        if by_kernel:
+            kernels[c.name] = KernelTimes(meas.table.kernel_for(c.name, lay.in_features, lay.out_features),
+                                          {kern: workload_us(ts, calls) for kern, ts in by_kernel.items()})
+    return LayerRecord(lay.fqn, lay.in_features, lay.out_features, lay.tokens, calls, times, errors, kernels,
+                       emulated, dict(meas.sqnr.get(lay.fqn, {})), list(meas.choices[lay.fqn]),
+                       dict(meas.excluded[lay.fqn]), list(lay.tied))
+
+
+def _candidate_record(c: Candidate, layers: list[LayerRecord], device: torch.device) -> CandidateRecord:
+    reasons = {lay.excluded.get(c.name) for lay in layers} - {None}
+    n_ok = sum(c.name in lay.choices for lay in layers)
+    emu = c.emulated(device)
+    status = ("available" if n_ok == len(layers) else "partly available" if n_ok else
+              "emulated" if emu else "unsupported")
+    return CandidateRecord(c.name, c.summary, status, n_ok, emu, sorted(r for r in reasons if r)[:5])
+
+
+def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, context: RunContext,
+                model: nn.Module, ledger: RunLedger) -> RunSummary:
+    """What the finished run measured and decided (summary.json)."""
+    plan = final.plan
+    acc = final.accuracy
+    return RunSummary(
+        device=meas.table.device, budget=str(ledger.budget), seconds=ledger.elapsed(),
+        trials=len([r for r in outcome.trials if r.state == "COMPLETE"]), stopped=outcome.stopped_because,
+        baseline_ms=Latency(final.predicted_baseline_us / 1e3, final.baseline_us / 1e3),
+        baseline_ms_at_start=meas.bf16_us / 1e3,
+        plan_ms=Latency(final.predicted_us / 1e3, final.plan_us / 1e3),
+        speedup=Latency(final.predicted_baseline_us / final.predicted_us, final.baseline_us / final.plan_us),
+        accuracy=None if acc is None else AccuracyResult(acc.tier, acc.accuracy, acc.drop, dict(acc.metrics),
+                                                         acc.source),
+        max_accuracy_drop=context.max_accuracy_drop, decisions=final.decisions, storage=context.storage,
+        study_name=context.study_name, seed=context.seed, command=context.command,
+        weight_bytes=WeightBytes(context.model.weight_bytes, weight_bytes(model)),
+        uniform=uniform_rows(outcome), measured_plans=final.measured_plans,
+        plan={fqn: c.name for fqn, c in plan.layers.items()}, kernels=dict(plan.kernels),
+        fusions=[list(g) for g in plan.fusions], stage_seconds=ledger.stage_seconds(),
+        # the timing stage by candidate (and kernel), largest first: cache misses only (0 when warm)
+        timing_seconds={label: round(sec, 2) for label, sec in
+                        sorted(meas.table.seconds_by_kernel.items(), key=lambda kv: -kv[1])},
+    )
+
+
+def uniform_rows(outcome: SearchOutcome) -> list[UniformRow]:
+    """The warm-start uniform plans (one candidate wherever it applies) as the search scored them:
+    what the searched plan must beat."""
+    rows: list[UniformRow] = []
+    for r in outcome.trials:
+        names = set(r.params.values()) - {BASELINE}
+        if r.state == "COMPLETE" and len(names) <= 1:
+            name = next(iter(names), BASELINE)
+            if not any(x.candidate == name for x in rows):
+                rows.append(UniformRow(name, r.number, r.predicted_us / 1e3, r.drop, r.tier, r.feasible,
+                                       sum(v == name for v in r.params.values())))
+    return rows
+
+
+def pareto_rows(outcome: SearchOutcome) -> list[dict[str, Any]]:
+    """pareto.json: the Pareto plans with their predicted time, drop, tier and layer summary."""
+    return [{"trial": r.number, "predicted_ms": r.predicted_us / 1e3, "drop": r.drop, "accuracy": r.accuracy,
+             "tier": r.tier, "feasible": r.feasible, "plan": plan_from_params(outcome.groups, r.params).summary()}
+            for r in outcome.pareto]
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's state (parameters and persistent buffers; quantized layers count their
+    quantized tensors), each shared tensor once."""
+    seen, total = set(), 0
+    for t in model.state_dict().values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+##### arguments #################################################################################
+
+def resolve_candidates(candidates: list[str | Candidate] | None) -> list[Candidate]:
+    """Names or Candidates (default: every registered one), bf16 always included."""
+    if candidates is None:
+        return search_space.all_candidates()
+    out = [search_space.get(c) if isinstance(c, str) else c for c in candidates]
+    if not any(c.name == BASELINE for c in out):
+        out.insert(0, search_space.get(BASELINE))
+    return out
+
+
+def tier2_evaluator(accuracy: Any, tokenizer: Any, limit: int | float | None,
+                    cache: ResultCache) -> LmEvalEvaluator | CallableEvaluator | None:
+    """None (the proxy decides), the user's callable, or lm-eval tasks (which need the tokenizer)."""
+    if accuracy is None:
+        return None
+    if callable(accuracy):
+        return CallableEvaluator(accuracy)
+    tasks = [t.strip() for t in (accuracy.split(",") if isinstance(accuracy, str) else accuracy) if t.strip()]
+    if tokenizer is None:
+        raise ValueError(f"accuracy={tasks} are lm-eval tasks, which need the model's tokenizer: pass tokenizer=...")
+    from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
+
+    unknown = [t for t in tasks if t not in lmeval.task_names()]
+    if unknown:
+        import warnings
+
+        warnings.warn(f"tasks {unknown} are not bundled with autoao; lm-eval must find their data offline",
+                      stacklevel=3)
+    return LmEvalEvaluator(tokenizer, tasks, limit=limit, cache=cache)
