@@ -321,6 +321,8 @@ def _upgrade_context(d: dict[str, Any]) -> dict[str, Any]:
         acc = dict(d["accuracy"])
         base = acc.pop("baseline", {}) or {}
         acc["baseline_tier1"], tier2 = base.get("tier1") or {}, base.get("tier2")
+        if isinstance(acc.get("tasks"), str):  # accuracy="a,b" was written as given
+            acc["tasks"] = [t.strip() for t in acc["tasks"].split(",") if t.strip()]
         if isinstance(tier2, dict):  # lm-eval: {"accuracy", "metrics": {task: {metric: value}}}
             acc["baseline_tier2"] = tier2.get("accuracy")
             acc["baseline_tier2_metrics"] = {f"{t}/{k}": v for t, m in (tier2.get("metrics") or {}).items()
@@ -329,6 +331,8 @@ def _upgrade_context(d: dict[str, Any]) -> dict[str, Any]:
             acc["baseline_tier2"] = tier2
         d["accuracy"] = acc
         d["groups"] = [{"name": n, "fqns": f, "choices": c} for n, f, c in d["groups"]]
+        d.setdefault("fused", [])  # sibling fusion came later in 0.1.0
+        d["layers"] = [{"kernels": {}, "tied": [], **lay} for lay in d["layers"]]
     return d
 
 
