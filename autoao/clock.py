@@ -9,9 +9,10 @@ an event. CPU: wall clocks at a fixed thread count. Both report (median, p20, p8
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, NamedTuple, TypeVar
 
 import torch
 
@@ -108,20 +109,89 @@ def fastest(options: Iterable[_Option], run: Callable[[_Option], Callable[[], ob
     return best
 
 
+class CpuSamples(NamedTuple):
+    """A CPU timing: quantiles (us) of the clean samples, and how trustworthy they are."""
+
+    median: float
+    p20: float
+    p80: float
+    reps: int  # clean samples the quantiles come from
+    discarded: int  # samples taken but dropped because the process lost the CPU during them
+    reliable: bool  # at least MIN_CLEAN clean samples; else the quantiles are the least-disturbed ones'
+
+
+# A sample "lost the CPU" when the process's threads waited on a run queue (another process had
+# their core) for more than this fraction of its wall time, or the cgroup throttled the process
+# during it. Wall time then measures the other process, not the kernel: on a 2-core VM with a
+# busy neighbour, whole 4 ms scheduler quanta land in samples of a 40 us layer.
+LOST_FRACTION = 0.05
+MIN_CLEAN = 5
+RETAKE_FACTOR = 4  # samples and seconds allowed for re-takes, as a multiple of what was asked
+
+
 def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2, threads: int | None = None,
-             max_seconds: float = 0.5) -> tuple[float, float, float, int]:
-    """(median, p20, p80 in us, repeats) of fn() on the CPU with a fixed thread count; repeats are
-    capped at about `max_seconds` of timed work (at least 5)."""
+             max_seconds: float = 0.5) -> CpuSamples:
+    """Quantiles (us) of fn() on the CPU at a fixed thread count, from samples during which the
+    process kept the CPU. Repeats are capped at about `max_seconds` of timed work (at least 5);
+    disturbed samples are dropped and re-taken within RETAKE_FACTOR x that. Fewer than MIN_CLEAN
+    clean samples: `reliable` is False and the quantiles are those of the least-disturbed samples."""
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         reps = _warm_up(fn, warmup, reps, max_seconds, lambda: None)
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
+        clean: list[float] = []
+        dirty: list[tuple[float, float]] = []  # (lost fraction, us)
+        deadline = time.perf_counter() + RETAKE_FACTOR * max(max_seconds, 1e-3)
+        while len(clean) < reps and len(clean) + len(dirty) < RETAKE_FACTOR * reps:
+            lost0, throttled0 = cpu_lost_ns(), throttled_ns()
+            t0 = time.perf_counter_ns()
             fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
+            wall = time.perf_counter_ns() - t0
+            lost, throttled = cpu_lost_ns() - lost0, throttled_ns() - throttled0
+            if lost <= LOST_FRACTION * wall and throttled == 0:
+                clean.append(wall / 1e3)
+            else:
+                dirty.append((max(lost, throttled) / max(wall, 1), wall / 1e3))
+            if time.perf_counter() > deadline and len(clean) + len(dirty) >= MIN_CLEAN:
+                break
     finally:
         torch.set_num_threads(old)
-    return (*_quantiles(samples), reps)
+    if len(clean) >= MIN_CLEAN:
+        return CpuSamples(*_quantiles(clean), len(clean), len(dirty), True)
+    # Not enough clean samples: the least disturbed ones, clean first, are the best estimate there is.
+    best = clean + [us for _, us in sorted(dirty)][:max(MIN_CLEAN - len(clean), 1)]
+    return CpuSamples(*_quantiles(best), len(clean), len(dirty), False)
+
+
+def cpu_lost_ns() -> int:
+    """Nanoseconds this process's threads have spent runnable but waiting for a CPU (the run-queue
+    delay in /proc/self/task/*/schedstat); 0 where the kernel does not report it."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended, or no schedstat
+    return total
+
+
+def throttled_ns() -> int:
+    """Nanoseconds the process's cgroup has been throttled by its CPU quota (cgroup v2 cpu.stat's
+    throttled_usec, or v1's cpu/cpu.stat throttled_time); 0 where neither exists."""
+    for path, key, scale in (("/sys/fs/cgroup/cpu.stat", b"throttled_usec", 1000),
+                             ("/sys/fs/cgroup/cpu/cpu.stat", b"throttled_time", 1)):
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    name, _, value = line.partition(b" ")
+                    if name == key:
+                        return int(value) * scale
+        except (OSError, ValueError):
+            continue
+    return 0

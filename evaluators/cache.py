@@ -51,6 +51,10 @@ class Timing:
     emulated: str | None = None  # why this is only emulated on the device (never a speed-up)
     error: str | None = None  # why it failed (then the times are inf)
     kernel: str | None = None  # which of the module's CUDA kernels ran (None: it has only one)
+    discarded: int = 0  # samples dropped because the process lost the CPU during them (CPU)
+    # False: too few undisturbed samples, the times are the least-disturbed samples' (never cached
+    # as a clean timing: re-measured by the next run)
+    reliable: bool = True
 
     @property
     def ok(self) -> bool:
@@ -63,8 +67,6 @@ class Timing:
     def flagged(self, emulated: str | None) -> Timing:
         """This timing, marked as taken on an emulated path (or unchanged for None)."""
         return self if emulated is None else dataclasses.replace(self, emulated=emulated)
-
-
 
 @dataclass(frozen=True)
 class TimingKey:

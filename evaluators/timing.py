@@ -90,12 +90,12 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
             if device.type == "cuda":
                 med, p20, p80, n = time_cuda(lambda: fn(x), reps=reps or 50, graph=graph,
                                              prime=lambda: x.copy_(x_src))
-            else:
-                copies = streaming_copies(fn) if not compile else [fn]
-                per = len(copies)
-                med, p20, p80, n = time_cpu(lambda: [c(x) for c in copies], reps=reps or 20, threads=threads)
-                med, p20, p80 = med / per, p20 / per, p80 / per
-        return Timing(med, p20, p80, n)
+                return Timing(med, p20, p80, n)
+            copies = streaming_copies(fn) if not compile else [fn]
+            per = len(copies)
+            s = time_cpu(lambda: [c(x) for c in copies], reps=reps or 20, threads=threads)
+            return Timing(s.median / per, s.p20 / per, s.p80 / per, s.reps, discarded=s.discarded,
+                          reliable=s.reliable)
     except torch.cuda.OutOfMemoryError as e:
         return Timing.failed(f"out of memory: {str(e).splitlines()[0]}")
     except Exception as e:  # noqa: BLE001 - a failing kernel is data, not a crash
@@ -396,9 +396,8 @@ def measure_model(model: nn.Module, example_input, *, compile: bool = False, gra
             if device.type == "cuda":
                 med, p20, p80, n = time_cuda(lambda: call_model(fn, example_input), reps=reps or 30,
                                              graph=True if graph is None else graph, max_seconds=1.0)
-            else:
-                med, p20, p80, n = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10,
-                                            max_seconds=3.0)
+                return Timing(med, p20, p80, n)
+            s = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10, max_seconds=3.0)
     except Exception as e:  # noqa: BLE001
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return Timing(med, p20, p80, n)
+    return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)
