@@ -171,8 +171,9 @@ class Decision:
                             (numbers: measured_ms, pick, pick_measured_ms, pick_predicted_ms)
       rerank_kept           the cost model's pick stays; `others` are the other plans' measured ms
       plan_unmeasurable     a plan predicted as fast could not be run (reason: the error)
-      kept_unchanged        the chosen plan measured no faster than the unchanged model (numbers:
-                            plan_ms, baseline_ms): the model stays as it came
+      kept_unchanged        the chosen plan was not faster than the unchanged model in every
+                            interleaved round (numbers: plan_ms, baseline_ms, low, high, rounds):
+                            the model stays as it came
       note                  free text (reason), from run files written before decisions were typed
     """
 
@@ -209,8 +210,11 @@ def describe(d: Decision) -> str:
     if d.kind == "plan_unmeasurable":
         return f"a plan predicted as fast (trial {d.trial}) could not be measured: {d.reason}"
     if d.kind == "kept_unchanged":
+        where = (f" (per round {n['low']:.2f}x to {n['high']:.2f}x over {int(n['rounds'])} interleaved rounds)"
+                 if "rounds" in n else "")
+        verdict = ("no measurable change" if n.get("high", 0.0) > 1.0 else "not faster")
         return (f"the chosen plan (trial {d.trial}) measured {n['plan_ms']:.3f} ms end to end, bf16 "
-                f"{n['baseline_ms']:.3f} ms: not faster, so the model stays in bf16")
+                f"{n['baseline_ms']:.3f} ms{where}: {verdict}, so the model stays in bf16")
     return d.reason
 
 
@@ -269,6 +273,10 @@ class RunSummary:
     fusions: list[list[str]]
     stage_seconds: dict[str, float]  # wall seconds per stage, in order
     timing_seconds: dict[str, float]  # the timing stage by candidate (and kernel), largest first
+    # lowest and highest per-round measured speed-up over `rounds` interleaved (bf16, plan) rounds;
+    # [1, 1] and 0 rounds for an unchanged model (nothing to compare)
+    speedup_range: list[float] = field(default_factory=lambda: [1.0, 1.0])
+    rounds: int = 0
     version: int = RUN_FILES_VERSION
 
     @property
