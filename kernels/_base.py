@@ -167,6 +167,15 @@ class QuantizedLinear(nn.Module):
         benchmarks/NOTES.md session 10). Default: False."""
         return False
 
+    @classmethod
+    def kernel_options(cls, kernel: str | None) -> str:
+        """The process-wide launch options that `kernel` (None: the module's only implementation)
+        runs with, as a short stable string, e.g. "pdl=1,prefetch_mb=8,early=1"; "" when it has
+        none. Options change a kernel's speed, never its numbers: timing puts this string into the
+        cache key (TimingKey.options), so a timing taken under one setting is never reused under
+        another. Default: ""."""
+        return ""
+
     @abstractmethod
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype, bias added: this layer's own kernels."""

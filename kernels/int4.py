@@ -122,6 +122,11 @@ class Int4WeightOnlyLinear(QuantizedLinear):
             return rows is None or m <= rows
         return False
 
+    @classmethod
+    def kernel_options(cls, kernel):
+        # the CUDA GEMV's sm_90+ launch features (cuda_int4.LaunchOptions); the others have none
+        return cuda_int4.OPTIONS.tag() if kernel == "cuda" else ""
+
     def canonical_spec(self) -> CanonicalSpec:
         n, k, g = self.out_features, self.in_features, self.group_size
         return {
@@ -212,11 +217,11 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
 def link_prefetch(model: torch.nn.Module) -> None:
     """Tell each int4 module of `model` which module's GEMV runs after its own, so that its CUDA
-    kernel can prefetch the first bytes of that module's weights into L2 (cuda_int4.PREFETCH_BYTES;
-    the DRAM is idle between GEMVs while norms and attention run). Call order is taken to be the
-    module order of autoao's quantized layers (transformers registers layers in the order they
-    run); fused siblings count as their group's one module. A wrong order only wastes bandwidth:
-    the prefetch is a hint and never changes a result."""
+    kernel can prefetch the first bytes of that module's weights into L2 (how many:
+    cuda_int4.LaunchOptions.prefetch_mb; the DRAM is idle between GEMVs while norms and attention
+    run). Call order is taken to be the module order of autoao's quantized layers (transformers
+    registers layers in the order they run); fused siblings count as their group's one module. A
+    wrong order only wastes bandwidth: the prefetch is a hint and never changes a result."""
     runs: list[torch.nn.Module] = []
     for m in model.modules():
         if not isinstance(m, QuantizedLinear):
