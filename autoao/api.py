@@ -142,7 +142,7 @@ def optimize(
     stages = {"profile and kernel timing": time.perf_counter() - start}  # wall seconds per stage, in order
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     # End-to-end measurements run the model as per-layer timing ran its layers: compiled on CUDA
-    # (kernels whose speed comes from inductor's fusion measure 2x slower eagerly: NOTES session 10)
+    # (kernels whose speed comes from inductor's fusion measure 2x slower eagerly; benchmarks/README.md)
     e2e_compile = default_mode(device) == "compile"
 
     def measure_examples() -> float:
@@ -241,7 +241,7 @@ def optimize(
     measured = measure_examples()
     if plan.layers and measured >= bf16_end:
         # Per-layer timings summed can promise a speed-up the whole model does not deliver (SmolLM2
-        # at M=2048 on the H200: 2:4 everywhere predicted 1.03x, measured 0.87x, NOTES session 10).
+        # at M=2048 on the H200: 2:4 everywhere predicted 1.03x, measured 0.87x; benchmarks/README.md).
         # A plan that is not faster than the model as it came only costs accuracy: keep bf16.
         notes.append(f"the chosen plan (trial {plan.metadata.get('trial')}) measured {measured / 1e3:.3f} ms "
                      f"end to end, bf16 {bf16_end / 1e3:.3f} ms: not faster, so the model stays in bf16")

@@ -4,14 +4,15 @@ of Int4WeightOnlyLinear, for M <= 8 rows (more rows: its dequantizing kernel, th
 Why a CUDA kernel next to the Triton ones: on the H200 the Triton int4 GEMVs stream weights at
 ~2 TB/s (CUDA-core kernels issue ~3 instructions per nibble; Triton's tensor-core kernel passes x
 and each weight tile through shared memory with CTA barriers), about half the bandwidth roofline
-(benchmarks/NOTES.md, session 4). Here each lane's 16-byte weight load *is* its mma.m16n8k16
-A-operand registers for four k-steps (the layout pack_mma makes), nibbles become bf16 by LOP3s, and
-nothing touches shared memory until the warps of a CTA add their partial sums (the .cu file's
-header has the details). Two numbers per layer N x K at M rows: bytes = N*K/2 + 4*N*K/g (scales and
-zeros) + 2*M*(K + N); FLOPs = 2*M*N*K. Measured on the H200 (session 5): 1.3-1.5x faster than the
-Triton int4 kernels on llama8's layers at M=1, 56-83% of roofline on the large ones, and M=8 costs
-what M=1 does; deeper register rings, a cp.async shared-memory ring, a persistent stream-K
-schedule and 1-D bulk copies all measured slower (benchmarks/NOTES.md).
+(benchmarks/int4_sweep.py; see benchmarks/README.md). Here each lane's 16-byte weight load *is*
+its mma.m16n8k16 A-operand registers for four k-steps (the layout pack_mma makes), nibbles become
+bf16 by LOP3s, and nothing touches shared memory until the warps of a CTA add their partial sums
+(the .cu file's header has the details). Two numbers per layer N x K at M rows: bytes = N*K/2 +
+4*N*K/g (scales and zeros) + 2*M*(K + N); FLOPs = 2*M*N*K. Measured on the H200
+(benchmarks/int4_cuda.py): 1.3-1.5x faster than the Triton int4 kernels on llama8's layers at
+M=1, 56-83% of roofline on the large ones, and M=8 costs what M=1 does; deeper register rings, a
+cp.async shared-memory ring, a persistent stream-K schedule and 1-D bulk copies all measured
+slower (see benchmarks/README.md).
 
 On sm_90+ each launch uses programmatic dependent launch (it may start while the previous kernel
 finishes and waits for it before reading x; llama8 M=1: 0.632 -> 0.620 ms; inside CUDA graph
@@ -20,9 +21,9 @@ CTAs prefetches the first 8 MB of the next int4 layer's weights into L2 (the mod
 kernels.int4.link_prefetch; 8 MB measured ~0.01 ms faster, more was slower). LaunchOptions holds
 these three choices; they are part of every timing's cache key.
 
-What limits it (session 7, benchmarks/read_floor.py): a read-only kernel over the same bytes
-streams at ~4.36 TB/s + 1.1 us per launch, and its bandwidth grows with warps per SM, not with
-loads in flight per warp; the GEMV's math costs registers, hence warps. So the configs include
+What limits it (benchmarks/read_floor.py): a read-only kernel over the same bytes streams at
+~4.36 TB/s + 1.1 us per launch, and its bandwidth grows with warps per SM, not with loads in
+flight per warp; the GEMV's math costs registers, hence warps. So the configs include
 register-capped ones (min_blocks: __launch_bounds__ minimum CTAs per SM, one-unit rings), which
 the tuner picks on the large layers (gate/up 21.0 -> 20.2 us, lm_head 81 -> 79).
 
@@ -216,7 +217,7 @@ class Config:
 
 # What the tuner times: every config that was fastest on at least one cell of an H200 table of all
 # 52 earlier ones (13 instantiations x split-K 1/2/4/8) on llama8's and SmolLM2's 14 weight shapes
-# x M = 1, 8 x group 32/64/128 (benchmarks/tuner_table.py, results s9_call1; NOTES session 9).
+# x M = 1, 8 x group 32/64/128 (benchmarks/tuner_table.py; see benchmarks/README.md).
 CONFIGS = (Config(1, 8, 2, 1, 1), Config(1, 8, 0, 1, 4), Config(1, 2, 0, 1, 16), Config(1, 4, 0, 1, 8),
            Config(1, 8, 2, 1, 4), Config(1, 8, 0, 2, 4), Config(1, 8, 0, 4, 4), Config(1, 4, 0, 4, 8),
            Config(2, 8, 2, 1, 1), Config(1, 8, 2, 4, 4), Config(2, 8, 2, 4, 1))
@@ -413,7 +414,7 @@ def int4_dequant_cuda_impl(qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
     bit-identical to dequantize_mma: the "cuda" kernel's path for more than MAX_ROWS rows, one bf16
     GEMM on it. A copy-bound CUDA kernel (int4_mma.cu); inductor's code for dequantize_mma's
     permutes ran 20-40% slower end to end at M = 2048 than the canonical layout's dequantization
-    (benchmarks/NOTES.md, session 9)."""
+    (a llama8 search at 2048+1 tokens timed lm_head g128 at 5566 vs 4065 us; benchmarks/e2e.py)."""
     n, k = qw.shape[0] * 16, qw.shape[1] * 64
     w = torch.empty((n, k), dtype=torch.bfloat16, device=qw.device)
     qw, sz = qw.contiguous(), sz.contiguous()

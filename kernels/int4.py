@@ -92,8 +92,10 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     def outrun_by(cls, kernel, m, n, k, **params):
         # "triton" loses to "cuda" where the two run comparable code: the GEMVs (M <= 8; the CUDA
         # one was 1.21-5.67x faster on all 30 cells of g32/64/128 x llama8's shapes x M = 1, 8,
-        # s8_call5) and the dequantize + bf16 GEMM above the rows Triton's tensor-core GEMV takes
-        # (s9_call2); in between (M 9-16) that GEMV races the CUDA kernel's dequantize + GEMM.
+        # benchmarks/int4_cuda.py) and the dequantize + bf16 GEMM above the rows Triton's
+        # tensor-core GEMV takes (10-12% faster on llama8's shapes at M = 2048,
+        # benchmarks/kernel_table.py); in between (M 9-16) that GEMV races the CUDA kernel's
+        # dequantize + GEMM.
         rows = triton_gemv_rows(k, params.get("group_size", 128)) if kernel == "triton" else None
         return "cuda" if rows is not None and (m <= GEMV_MAX_ROWS or m > rows) else None
 

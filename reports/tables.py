@@ -97,7 +97,7 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
                   ("weight bytes before", str(s["weight_bytes"]["before"])),
                   ("weight bytes after", str(s["weight_bytes"]["after"])),
                   ("search seconds", _num(s.get("seconds")))]
-        if s.get("stage_seconds"):  # where the wall time went (summaries before session 6 lack it)
+        if s.get("stage_seconds"):  # where the wall time went (optional: older summaries lack it)
             items.append(("search seconds by stage",
                           "; ".join(f"{stage} {sec:.1f}" for stage, sec in s["stage_seconds"].items())))
     elif chosen is not None:
