@@ -34,9 +34,12 @@ import torch
 from autoao.calibration import LayerStats
 from autoao import search_space
 from autoao.evaluators.sensitivity import sqnr_db as sqnr
-from autoao.evaluators.timing import build_layer, copy_bandwidth, time_cuda, time_module
+from autoao.evaluators.timing import build_layer, time_cuda, time_module
 from autoao.kernels.quant import prune_24_mask
 from autoao.search_space import LayerSpec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bandwidth import copy_bandwidth  # noqa: E402
 
 LLAMA3_8B_SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]  # (N, K)
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}

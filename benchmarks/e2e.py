@@ -40,14 +40,14 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 sys.path.insert(0, str(Path(__file__).parent))
 import llama_stack  # noqa: E402
+from bandwidth import copy_bandwidth  # noqa: E402
 from stack_sampler import StackSampler  # noqa: E402
 
 import autoao  # noqa: E402
 from autoao import search_space  # noqa: E402
 from autoao.kernels import cuda_int4  # noqa: E402
 from autoao.profile import profile  # noqa: E402
-from autoao.evaluators.timing import (Timing, copy_bandwidth, device_name, kernel_names,  # noqa: E402
-                                     measure_model)
+from autoao.evaluators.timing import Timing, device_name, kernel_names, measure_model  # noqa: E402
 
 SHAPES = {"llama8": llama_stack.LlamaShape(), "smollm2": llama_stack.LlamaShape.smollm2(),
           "tiny": llama_stack.LlamaShape.tiny()}
@@ -372,16 +372,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     bw = copy_bandwidth(device)
+    opts = cuda_int4.OPTIONS  # launch options of the CUDA int4 GEMV (LaunchOptions)
     header = (f"# End-to-end latency: bf16, uniform autoao plans, searched plan"
               f"{', torchao autoquant' if args.torchao or args.only_torchao else ''}\n\n"
               f"command: python {' '.join(sys.argv)}\n\n"
               f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
               f"device: {device_name(device)}; torch {torch.__version__}, triton {_version('triton')}, "
               f"torchao {_version('torchao')}; peak copy bandwidth {bw / 1e9:.0f} GB/s; programmatic dependent "
-              f"launch: autoao's CUDA int4 GEMV {'on' if cuda_int4.PDL else 'off'} (AUTOAO_CUDA_PDL), inductor's "
+              f"launch: autoao's CUDA int4 GEMV {'on' if opts.pdl else 'off'} (AUTOAO_CUDA_PDL), inductor's "
               f"kernels {'on' if torch._inductor.config.triton.enable_pdl else 'off'} (TORCHINDUCTOR_ENABLE_PDL); "
-              f"the CUDA int4 GEMV prefetches {cuda_int4.PREFETCH_BYTES / 2 ** 20:g} MB of the next one's weights "
-              f"(AUTOAO_CUDA_PREFETCH_MB); early weight loads {'on' if cuda_int4.EARLY else 'off'} (AUTOAO_CUDA_EARLY)\n\n"
+              f"the CUDA int4 GEMV prefetches {opts.prefetch_mb:g} MB of the next one's weights "
+              f"(AUTOAO_CUDA_PREFETCH_MB); early weight loads {'on' if opts.early else 'off'} (AUTOAO_CUDA_EARLY)\n\n"
               f"Random weights (speed only), tokens [1, M] (M column: the workload, e.g. 2048+32x1 = one "
               f"2048-token forward + 32 one-token forwards, times summed); median of autoao's measure_model "
               f"({'CUDA graph replay, L2 flushed' if device.type == 'cuda' else 'CPU wall clock'}); "

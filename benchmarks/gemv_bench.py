@@ -22,10 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from autoao import search_space
-from autoao.evaluators.timing import copy_bandwidth, time_cuda
+from autoao.evaluators.timing import time_cuda
 from autoao.kernels import triton_gemv as tg
 from autoao.kernels.quant import (dequantize_int4_groupwise, quantize_fp8, quantize_int4_groupwise,
                                   quantize_int8_per_channel, pack_int4)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bandwidth import copy_bandwidth  # noqa: E402
 
 SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096),
           (576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]  # (N, K): Llama-3-8B, SmolLM2

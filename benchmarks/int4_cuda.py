@@ -25,13 +25,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autoao.evaluators.timing import copy_bandwidth, time_cuda
+from autoao.evaluators.timing import time_cuda
 from autoao.kernels import cuda_int4 as ci
 from autoao.kernels import triton_gemv as tg
 from autoao.kernels.int4 import tinygemm_layout
 from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bandwidth import copy_bandwidth  # noqa: E402
 from int4_sweep import chain_weights  # noqa: E402  (the chains int4_sweep.py times)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]  # llama8, fused siblings
@@ -54,7 +55,6 @@ def main() -> int:
     ap.add_argument("--tuned-only", action="store_true", help="time only the tuner's config (not every config)")
     ap.add_argument("--splits", default="1,2,4,8", help="split-K values of the configs timed one by one")
     args = ap.parse_args()
-    pdl_default = ci.PDL  # every config is timed with it (AUTOAO_CUDA_PDL), the tuned one both ways
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     groups = [int(g) for g in args.groups.split(",")]
@@ -131,20 +131,20 @@ def main() -> int:
                         res[f"cuda {fmt(cfg)}"] = time_cuda(
                             lambda cfg=cfg: [ci._launch(x, qw, sz, g, cfg) for qw, sz in mma])[0]
                 tuned = fmt(ci._tune(x, *mma[0], g))
-                for pdl in (True, False):  # programmatic dependent launch: each layer may start in the last's tail
-                    ci.PDL = pdl
-                    res[f"cuda (tuned: {tuned}){'' if pdl else ' PDL off'}"] = time_cuda(
-                        lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g) for qw, sz in mma])[0]
-                ci.PDL = pdl_default
-                # each layer prefetching the next one's first PREFETCH_BYTES into L2, as in a model; with
+                # every config above runs with the process's launch options (ci.OPTIONS, from the
+                # AUTOAO_CUDA_* environment); the tuned one also with programmatic dependent launch
+                # on and off (each layer may start in the last's tail)
+                for pdl in (True, False):
+                    with ci.launch_options(pdl=pdl):
+                        res[f"cuda (tuned: {tuned}){'' if pdl else ' PDL off'}"] = time_cuda(
+                            lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g) for qw, sz in mma])[0]
+                # each layer prefetching the next one's first prefetch_mb MB into L2, as in a model; with
                 # and without the early weight loads (graphs only: time_cuda captures one)
-                early_default = ci.EARLY
                 for early in (True, False):
-                    ci.EARLY = early
-                    res[f"cuda (tuned: {tuned}) +next {ci.PREFETCH_BYTES >> 20} MB{'' if early else ', early off'}"] = \
-                        time_cuda(lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g, *mma[(i + 1) % layers])
-                                           for i, (qw, sz) in enumerate(mma)])[0]
-                ci.EARLY = early_default
+                    with ci.launch_options(early=early) as opts:
+                        res[f"cuda (tuned: {tuned}) +next {opts.prefetch_mb:g} MB{'' if early else ', early off'}"] = \
+                            time_cuda(lambda: [ci.int4_gemv_cuda_impl(x, qw, sz, g, *mma[(i + 1) % layers])
+                                               for i, (qw, sz) in enumerate(mma)])[0]
                 lines.append(f"M={m}: roofline {roof:.1f} us/layer\n")
                 lines.append("| kernel | us per layer | % roofline | vs tinygemm | vs triton |")
                 lines.append("|---|---|---|---|---|")

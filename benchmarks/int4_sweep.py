@@ -34,10 +34,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autoao.evaluators.timing import copy_bandwidth, time_cuda
+from autoao.evaluators.timing import time_cuda
 from autoao.kernels import triton_gemv as tg
 from autoao.kernels.int4 import tinygemm_layout
 from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4, quantize_int4_groupwise
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bandwidth import copy_bandwidth  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]  # (N, K)
 CHAIN_BYTES = 256e6  # int4 bytes per chain (>= 5x the H200's 50 MB L2)

@@ -37,10 +37,11 @@ from pathlib import Path
 
 import torch
 
-from autoao.evaluators.timing import copy_bandwidth, time_cuda
+from autoao.evaluators.timing import time_cuda
 from autoao.kernels import cuda_int4 as ci
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bandwidth import copy_bandwidth  # noqa: E402
 from int4_sweep import SHAPES, chain_weights  # noqa: E402  (the chains int4_sweep.py times)
 
 SIZES_MB = {"o 4096x4096": 8.91, "qkv 6144x4096": 13.37, "down 4096x14336": 31.19, "gate/up 28672x4096": 62.39,

@@ -3,8 +3,8 @@
 Unlike torchao's autoquant, which kept timings in a process-global dict (users pickled it by hand,
 pytorch/ao#320, #854), a timing measured once is reused by every later run on the same machine
 and software: the key is (device name, torch version, triton version, autoao version, candidate
-spec, M, K, N, dtype, mode). Location: `cache_dir()/timings.sqlite`, where cache_dir() is
-`$AUTOAO_CACHE_DIR` or `~/.cache/autoao`.
+spec, M, K, N, dtype, mode, the kernel's launch options). Location: `cache_dir()/timings.sqlite`,
+where cache_dir() is `$AUTOAO_CACHE_DIR` or `~/.cache/autoao`.
 
 Concurrency: WAL journal + a 60 s busy timeout; every put is its own transaction, so two
 processes writing at once both land. A file that is not a readable SQLite database is renamed
@@ -77,15 +77,25 @@ class TimingKey:
     torch: str
     triton: str
     autoao: str
-    candidate: str  # Candidate.name, e.g. "int4_wo(group_size=64)"
+    candidate: str  # Candidate.name, e.g. "int4_wo(group_size=64)", "@kernel" appended per CUDA kernel
     m: int  # tokens (rows of x)
     k: int  # in_features
     n: int  # out_features
     dtype: str  # activation dtype, e.g. "bfloat16"
     mode: str  # "eager", "graph" or "compile"
+    # the kernel's launch options (QuantizedLinear.kernel_options), e.g. "pdl=1,prefetch_mb=8,early=1";
+    # "" (no options) is left out of what is hashed, so those kernels' keys do not depend on this field
+    options: str = ""
+
+    def fields(self) -> dict[str, object]:
+        """The key as a dict (what is hashed and stored), without `options` when it is empty."""
+        d = asdict(self)
+        if not d["options"]:
+            del d["options"]
+        return d
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.fields(), sort_keys=True).encode()).hexdigest()
 
 
 class _SQLiteStore:
@@ -139,7 +149,7 @@ class TimingCache(_SQLiteStore):
 
         self._conn.execute(
             "INSERT OR REPLACE INTO timings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (key.digest(), json.dumps(asdict(key)), finite(t.median_us), finite(t.p20_us), finite(t.p80_us),
+            (key.digest(), json.dumps(key.fields()), finite(t.median_us), finite(t.p20_us), finite(t.p80_us),
              t.reps, t.emulated, t.error, time.time()))
 
     def __len__(self) -> int:

@@ -102,21 +102,6 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def copy_bandwidth(device: torch.device | str, nbytes: int | None = None) -> float:
-    """Measured peak memory bandwidth of `device` in bytes/s: (bytes read + written) by one large
-    copy_ over its median time (default 1 GiB on CUDA, timed with events and no L2 flush; 64 MiB
-    with wall clocks on the CPU). The roofline that benchmarks compare kernels against."""
-    device = torch.device(device)
-    n = nbytes or (2**30 if device.type == "cuda" else 2**26)
-    src = torch.ones(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    if device.type == "cuda":
-        med, *_ = time_cuda(lambda: dst.copy_(src), reps=20, graph=False, flush_l2=False)
-    else:
-        med, *_ = time_cpu(lambda: dst.copy_(src), reps=10)
-    return 2 * n / (med * 1e-6)
-
-
 ##### many (shape, candidate, M) at once, through the on-disk cache ##############################
 
 @dataclass(frozen=True)
@@ -284,7 +269,8 @@ def measure_latencies(
             if kern is not None and _outrun(cand, kern, n, k, tokens, by_kernel):
                 continue  # slower at every M than a kernel that ran: never chosen, not timed
             label = cand.name if kern is None else f"{cand.name}@{kern}"
-            keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, **base) for m in tokens}
+            options = cand.module_cls.kernel_options(kern) if cand.module_cls is not None else ""
+            keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, options=options, **base) for m in tokens}
             found = {m: cache.get(key) for m, key in keys.items()}
             missing = [m for m, t in found.items() if t is None]
             measured_now.update(missing)
@@ -361,7 +347,8 @@ def single_op_tokens(cand: Candidate, kernel: str | None, n: int, k: int, tokens
     """The M in `tokens` at which a "compile"-mode timing on CUDA runs `cand`'s module with `kernel`
     (None: its only one) eagerly in a CUDA graph, not compiled: where its forward is one opaque op
     (QuantizedLinear.single_op), which torch.compile would only wrap. Each M a compiled module sees
-    costs a compile (most of the timing stage's time, NOTES session 9)."""
+    costs a compile (dynamo/inductor: 86 s of the 181 s timing stage of a cold llama8 2048+1 search
+    on the H200)."""
     cls = cand.module_cls
     if mode != "compile" or device.type != "cuda" or cls is None:
         return set()

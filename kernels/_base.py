@@ -13,7 +13,7 @@ A `QuantizedLinear` holds its weights twice-named but once-stored where it can:
 Modules built inside `canonical_on_device()` keep their canonical tensors on their own device
 instead: the search's short-lived modules (timing, layer errors, trials), which are never saved,
 skip a device->host copy of every weight they quantize (on the H200, pageable copies of freshly
-allocated host memory took ~50 s of a 290 s llama8 search: benchmarks/NOTES.md, session 9).
+allocated host memory took ~50 s of a 290 s llama8 search: benchmarks/stack_sampler.py).
 
 Moving the module (`.to(device)`, `.cuda()`) re-packs the runtime tensors from the canonical ones
 for the new device, so a layout never ends up on a device whose kernel cannot read it. Dtype casts
@@ -170,8 +170,17 @@ class QuantizedLinear(nn.Module):
         timing builds layers) is one opaque op (a custom op or an extern aten kernel) that
         torch.compile can only call as it is. Timing in "compile" mode replays such cells eagerly in
         a CUDA graph instead of compiling them (the same kernels: 0-3% apart on the H200,
-        benchmarks/NOTES.md session 10). Default: False."""
+        benchmarks/kernel_table.py). Default: False."""
         return False
+
+    @classmethod
+    def kernel_options(cls, kernel: str | None) -> str:
+        """The process-wide launch options that `kernel` (None: the module's only implementation)
+        runs with, as a short stable string, e.g. "pdl=1,prefetch_mb=8,early=1"; "" when it has
+        none. Options change a kernel's speed, never its numbers: timing puts this string into the
+        cache key (TimingKey.options), so a timing taken under one setting is never reused under
+        another. Default: ""."""
+        return ""
 
     @abstractmethod
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

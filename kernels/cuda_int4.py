@@ -4,24 +4,26 @@ of Int4WeightOnlyLinear, for M <= 8 rows (more rows: its dequantizing kernel, th
 Why a CUDA kernel next to the Triton ones: on the H200 the Triton int4 GEMVs stream weights at
 ~2 TB/s (CUDA-core kernels issue ~3 instructions per nibble; Triton's tensor-core kernel passes x
 and each weight tile through shared memory with CTA barriers), about half the bandwidth roofline
-(benchmarks/NOTES.md, session 4). Here each lane's 16-byte weight load *is* its mma.m16n8k16
-A-operand registers for four k-steps (the layout pack_mma makes), nibbles become bf16 by LOP3s, and
-nothing touches shared memory until the warps of a CTA add their partial sums (the .cu file's
-header has the details). Two numbers per layer N x K at M rows: bytes = N*K/2 + 4*N*K/g (scales and
-zeros) + 2*M*(K + N); FLOPs = 2*M*N*K. Measured on the H200 (session 5): 1.3-1.5x faster than the
-Triton int4 kernels on llama8's layers at M=1, 56-83% of roofline on the large ones, and M=8 costs
-what M=1 does; deeper register rings, a cp.async shared-memory ring, a persistent stream-K
-schedule and 1-D bulk copies all measured slower (benchmarks/NOTES.md).
+(benchmarks/int4_sweep.py; see benchmarks/README.md). Here each lane's 16-byte weight load *is*
+its mma.m16n8k16 A-operand registers for four k-steps (the layout pack_mma makes), nibbles become
+bf16 by LOP3s, and nothing touches shared memory until the warps of a CTA add their partial sums
+(the .cu file's header has the details). Two numbers per layer N x K at M rows: bytes = N*K/2 +
+4*N*K/g (scales and zeros) + 2*M*(K + N); FLOPs = 2*M*N*K. Measured on the H200
+(benchmarks/int4_cuda.py): 1.3-1.5x faster than the Triton int4 kernels on llama8's layers at
+M=1, 56-83% of roofline on the large ones, and M=8 costs what M=1 does; deeper register rings, a
+cp.async shared-memory ring, a persistent stream-K schedule and 1-D bulk copies all measured
+slower (see benchmarks/README.md).
 
 On sm_90+ each launch uses programmatic dependent launch (it may start while the previous kernel
 finishes and waits for it before reading x; llama8 M=1: 0.632 -> 0.620 ms; inside CUDA graph
 capture its first weight loads go out before that wait: 0.596 -> 0.592) and the last wave of
-CTAs prefetches the first PREFETCH_BYTES of the next int4 layer's weights into L2 (the module
-passes them: kernels.int4.link_prefetch; 8 MB measured ~0.01 ms faster, more was slower).
+CTAs prefetches the first 8 MB of the next int4 layer's weights into L2 (the module passes them:
+kernels.int4.link_prefetch; 8 MB measured ~0.01 ms faster, more was slower). LaunchOptions holds
+these three choices; they are part of every timing's cache key.
 
-What limits it (session 7, benchmarks/read_floor.py): a read-only kernel over the same bytes
-streams at ~4.36 TB/s + 1.1 us per launch, and its bandwidth grows with warps per SM, not with
-loads in flight per warp; the GEMV's math costs registers, hence warps. So the configs include
+What limits it (benchmarks/read_floor.py): a read-only kernel over the same bytes streams at
+~4.36 TB/s + 1.1 us per launch, and its bandwidth grows with warps per SM, not with loads in
+flight per warp; the GEMV's math costs registers, hence warps. So the configs include
 register-capped ones (min_blocks: __launch_bounds__ minimum CTAs per SM, one-unit rings), which
 the tuner picks on the large layers (gate/up 21.0 -> 20.2 us, lm_head 81 -> 79).
 
@@ -42,7 +44,9 @@ Layouts (made from autoao's canonical int4 tensors, see the .cu header):
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -50,6 +54,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -213,27 +218,103 @@ class Config:
 
 # What the tuner times: every config that was fastest on at least one cell of an H200 table of all
 # 52 earlier ones (13 instantiations x split-K 1/2/4/8) on llama8's and SmolLM2's 14 weight shapes
-# x M = 1, 8 x group 32/64/128 (benchmarks/tuner_table.py, results s9_call1; NOTES session 9).
+# x M = 1, 8 x group 32/64/128 (benchmarks/tuner_table.py; see benchmarks/README.md).
 CONFIGS = (Config(1, 8, 2, 1, 1), Config(1, 8, 0, 1, 4), Config(1, 2, 0, 1, 16), Config(1, 4, 0, 1, 8),
            Config(1, 8, 2, 1, 4), Config(1, 8, 0, 2, 4), Config(1, 8, 0, 4, 4), Config(1, 4, 0, 4, 8),
            Config(2, 8, 2, 1, 1), Config(1, 8, 2, 4, 4), Config(2, 8, 2, 4, 1))
 # int4_mma.cu instantiates each (rows, warps, chunks, min_blocks) of these (AUTOAO_CONFIGS; split-K
 # is a launch parameter).
-# sm_90+: programmatic dependent launch (each GEMV may launch while the previous kernel finishes;
-# it waits for it before reading x) and an L2 prefetch of the first PREFETCH_BYTES of the next
-# GEMV's weights by the CTAs of the last wave, after their main loop (default 8 MB: measured best of
-# 0, 8, 16, 24, 32, 48 on llama8, benchmarks/NOTES.md session 6). AUTOAO_CUDA_PDL=0 and
-# AUTOAO_CUDA_PREFETCH_MB=0 turn them off (benchmarks compare).
-PDL = os.environ.get("AUTOAO_CUDA_PDL", "1") != "0"
-PREFETCH_BYTES = int(float(os.environ.get("AUTOAO_CUDA_PREFETCH_MB", "8")) * 2 ** 20)
-# Early weight loads (sm_90+, with PDL): the first ring of weight loads goes out before the kernel
-# waits for the previous one, overlapping its tail (session 7: 0.5-1 us per layer in chains of
-# GEMVs). Only inside CUDA graph capture: there the kernel before a GEMV belongs to the captured
-# forward, which reads weights but never writes them; eagerly, the previous kernel could be the one
-# that packed or copied them. AUTOAO_CUDA_EARLY=0 turns it off.
-EARLY = os.environ.get("AUTOAO_CUDA_EARLY", "1") != "0"
 _DEFAULT = Config(1, 8, 0, 1, 4)  # the table's best single config (at most 1.42x the best, 1.07x on average)
 _TUNED: dict[tuple, Config] = {}
+
+
+##### launch options ###########################################################################
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How each launch of the GEMV uses sm_90+ features (earlier GPUs have none of them and ignore
+    all three). They change its speed, never its numbers, so a timing taken under one setting must
+    not stand for another: Int4WeightOnlyLinear.kernel_options puts `tag()` into the cache key of
+    every "cuda" timing (evaluators/cache.py, TimingKey.options).
+
+    The process runs with `OPTIONS`: the defaults below, overridden at import by the environment
+    (from_env); `launch_options(...)` changes them for a block. Each launch reads them, so a CUDA
+    graph keeps the options it was captured with."""
+
+    # Programmatic dependent launch: a GEMV may launch while the kernel before it finishes, and
+    # waits for it (griddepcontrol.wait) before reading x. llama8 M=1, int4 g128 fused: 0.632 ->
+    # 0.620 ms on the H200. Env: AUTOAO_CUDA_PDL (0 or 1).
+    pdl: bool = True
+    # MB of the next GEMV's weights (and the same leading fraction of its scales) that the CTAs of
+    # the last wave prefetch into L2 after their main loop, while the DRAM would idle between GEMVs;
+    # only where the module knows its next GEMV (kernels.int4.link_prefetch); 0: no prefetch. 8 was
+    # the fastest of 0, 8, 16, 24, 32, 48 on llama8 M=1 with both PDLs (0 / 8 / 24 / 48 MB: 0.610 /
+    # 0.592 / 0.618 / 0.630 ms on the H200). Env: AUTOAO_CUDA_PREFETCH_MB.
+    prefetch_mb: float = 8.0
+    # Early weight loads (with pdl): the first ring of weight loads goes out before the wait,
+    # overlapping the previous kernel's tail (0.5-1 us per layer in chains of GEMVs). Only inside
+    # CUDA graph capture: there the kernel before a GEMV belongs to the captured forward, which reads
+    # weights but never writes them; eagerly, it could be the one that packed or copied them.
+    # Env: AUTOAO_CUDA_EARLY (0 or 1).
+    early: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.prefetch_mb < float("inf"):
+            raise ValueError(f"prefetch_mb must be a finite number of MB >= 0, got {self.prefetch_mb!r}")
+
+    @property
+    def prefetch_bytes(self) -> int:
+        return int(self.prefetch_mb * 2 ** 20)
+
+    def tag(self) -> str:
+        """The options as a short stable string, e.g. "pdl=1,prefetch_mb=8,early=1" (cache keys,
+        benchmark headers)."""
+        return f"pdl={int(self.pdl)},prefetch_mb={self.prefetch_mb:g},early={int(self.early)}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchOptions:
+        """The defaults, overridden by AUTOAO_CUDA_PDL and AUTOAO_CUDA_EARLY ("0": off, "1": on) and
+        AUTOAO_CUDA_PREFETCH_MB (MB, 0: off) where set in `environ` (default os.environ). The one
+        place these variables are read; a bad value raises ValueError naming the variable."""
+        env = os.environ if environ is None else environ
+        changes: dict[str, Any] = {}
+        for var, field in (("AUTOAO_CUDA_PDL", "pdl"), ("AUTOAO_CUDA_EARLY", "early")):
+            value = env.get(var)
+            if value is not None:
+                if value.strip() not in ("0", "1"):
+                    raise ValueError(f"{var} must be 0 (off) or 1 (on), got {value!r}")
+                changes[field] = value.strip() == "1"
+        value = env.get("AUTOAO_CUDA_PREFETCH_MB")
+        if value is not None:
+            try:
+                changes["prefetch_mb"] = float(value)
+                if not 0 <= changes["prefetch_mb"] < float("inf"):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"AUTOAO_CUDA_PREFETCH_MB must be a number of MB >= 0 (0: no prefetch), "
+                                 f"got {value!r}") from None
+        return cls(**changes)
+
+
+OPTIONS = LaunchOptions.from_env()
+
+
+@contextlib.contextmanager
+def launch_options(options: LaunchOptions | None = None, **changes: Any) -> Iterator[LaunchOptions]:
+    """Within this block, launches use `options` (default: the current ones) with `changes` applied,
+    e.g. `with launch_options(pdl=False): ...`; yields them. Timings taken inside are cached under
+    them (LaunchOptions)."""
+    global OPTIONS
+    previous = OPTIONS
+    OPTIONS = dataclasses.replace(options if options is not None else previous, **changes)
+    try:
+        yield OPTIONS
+    finally:
+        OPTIONS = previous
+
+
+##### launch ###################################################################################
+
 # Split-K scratch per (device, N, split): partials [split, 8, N] fp32 and per-column-block arrival
 # counters. The kernel leaves the counters at zero, so layers of the same width share them (calls on
 # one stream run one after another), and they are never freed: a captured CUDA graph keeps using
@@ -263,7 +344,7 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
             out: torch.Tensor | None = None, next_qw: torch.Tensor | None = None,
             next_sz: torch.Tensor | None = None) -> torch.Tensor:
     """One launch with cfg, into `out` ([M, N] bf16; tests pass one filled with NaN) or a new tensor.
-    next_qw/next_sz: the next GEMV's layouts, whose first PREFETCH_BYTES the kernel prefetches."""
+    next_qw/next_sz: the next GEMV's layouts, whose first OPTIONS.prefetch_bytes the kernel prefetches."""
     m, k = x.shape
     n = qw.shape[0] * 16
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device) if out is None else out
@@ -272,13 +353,14 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     if cfg.split > 1:
         p, a = _scratch(x.device, n, cfg.split)
         partials, arrived = p.data_ptr(), a.data_ptr()
+    opts = OPTIONS
     next_w = next_s = (0, 0)
-    if lib.sm90 and next_qw is not None and PREFETCH_BYTES > 0:
+    if lib.sm90 and next_qw is not None and opts.prefetch_bytes > 0:
         # the same leading fraction of the scales as of the weights: the first CTAs' rows of both
-        fraction = min(1.0, PREFETCH_BYTES / (next_qw.numel() * next_qw.element_size()))
+        fraction = min(1.0, opts.prefetch_bytes / (next_qw.numel() * next_qw.element_size()))
         next_w, next_s = _prefix(next_qw, fraction, x.device), _prefix(next_sz, fraction, x.device)
-    pdl = PDL and lib.sm90
-    early = pdl and EARLY and torch.cuda.is_current_stream_capturing()
+    pdl = opts.pdl and lib.sm90
+    early = pdl and opts.early and torch.cuda.is_current_stream_capturing()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
                                    m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.min_blocks, cfg.split,
                                    *next_w, *next_s, int(pdl), int(early),
@@ -332,7 +414,7 @@ def int4_dequant_cuda_impl(qw: torch.Tensor, sz: torch.Tensor, group_size: int) 
     bit-identical to dequantize_mma: the "cuda" kernel's path for more than MAX_ROWS rows, one bf16
     GEMM on it. A copy-bound CUDA kernel (int4_mma.cu); inductor's code for dequantize_mma's
     permutes ran 20-40% slower end to end at M = 2048 than the canonical layout's dequantization
-    (benchmarks/NOTES.md, session 9)."""
+    (a llama8 search at 2048+1 tokens timed lm_head g128 at 5566 vs 4065 us; benchmarks/e2e.py)."""
     n, k = qw.shape[0] * 16, qw.shape[1] * 64
     w = torch.empty((n, k), dtype=torch.bfloat16, device=qw.device)
     qw, sz = qw.contiguous(), sz.contiguous()

@@ -92,8 +92,10 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     def outrun_by(cls, kernel, m, n, k, **params):
         # "triton" loses to "cuda" where the two run comparable code: the GEMVs (M <= 8; the CUDA
         # one was 1.21-5.67x faster on all 30 cells of g32/64/128 x llama8's shapes x M = 1, 8,
-        # s8_call5) and the dequantize + bf16 GEMM above the rows Triton's tensor-core GEMV takes
-        # (s9_call2); in between (M 9-16) that GEMV races the CUDA kernel's dequantize + GEMM.
+        # benchmarks/int4_cuda.py) and the dequantize + bf16 GEMM above the rows Triton's
+        # tensor-core GEMV takes (10-12% faster on llama8's shapes at M = 2048,
+        # benchmarks/kernel_table.py); in between (M 9-16) that GEMV races the CUDA kernel's
+        # dequantize + GEMM.
         rows = triton_gemv_rows(k, params.get("group_size", 128)) if kernel == "triton" else None
         return "cuda" if rows is not None and (m <= GEMV_MAX_ROWS or m > rows) else None
 
@@ -121,6 +123,11 @@ class Int4WeightOnlyLinear(QuantizedLinear):
             rows = triton_gemv_rows(k, params.get("group_size", 128))
             return rows is None or m <= rows
         return False
+
+    @classmethod
+    def kernel_options(cls, kernel):
+        # the CUDA GEMV's sm_90+ launch features (cuda_int4.LaunchOptions); the others have none
+        return cuda_int4.OPTIONS.tag() if kernel == "cuda" else ""
 
     def canonical_spec(self) -> CanonicalSpec:
         n, k, g = self.out_features, self.in_features, self.group_size
@@ -212,11 +219,11 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
 def link_prefetch(model: torch.nn.Module) -> None:
     """Tell each int4 module of `model` which module's GEMV runs after its own, so that its CUDA
-    kernel can prefetch the first bytes of that module's weights into L2 (cuda_int4.PREFETCH_BYTES;
-    the DRAM is idle between GEMVs while norms and attention run). Call order is taken to be the
-    module order of autoao's quantized layers (transformers registers layers in the order they
-    run); fused siblings count as their group's one module. A wrong order only wastes bandwidth:
-    the prefetch is a hint and never changes a result."""
+    kernel can prefetch the first bytes of that module's weights into L2 (how many:
+    cuda_int4.LaunchOptions.prefetch_mb; the DRAM is idle between GEMVs while norms and attention
+    run). Call order is taken to be the module order of autoao's quantized layers (transformers
+    registers layers in the order they run); fused siblings count as their group's one module. A
+    wrong order only wastes bandwidth: the prefetch is a hint and never changes a result."""
     runs: list[torch.nn.Module] = []
     for m in model.modules():
         if not isinstance(m, QuantizedLinear):

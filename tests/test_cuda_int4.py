@@ -3,6 +3,8 @@ against the dequantized reference."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -192,10 +194,28 @@ def test_weights_are_read_before_the_pdl_wait_only_inside_graph_capture(monkeypa
     qw, sz = cuda_int4.pack_mma(torch.zeros(32, 128, dtype=torch.int32), torch.ones(32, 1, dtype=torch.bfloat16),
                                 torch.zeros(32, 1, dtype=torch.bfloat16), 128)
     for pdl in (True, False):
-        monkeypatch.setattr(cuda_int4, "PDL", pdl)
-        cuda_int4._launch(x, qw, sz, 128, cuda_int4.Config(1, 4, 2))
+        with cuda_int4.launch_options(pdl=pdl, early=True):
+            cuda_int4._launch(x, qw, sz, 128, cuda_int4.Config(1, 4, 2))
     (*_, pdl_on, early_on, _), (*_, pdl_off, early_off, _) = calls
     assert (pdl_on, early_on) == (1, int(capturing)) and (pdl_off, early_off) == (0, 0)
+
+
+def test_launch_options_come_from_the_environment_in_one_place():
+    LaunchOptions = cuda_int4.LaunchOptions
+    assert LaunchOptions.from_env({}) == LaunchOptions() == LaunchOptions(pdl=True, prefetch_mb=8.0, early=True)
+    opts = LaunchOptions.from_env({"AUTOAO_CUDA_PDL": "0", "AUTOAO_CUDA_PREFETCH_MB": "24", "AUTOAO_CUDA_EARLY": "0"})
+    assert opts == LaunchOptions(pdl=False, prefetch_mb=24.0, early=False) and opts.prefetch_bytes == 24 * 2 ** 20
+    assert opts.tag() == "pdl=0,prefetch_mb=24,early=0" and LaunchOptions().tag() == "pdl=1,prefetch_mb=8,early=1"
+    for env, match in [({"AUTOAO_CUDA_PDL": "off"}, "AUTOAO_CUDA_PDL must be 0 .* got 'off'"),
+                       ({"AUTOAO_CUDA_EARLY": "2"}, "AUTOAO_CUDA_EARLY must be 0"),
+                       ({"AUTOAO_CUDA_PREFETCH_MB": "-1"}, "AUTOAO_CUDA_PREFETCH_MB must be a number"),
+                       ({"AUTOAO_CUDA_PREFETCH_MB": "lots"}, "AUTOAO_CUDA_PREFETCH_MB must be a number")]:
+        with pytest.raises(ValueError, match=match):
+            LaunchOptions.from_env(env)
+    before = cuda_int4.OPTIONS
+    with cuda_int4.launch_options(pdl=False) as opts:
+        assert cuda_int4.OPTIONS is opts and opts == dataclasses.replace(before, pdl=False)
+    assert cuda_int4.OPTIONS is before
 
 
 def test_kernel_rejects_a_shape_it_cannot_run():

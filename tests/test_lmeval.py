@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from pathlib import Path
 
 import pytest
 from conftest import requires_demo_model
@@ -162,14 +163,15 @@ def test_missing_tokenizer_is_a_clear_error(llama):
 ##### the bundled data ##########################################################################
 
 def _make_facts():
-    spec = importlib.util.spec_from_file_location("make_facts", lmeval.TASKS_DIR / "make_facts.py")
+    script = Path(__file__).resolve().parents[1] / "tools" / "make_facts.py"  # the generator, not packaged
+    spec = importlib.util.spec_from_file_location("make_facts", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_facts_file_is_what_the_script_writes():
-    """The committed JSONL is reproducible from make_facts.py; every row is a valid 4-choice question."""
+    """The committed JSONL is reproducible from tools/make_facts.py; every row is a valid 4-choice question."""
     make_facts = _make_facts()
     rows = make_facts.build()
     assert (lmeval.TASKS_DIR / "autoao_facts.jsonl").read_text(encoding="utf-8") == make_facts.render(rows)

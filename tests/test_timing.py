@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from autoao.cli import main
 from autoao.evaluators import timing
 from autoao.evaluators.cache import TimingCache, TimingKey
 from autoao.evaluators.timing import Timing, measure_latencies
+from autoao.kernels import cuda_int4
 
 SMALL = [search_space.get("bf16"), search_space.get("int8_dyn"), search_space.get("int4_wo(group_size=64)"),
          search_space.get("sparse24")]
@@ -72,6 +74,40 @@ def _key_for(table, cand, m, k, n) -> TimingKey:
 
     return TimingKey(table.device, torch.__version__, triton.__version__, f"{autoao.__version__}/harness-{HARNESS_VERSION}",
                      cand, m, k, n, table.dtype, table.mode)
+
+
+def test_launch_options_are_part_of_the_key(tmp_path):
+    """A timing cached under one kernel-option setting is never returned under another; a key
+    without options hashes as keys did before the field existed."""
+    plain = key(1)
+    assert plain.options == "" and "options" not in plain.fields()
+    assert plain.digest() == "91e1804a2b95076ee8480246d903faf64c1ad53e0aeb7ebf66b90b7e16f8de47"  # as before
+    on, off = (dataclasses.replace(plain, options=cuda_int4.LaunchOptions(pdl=pdl).tag()) for pdl in (True, False))
+    assert len({plain.digest(), on.digest(), off.digest()}) == 3
+    cache = TimingCache(tmp_path / "t.sqlite")
+    cache.put(on, Timing(5.0, 4.0, 6.0, 10))
+    assert cache.get(on).median_us == 5.0 and cache.get(off) is None and cache.get(plain) is None
+
+
+def test_measure_latencies_keys_the_cuda_int4_kernel_by_its_launch_options(tmp_path, monkeypatch):
+    # the CUDA int4 kernel's options, exercised on the CPU: timing is told the module runs its
+    # "cuda" kernel (on the CPU that is the CPU path; what matters is the key it is cached under)
+    int4 = search_space.get("int4_wo(group_size=64)")
+    monkeypatch.setattr(timing, "kernel_names", lambda cand, device: ("cuda",) if cand is int4 else (None,))
+    cache = TimingCache(tmp_path / "t.sqlite")
+
+    def measure():
+        return measure_latencies([(32, 64)], [1], [int4], cache=cache, progress=False).measured
+
+    assert measure() == 1 and measure() == 0  # measured once, then served from the cache
+    with cuda_int4.launch_options(pdl=not cuda_int4.OPTIONS.pdl):
+        assert int4.module_cls.kernel_options("cuda") == cuda_int4.OPTIONS.tag()
+        assert measure() == 1 and measure() == 0  # another setting: measured again, cached apart
+    with cuda_int4.launch_options(prefetch_mb=cuda_int4.OPTIONS.prefetch_mb + 8):
+        assert measure() == 1
+    assert measure() == 0  # the first setting's timing is still there
+    assert int4.module_cls.kernel_options("tinygemm") == "" and int4.module_cls.kernel_options(None) == ""
+    assert search_space.get("int8_dyn").module_cls.kernel_options(None) == ""
 
 
 def test_nan_output_scores_inf(tmp_path):

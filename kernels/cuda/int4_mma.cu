@@ -6,8 +6,9 @@
 // Why: at M = 1 a layer's only job is to stream its weights once. The Triton int4 kernels reach
 // ~2 TB/s on the H200: the CUDA-core ones issue ~3 instructions per nibble, and Triton's
 // tensor-core one routes x and the weight tile through shared memory with CTA barriers
-// (benchmarks/NOTES.md, session 4). Here every weight byte goes global memory -> registers ->
-// tensor core, with no shared memory and no barrier until the final cross-warp sum:
+// (measured with benchmarks/int4_sweep.py; see benchmarks/README.md). Here every weight byte goes
+// global memory -> registers -> tensor core, with no shared memory and no barrier until the final
+// cross-warp sum:
 // - the weights are pre-permuted (pack_mma) so that one 16-byte load per lane is exactly its
 //   mma.m16n8k16 A-operand registers for four k-steps of one 16-row tile;
 // - a nibble pair becomes the bf16x2 (128 + q0, 128 + q1) by one LOP3 (0x4300 | q is bf16 128 + q);
@@ -19,9 +20,10 @@
 //   CTAs split K too (gridDim.y), the last of a column block to finish adding the fp32 partials;
 // - sm_90+: programmatic dependent launch (griddepcontrol; inside CUDA graphs the ring's first
 //   weight loads go out before the wait) and an L2 bulk prefetch, by the last wave, of the next
-//   layer's first weights (measured in benchmarks/NOTES.md, sessions 6 and 7);
+//   layer's first weights (both optional: cuda_int4.LaunchOptions, which gives the measurements);
 // - some configs cap registers (__launch_bounds__ with a minimum of CTAs per SM) for more warps per
-//   SM: the weight stream's bandwidth follows warps per SM, not loads in flight per warp (session 7).
+//   SM: the weight stream's bandwidth follows warps per SM, not loads in flight per warp
+//   (benchmarks/read_floor.py).
 //
 // Layouts (N, K: weight [N, K]; G: group size; UK = max(G, 64) k per unit; GU = UK / G):
 //   qw [N/16, K/64, 32 lanes, 4] uint32: word j (k-step within the 64-chunk) of lane (g, t)
@@ -106,7 +108,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   // its unit is computed, so PU - 1 units of weights are in flight during each unit's math.
   // Offsets from the pointers are compile-time constants (folded into the load instructions); the
   // pointers move once per PU units. x is not in the ring (its registers would halve the weights'
-  // depth; loading it one unit ahead measured no faster, session 6): each unit's x is read at its top.
+  // depth; loading it one unit ahead measured no faster): each unit's x is read at its top.
   uint4 wb[PU][RT][UC];
   SZ sb[PU][RT];
   auto load = [&](uint4 (&w)[RT][UC], SZ (&s)[RT], int off) {
@@ -204,7 +206,8 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   // passes them) into L2 while this kernel's tail wave, and the kernels between the two GEMVs (norms,
   // attention), leave DRAM idle. Only the last `tail` CTAs (the host's estimate of the last wave)
   // issue it, each one bulk prefetch of its share: issued earlier, it takes bandwidth from this
-  // layer's own stream (measured, benchmarks/NOTES.md). A prefetch is only a hint (L2 is coherent,
+  // layer's own stream (issued by every CTA, 24 MB of prefetch took llama8's linear layers at M=1
+  // from 0.460 to 0.482 ms per forward; see benchmarks/README.md). A prefetch is only a hint (L2 is coherent,
   // nothing is read early), so a wrong guess of the next layer costs bandwidth, never correctness.
   const long long ctas = (long long)gridDim.x * gridDim.y, cta = (long long)blockIdx.y * gridDim.x + blockIdx.x;
   const long long first = ctas > tail ? ctas - tail : 0;
@@ -353,7 +356,7 @@ __global__ void __launch_bounds__(128) int4_mma_dequant(const uint32_t* __restri
 // one unit, nothing in flight during its math), MB: at least MB CTAs per SM (__launch_bounds__),
 // which caps the registers per thread. Why MB: a warp's stream of weights runs at a rate that
 // more loads in flight per warp do not raise, so bandwidth comes from warps per SM (measured with a
-// read-only kernel, benchmarks/NOTES.md session 7), and registers bound the warps.
+// read-only kernel, benchmarks/read_floor.py), and registers bound the warps.
 #define AUTOAO_CONFIGS(X) \
   X(1, 2, 0, 16) X(1, 4, 0, 8) X(1, 8, 0, 4) X(1, 8, 2, 1) X(1, 8, 2, 4) X(2, 8, 2, 1)
 

@@ -1,6 +1,7 @@
-"""Generate `autoao_facts.jsonl`: four-choice questions from small fact tables written for autoao.
+"""Generate `evaluators/tasks/autoao_facts.jsonl`: four-choice questions from small fact tables
+written for autoao.
 
-    python evaluators/tasks/make_facts.py          # rewrites autoao_facts.jsonl next to this file
+    python tools/make_facts.py          # rewrites evaluators/tasks/autoao_facts.jsonl
 
 Every question has one right answer and three distractors drawn from the same table (other
 capitals for a capital, other element symbols for a symbol), so a model cannot pick the answer by
@@ -16,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).with_name("autoao_facts.jsonl")
+OUT = Path(__file__).resolve().parents[1] / "evaluators" / "tasks" / "autoao_facts.jsonl"
 
 ##### fact tables ###############################################################################
 
