@@ -112,8 +112,8 @@ def optimize(
         work = stages.profile_workload(model, example_inputs, eval_inputs, fuse_groups)
         ledger.say(f"{len(work.prof.layers)} linear layers, token counts {work.tokens}; timing candidates "
                    f"on {work.device}")
-        table = stages.time_candidates(work, cands, cache=TimingCache(rcache.path), allow_emulated=allow_emulated,
-                                       progress=progress)
+        table, health = stages.time_candidates(work, cands, cache=TimingCache(rcache.path), ledger=ledger,
+                                               allow_emulated=allow_emulated)
     with ledger.stage("layer errors, proxy and baselines"):
         meas = stages.measure(model, work, cands, table, tier2, cache=rcache, ledger=ledger,
                               allow_emulated=allow_emulated)
@@ -132,7 +132,7 @@ def optimize(
         config.budget = Budget(seconds=max(remaining, 1.0))
         config.reserve_seconds = min(stages.reserve_seconds(meas), 0.5 * config.budget.seconds)
     context = stages.run_context(model, work, cands, meas, groups, config, budget=str(ledger.budget),
-                                 accuracy=accuracy, command=command)
+                                 accuracy=accuracy, command=command, timing=health)
     runfiles.write(out_dir / "context.json", context, atomic_write)
 
     with ledger.stage("search trials"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Callable, Iterable, NamedTuple, TypeVar
+from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 import torch
 
@@ -115,7 +115,7 @@ class CpuSamples(NamedTuple):
     median: float
     p20: float
     p80: float
-    reps: int  # clean samples the quantiles come from
+    reps: int  # clean samples the quantiles come from (single calls, for a sequence of callables)
     discarded: int  # samples taken but dropped because the process lost the CPU during them
     reliable: bool  # at least MIN_CLEAN clean samples; else the quantiles are the least-disturbed ones'
 
@@ -129,24 +129,34 @@ MIN_CLEAN = 5
 RETAKE_FACTOR = 4  # samples and seconds allowed for re-takes, as a multiple of what was asked
 
 
-def time_cpu(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2, threads: int | None = None,
-             max_seconds: float = 0.5) -> CpuSamples:
+def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps: int = 20, warmup: int = 2,
+             threads: int | None = None, max_seconds: float = 0.5) -> CpuSamples:
     """Quantiles (us) of fn() on the CPU at a fixed thread count, from samples during which the
-    process kept the CPU. Repeats are capped at about `max_seconds` of timed work (at least 5);
-    disturbed samples are dropped and re-taken within RETAKE_FACTOR x that. Fewer than MIN_CLEAN
-    clean samples: `reliable` is False and the quantiles are those of the least-disturbed samples."""
+    process kept the CPU. A sequence of callables is sampled one call at a time in turn (a layer's
+    copies, so its weights stream from DRAM as in a model): short samples are the ones a busy
+    neighbour leaves alone. Repeats (rounds over the sequence) are capped at about `max_seconds` of
+    timed work (at least 5); disturbed samples are dropped and re-taken within RETAKE_FACTOR x
+    that. Fewer than MIN_CLEAN clean samples: `reliable` is False and the quantiles are those of
+    the least-disturbed samples."""
+    calls = list(fn) if isinstance(fn, Sequence) else [fn]
+
+    def one_round() -> None:
+        for call in calls:
+            call()
+
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        reps = _warm_up(fn, warmup, reps, max_seconds, lambda: None)
+        wanted = _warm_up(one_round, warmup, reps, max_seconds, lambda: None) * len(calls)
         clean: list[float] = []
         dirty: list[tuple[float, float]] = []  # (lost fraction, us)
         deadline = time.perf_counter() + RETAKE_FACTOR * max(max_seconds, 1e-3)
-        while len(clean) < reps and len(clean) + len(dirty) < RETAKE_FACTOR * reps:
+        while len(clean) < wanted and len(clean) + len(dirty) < RETAKE_FACTOR * wanted:
+            call = calls[(len(clean) + len(dirty)) % len(calls)]
             lost0, throttled0 = cpu_lost_ns(), throttled_ns()
             t0 = time.perf_counter_ns()
-            fn()
+            call()
             wall = time.perf_counter_ns() - t0
             lost, throttled = cpu_lost_ns() - lost0, throttled_ns() - throttled0
             if lost <= LOST_FRACTION * wall and throttled == 0:

@@ -15,10 +15,23 @@ import math
 from dataclasses import dataclass, field
 
 from autoao.common import BASELINE
-from autoao.evaluators.timing import LatencyTable
+from autoao.evaluators.timing import LatencyTable, Timing
 from autoao.plan import Plan
 from autoao.profile import ModelProfile
 
+
+
+def conservative_us(t: Timing, base: Timing | None) -> float:
+    """The time the cost model uses for one candidate cell, next to the baseline's cell of the same
+    layer shape and M (`base`; None for the baseline itself, or where it was not timed). Disturbed
+    samples only ever run long, so a cell without enough undisturbed samples may overstate either
+    side: where the candidate's or the baseline's cell is unreliable, the candidate is taken to be
+    no faster than the baseline there, so a disturbed timing never buys a plan a speed-up."""
+    if base is None:
+        return t.median_us if t.reliable else math.inf  # an unreliable fused-shape timing: never fused
+    if t.reliable and base.reliable:
+        return t.median_us
+    return max(t.median_us, base.median_us)
 
 
 def layer_calls(profile: ModelProfile) -> dict[str, dict[int, int]]:
@@ -64,7 +77,10 @@ class CostModel:
             out = 0.0
             for m, count in calls[fqn].items():
                 t = table.get(name, m, k, n)
-                out += count * t.median_us
+                if name == BASELINE:
+                    out += count * t.median_us
+                else:
+                    out += count * conservative_us(t, table.find(BASELINE, m, k, n))
                 if t.emulated:
                     emulated.setdefault(fqn, set()).add(name)
             return out

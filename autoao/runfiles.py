@@ -134,6 +134,17 @@ class FusedRecord:
 
 
 @dataclass
+class TimingHealth:
+    """How far this run's timings can be trusted."""
+
+    spot_check: str = ""  # what the start-up re-timing of cached cells found ("" = agreed or nothing cached)
+    cells: int = 0  # (candidate, shape, M) cells in the table
+    unreliable: int = 0  # cells without enough undisturbed samples (used conservatively)
+    discarded_samples: int = 0  # samples dropped because the process lost the CPU during them
+    not_timed: int = 0  # cells left out because the time budget for timing was spent
+
+
+@dataclass
 class RunContext:
     started: str  # ISO time, UTC
     model: ModelInfo
@@ -152,6 +163,7 @@ class RunContext:
     groups: list[GroupRecord]
     fused: list[FusedRecord]
     layers: list[LayerRecord]
+    timing: TimingHealth = field(default_factory=TimingHealth)
     version: int = RUN_FILES_VERSION
 
 

@@ -19,6 +19,7 @@ import datetime
 import math
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,14 +34,15 @@ from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
-from autoao.evaluators.timing import LatencyTable, default_mode, measure_latencies, measure_model, workload_us
+from autoao.evaluators.timing import (NOT_TIMED, LatencyTable, default_mode, measure_latencies, measure_model,
+                                      spot_check, workload_us)
 from autoao.kernels._base import canonical_on_device
 from autoao.ledger import RunLedger
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import ModelProfile, profile
 from autoao.runfiles import (AccuracyResult, AccuracySpec, CandidateRecord, Decision, DeviceInfo, FusedRecord,
                              GroupRecord, KernelTimes, LayerRecord, Latency, MeasuredPlan, ModelInfo, RunContext,
-                             RunSummary, UniformRow, WeightBytes, describe)
+                             RunSummary, TimingHealth, UniformRow, WeightBytes, describe)
 from autoao.search import Group, SearchConfig, SearchOutcome, TrialResult, make_groups, plan_from_params, run_search
 from autoao.search_space import Candidate
 
@@ -53,6 +55,9 @@ RERANK_MARGIN = 0.03  # another plan replaces the chosen one only if measured > 
 # least 10 times after a warm-up (12 runs), so one end-to-end measurement costs at least 12 x the
 # workload's time (more where it compiles: then the measured first measurement's seconds);
 # finalize measures twice (bf16, then the plan); writing the model and the report takes a few s.
+# Of what a time budget has left after profiling, the share kernel timing may take: the layer
+# errors, the proxy, the trials and the final comparison need the rest.
+TIMING_SHARE = 0.4
 E2E_RUNS = 12
 FINAL_MEASUREMENTS = 3  # the interleaved rounds of finalize, each cheaper than the first measurement
 WRITE_SECONDS = 5.0
@@ -122,21 +127,36 @@ def model_device(model: nn.Module) -> torch.device:
 
 ##### measure ###################################################################################
 
-def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCache, allow_emulated: bool = False,
-                    progress: bool = True) -> LatencyTable:
+def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCache, ledger: RunLedger,
+                    allow_emulated: bool = False) -> tuple[LatencyTable, TimingHealth]:
     """Every pickable candidate on every layer shape at every token count, and the candidates that
-    fuse on the sibling groups' shapes. Emulated candidates can never be picked unless allowed, and
-    their reference paths are the slowest to time (fp8 on the CPU: ~40x int8), so they are not
-    timed (`autoao kernels` times them)."""
+    fuse on the sibling groups' shapes, within TIMING_SHARE of a time budget (the cells that weigh
+    least in the workload are left out first). Emulated candidates can never be picked unless
+    allowed, and their reference paths are the slowest to time (fp8 on the CPU: ~40x int8), so
+    they are not timed (`autoao kernels` times them). First, a few cached cells are re-timed: a
+    cache measured on a busy machine is found and measured again."""
     pickable = [c for c in cands if allow_emulated or not c.emulated(work.device)]
     calls = shape_calls(work.prof, work.siblings)
+    check = spot_check(work.shapes, work.tokens, device=work.device, dtype=work.dtype, cache=cache)
+    if check.stale:
+        ledger.say(check.message())
+    remaining = ledger.remaining()
+    deadline = None if remaining is None else time.perf_counter() + TIMING_SHARE * remaining
     table = measure_latencies(work.shapes, work.tokens, pickable, device=work.device, dtype=work.dtype,
-                              cache=cache, progress=progress, calls=calls)
+                              cache=cache, progress=ledger.progress, calls=calls, deadline=deadline)
     fusable = [c for c in pickable if c.fusable]
     if work.fused_shapes and fusable:
         table = table.merged(measure_latencies(work.fused_shapes, work.tokens, fusable, device=work.device,
-                                               dtype=work.dtype, cache=cache, progress=progress, calls=calls))
-    return table
+                                               dtype=work.dtype, cache=cache, progress=ledger.progress,
+                                               calls=calls, deadline=deadline))
+    timings = [r.timing for r in table.rows]
+    health = TimingHealth(check.message() if check.stale else "", len(timings),
+                          sum(not t.reliable for t in timings), sum(t.discarded for t in timings),
+                          sum(t.error == NOT_TIMED for t in timings))
+    if health.not_timed:
+        ledger.say(f"{health.not_timed} of {health.cells} cells not timed within the budget: those layers keep "
+                   "fewer candidates")
+    return table, health
 
 
 @dataclass
@@ -554,7 +574,7 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -
 
 def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements,
                 groups: list[Group], config: SearchConfig, *, budget: str, accuracy: Any,
-                command: str | None) -> RunContext:
+                command: str | None, timing: TimingHealth) -> RunContext:
     """Everything the report needs that is known before the first trial (context.json)."""
     try:
         import triton  # a version string only; triton is not otherwise loaded here
@@ -589,7 +609,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         groups=[GroupRecord(g.name, list(g.fqns), list(g.choices)) for g in groups],
         fused=[FusedRecord(list(g), {c: t for c, t in per.items() if math.isfinite(t)})
                for g, per in meas.cost.fused_us.items()],
-        layers=layers,
+        layers=layers, timing=timing,
     )
 
 

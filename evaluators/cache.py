@@ -34,7 +34,9 @@ CREATE TABLE IF NOT EXISTS timings (
     spec TEXT NOT NULL,       -- the TimingKey as JSON, for humans and reports
     median_us REAL, p20_us REAL, p80_us REAL, reps INTEGER,
     emulated TEXT, error TEXT,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    discarded INTEGER NOT NULL DEFAULT 0,  -- samples dropped: the process lost the CPU during them
+    reliable INTEGER NOT NULL DEFAULT 1    -- 0: too few clean samples; never reused as a clean timing
 );
 CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL);
 """
@@ -110,6 +112,10 @@ class _SQLiteStore:
         conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)  # autocommit; explicit txns
         conn.execute("PRAGMA journal_mode=WAL")
         conn.executescript(_SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(timings)")}
+        for column, decl in (("discarded", "INTEGER NOT NULL DEFAULT 0"), ("reliable", "INTEGER NOT NULL DEFAULT 1")):
+            if column not in columns:  # a cache file written before the column existed
+                conn.execute(f"ALTER TABLE timings ADD COLUMN {column} {decl}")
         conn.execute("SELECT COUNT(*) FROM timings").fetchone()
         return conn
 
@@ -132,28 +138,74 @@ class _SQLiteStore:
 class TimingCache(_SQLiteStore):
     """get/put Timings by TimingKey in an SQLite file (created on first use)."""
 
-    def get(self, key: TimingKey) -> Timing | None:
+    def get(self, key: TimingKey, *, unreliable: bool = False) -> Timing | None:
+        """The cached timing, or None. An unreliable record (too few undisturbed samples) counts as
+        missing, so it is measured again, unless `unreliable` asks for it."""
         row = self._conn.execute(
-            "SELECT median_us, p20_us, p80_us, reps, emulated, error FROM timings WHERE key = ?",
+            "SELECT median_us, p20_us, p80_us, reps, emulated, error, discarded, reliable FROM timings WHERE key = ?",
             (key.digest(),)).fetchone()
-        if row is None:
+        if row is None or (not row[7] and not unreliable):
             return None
-        med, p20, p80, reps, emulated, error = row
+        med, p20, p80, reps, emulated, error, discarded, reliable = row
         inf = float("inf")
         return Timing(inf if med is None else med, inf if p20 is None else p20, inf if p80 is None else p80,
-                      reps, emulated, error)
+                      reps, emulated, error, discarded=discarded, reliable=bool(reliable))
 
     def put(self, key: TimingKey, t: Timing) -> None:
         def finite(v: float) -> float | None:  # SQLite has no inf literal through every driver
             return v if v != float("inf") else None
 
         self._conn.execute(
-            "INSERT OR REPLACE INTO timings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO timings (key, spec, median_us, p20_us, p80_us, reps, emulated, error, created, "
+            "discarded, reliable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (key.digest(), json.dumps(key.fields()), finite(t.median_us), finite(t.p20_us), finite(t.p80_us),
-             t.reps, t.emulated, t.error, time.time()))
+             t.reps, t.emulated, t.error, time.time(), t.discarded, int(t.reliable)))
 
     def __len__(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM timings").fetchone()[0]
+
+    def devices(self) -> list[CacheDevice]:
+        """What the cache holds, per device name: cells, unreliable cells, failed cells, samples
+        discarded, and when the newest was measured."""
+        out: dict[str, list] = {}
+        for spec, reliable, error, discarded, created in self._conn.execute(
+                "SELECT spec, reliable, error, discarded, created FROM timings"):
+            name = json.loads(spec).get("device", "?")
+            row = out.setdefault(name, [0, 0, 0, 0, 0.0])
+            row[0] += 1
+            row[1] += not reliable
+            row[2] += error is not None
+            row[3] += discarded or 0
+            row[4] = max(row[4], created)
+        return [CacheDevice(name, *vals) for name, vals in sorted(out.items())]
+
+    def clear_matching(self, fields: dict[str, str]) -> int:
+        """Delete every cached timing whose key has these field values (e.g. one device, torch,
+        triton, autoao and mode); returns how many."""
+        keys = [k for (k, spec) in self._conn.execute("SELECT key, spec FROM timings")
+                if all(json.loads(spec).get(f) == v for f, v in fields.items())]
+        self._conn.executemany("DELETE FROM timings WHERE key = ?", [(k,) for k in keys])
+        return len(keys)
+
+    def clear(self, device: str | None = None) -> int:
+        """Delete every cached timing (or only those of the device whose name contains `device`);
+        returns how many. Layer errors and accuracy results (the results table) are kept."""
+        if device is None:
+            return self._conn.execute("DELETE FROM timings").rowcount
+        keys = [k for (k, spec) in self._conn.execute("SELECT key, spec FROM timings")
+                if device.lower() in json.loads(spec).get("device", "").lower()]
+        self._conn.executemany("DELETE FROM timings WHERE key = ?", [(k,) for k in keys])
+        return len(keys)
+
+
+@dataclass(frozen=True)
+class CacheDevice:
+    name: str
+    cells: int
+    unreliable: int
+    failed: int
+    discarded_samples: int
+    newest: float  # time.time() of the newest measurement
 
 
 class ResultCache(_SQLiteStore):

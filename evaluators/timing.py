@@ -25,14 +25,17 @@ from torch import nn
 
 from autoao import search_space
 from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
-from autoao.common import __version__, call_model
+from autoao.common import BASELINE, __version__, call_model
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
 from autoao.kernels._base import canonical_on_device
 from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
-# are not reused. 4: compiled modules replayed in CUDA graphs, per-kernel timings, Triton GEMVs.
-HARNESS_VERSION = 4
+# are not reused. 5: CPU samples during which the process lost the CPU are dropped and re-taken.
+HARNESS_VERSION = 5
+# A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time.
+SPOT_CHECK_TOLERANCE = 2.0
+NOT_TIMED = "not timed: the time budget for timing was spent"
 
 
 def last_level_cache_bytes() -> int:
@@ -92,10 +95,8 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
                                              prime=lambda: x.copy_(x_src))
                 return Timing(med, p20, p80, n)
             copies = streaming_copies(fn) if not compile else [fn]
-            per = len(copies)
-            s = time_cpu(lambda: [c(x) for c in copies], reps=reps or 20, threads=threads)
-            return Timing(s.median / per, s.p20 / per, s.p80 / per, s.reps, discarded=s.discarded,
-                          reliable=s.reliable)
+            s = time_cpu([lambda c=c: c(x) for c in copies], reps=reps or 20, threads=threads)
+            return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)
     except torch.cuda.OutOfMemoryError as e:
         return Timing.failed(f"out of memory: {str(e).splitlines()[0]}")
     except Exception as e:  # noqa: BLE001 - a failing kernel is data, not a crash
@@ -139,6 +140,13 @@ class LatencyTable:
             return self._index[(candidate, m, k, n)]
         except KeyError:
             raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}") from None
+
+    def find(self, candidate: str, m: int, k: int, n: int) -> Timing | None:
+        """`get`, or None where the cell was not timed."""
+        try:
+            return self.get(candidate, m, k, n)
+        except KeyError:
+            return None
 
     def merged(self, other: LatencyTable) -> LatencyTable:
         """This table and `other` (more shapes or candidates, same device, dtype and mode) as one."""
@@ -221,6 +229,7 @@ def measure_latencies(
     cache: TimingCache | None = None,
     progress: bool = True,
     calls: dict[tuple[int, int], dict[int, int]] | None = None,
+    deadline: float | None = None,
 ) -> LatencyTable:
     """Time every candidate on every (N, K) shape at every M in `tokens`, reusing cached timings.
 
@@ -235,6 +244,9 @@ def measure_latencies(
     cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
     calls: (N, K) -> {M: calls per forward}, the workload's weights for choosing a kernel (default:
     each M once).
+    deadline: a time.perf_counter() after which cells not in the cache are not timed (a failed
+    Timing, NOT_TIMED); the baseline is always timed. Cells are timed baseline first, then by their
+    weight in the workload, largest first.
     Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
     """
     device = torch.device(device)
@@ -245,17 +257,16 @@ def measure_latencies(
         raise ValueError("mode 'graph' (CUDA graphs) needs a CUDA device; use 'eager' or 'compile' on CPU")
     candidates = candidates if candidates is not None else search_space.all_candidates()
     cache = cache if cache is not None else TimingCache()
-    try:
-        import triton
+    base = key_base(device, dtype, mode)
+    dev_name, dt = base["device"], base["dtype"]
 
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    dev_name, dt = device_name(device), str(dtype).removeprefix("torch.")
-    base = dict(device=dev_name, torch=torch.__version__, triton=triton_version,
-                autoao=f"{__version__}/harness-{HARNESS_VERSION}", dtype=dt, mode=mode)
+    # bf16 everywhere first (the baseline every prediction divides by), then the shapes that weigh
+    # most in the workload (calls x M x N x K), so a deadline leaves the least important cells out
+    def weight(n: int, k: int) -> float:
+        return sum(c * m for m, c in ((calls or {}).get((n, k)) or {m: 1 for m in tokens}).items()) * n * k
 
-    work = [(n, k, c) for n, k in shapes for c in candidates]
+    work = sorted(((n, k, c) for n, k in shapes for c in candidates),
+                  key=lambda w: (w[2].family != BASELINE, -weight(w[0], w[1])))
     rows: list[LatencyRow] = []
     kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = {}
     seconds_by_kernel: dict[str, float] = {}
@@ -280,13 +291,18 @@ def measure_latencies(
                 if twin in by_kernel:
                     found[m] = by_kernel[twin][m]
                     missing.remove(m)
+            if missing and deadline is not None and time.perf_counter() > deadline and cand.family != BASELINE:
+                for m in missing:
+                    found[m] = Timing.failed(NOT_TIMED)
+                missing = []
             if missing:
                 t_kern = time.perf_counter()
                 fresh = _time_missing(cand, kern, n, k, missing, dtype, device, mode)
                 seconds_by_kernel[label] = seconds_by_kernel.get(label, 0.0) + time.perf_counter() - t_kern
                 measured += len(missing)
                 for m, t in fresh.items():
-                    cache.put(keys[m], t)
+                    if t.error != NOT_TIMED:
+                        cache.put(keys[m], t)
                     found[m] = t
             by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
         chosen = pick_kernel(by_kernel, (calls or {}).get((n, k)))
@@ -298,6 +314,61 @@ def measure_latencies(
     bar.close()
     return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings,
                         seconds_by_kernel)
+
+
+def key_base(device: torch.device, dtype: torch.dtype, mode: str) -> dict[str, str]:
+    """The TimingKey fields that belong to the machine and the software, not to the cell."""
+    try:
+        import triton  # a version string for the key; triton is imported by the kernels anyway
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return dict(device=device_name(device), torch=torch.__version__, triton=triton_version,
+                autoao=f"{__version__}/harness-{HARNESS_VERSION}", dtype=str(dtype).removeprefix("torch."), mode=mode)
+
+
+@dataclass
+class SpotCheck:
+    """Cached cells re-timed at start: (label, cached us, now us) each, and what was done."""
+
+    cells: list[tuple[str, float, float]]
+    stale: bool  # some cell disagreed beyond SPOT_CHECK_TOLERANCE
+    cleared: int  # cached cells of this device forgotten because of it (measured again)
+
+    def message(self) -> str:
+        worst = max(self.cells, key=lambda c: max(c[1] / c[2], c[2] / c[1]))
+        return (f"cached timings disagree with this machine now ({worst[0]}: {worst[1]:.1f} us cached, "
+                f"{worst[2]:.1f} us now, over {SPOT_CHECK_TOLERANCE:g}x apart): the cache was probably "
+                f"measured while the machine was busy; {self.cleared} cached cells of this device are "
+                "measured again")
+
+
+def spot_check(shapes: list[tuple[int, int]], tokens: list[int], *, device: torch.device | str,
+               dtype: torch.dtype, mode: str | None = None, cache: TimingCache, n_cells: int = 3) -> SpotCheck:
+    """Re-time the `n_cells` cheapest cached bf16 cells of these shapes and token counts; if any is
+    more than SPOT_CHECK_TOLERANCE x off its cached time, forget every cached cell of this device
+    (machine and software), so this run measures them again."""
+    device = torch.device(device)
+    mode = mode or default_mode(device)
+    base = key_base(device, dtype, mode)
+    bf16 = search_space.get(BASELINE)
+    cached = []
+    for n, k in shapes:
+        for m in tokens:
+            key = TimingKey(candidate=bf16.name, m=m, k=k, n=n, **base)
+            t = cache.get(key)
+            if t is not None and t.ok:
+                cached.append((t.median_us, m, n, k))
+    cells = []
+    for us, m, n, k in sorted(cached)[:n_cells]:
+        now = _time_missing(bf16, None, n, k, [m], dtype, device, mode)[m]
+        if now.ok and now.reliable:
+            cells.append((f"bf16 {n}x{k} at M={m}", us, now.median_us))
+    stale = any(not 1 / SPOT_CHECK_TOLERANCE <= cached_us / now_us <= SPOT_CHECK_TOLERANCE
+                for _, cached_us, now_us in cells)
+    cleared = cache.clear_matching(base) if stale else 0
+    return SpotCheck(cells, stale, cleared)
 
 
 def _outrun(cand: Candidate, kernel: str, n: int, k: int, tokens: list[int],

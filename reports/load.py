@@ -456,6 +456,16 @@ def decision_notes(data: ReportData) -> list[str]:
 def _trust_warnings(data: ReportData) -> list[str]:
     """What makes a number on the page less trustworthy than it looks, said up front."""
     out = []
+    health = data.context.timing
+    if health.spot_check:
+        out.append(f"At start, {health.spot_check}")
+    if health.unreliable:
+        out.append(f"{health.unreliable} of {health.cells} timing cells could not be measured without the process "
+                   f"losing the CPU ({health.discarded_samples} disturbed samples dropped): the cost model used "
+                   "the pessimistic end of their spread; measure on a quieter machine for sharper predictions")
+    if health.not_timed:
+        out.append(f"{health.not_timed} of {health.cells} timing cells were not measured within the time budget: "
+                   "the candidates they belong to were not offered on those layers (a larger budget times them)")
     base = data.context.baseline_ms
     pred, meas = base.predicted, base.measured
     if pred and meas and not 0.5 <= pred / meas <= 2.0:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -204,12 +203,10 @@ def test_task_yaml_names_match_files():
 
 @requires_demo_model
 def test_demo_model_is_far_above_chance_on_facts():
-    """SmolLM2-135M answers the bundled facts well above chance (25%); 100 questions, ~10 s warm."""
+    """SmolLM2-135M answers the bundled facts well above chance (25%) on 100 questions."""
     import autoao.models
 
     model, tok = autoao.models.load()
-    start = time.perf_counter()
     result = lmeval.evaluate(model, tok, ["autoao_facts"], limit=100)
     assert result.samples == {"autoao_facts": 100}
     assert result.metrics["autoao_facts"]["acc"] >= 0.5, result.metrics
-    assert time.perf_counter() - start < 60

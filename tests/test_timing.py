@@ -28,10 +28,15 @@ def key(i: int) -> TimingKey:
 
 
 def test_second_measurement_runs_no_kernel(tmp_path, monkeypatch):
-    """The second identical measurement is served from the cache: zero kernel timings."""
+    """The second identical measurement is served from the cache: zero kernel timings (but for
+    cells the first could not measure cleanly, which are measured again: never reused as clean)."""
     cache = TimingCache(tmp_path / "t.sqlite")
     first = measure_latencies([(32, 64)], [1, 4], SMALL, cache=cache, progress=False)
     assert first.measured == 2 * len(SMALL)  # every candidate supports N=32, K=64 on CPU
+    disturbed = [r for r in first.rows if not r.timing.reliable]
+    for r in disturbed:  # a busy machine: make them clean, as a quiet re-measurement would
+        cache.put(TimingKey(candidate=r.candidate, m=r.m, k=r.k, n=r.n, **timing.key_base(
+            torch.device("cpu"), torch.bfloat16, "eager")), dataclasses.replace(r.timing, reliable=True))
     calls = []
     monkeypatch.setattr(timing, "time_module", lambda *a, **k: calls.append(a) or Timing.failed("should not run"))
     again = measure_latencies([(32, 64)], [1, 4], SMALL, cache=TimingCache(tmp_path / "t.sqlite"), progress=False)

@@ -1,0 +1,99 @@
+"""Timings on a busy machine: samples during which the process lost the CPU are dropped, and a
+cache poisoned by a busy machine is caught at start and measured again.
+
+The load test starts busy-loop processes that compete for every core (each ends by itself after
+at most HOG_SECONDS, and the test stops them), times small cells into a fresh cache, then times
+them again with the machine quiet into another fresh cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from autoao import search_space
+from autoao.evaluators import timing
+from autoao.evaluators.cache import Timing, TimingCache, TimingKey
+from autoao.evaluators.timing import measure_latencies, spot_check
+
+HOG_SECONDS = 120
+SHAPES = [(576, 576), (192, 576)]
+TOKENS = [1]
+CANDIDATES = [search_space.get("bf16"), search_space.get("int8_dyn")]
+
+
+def _hogs(n: int) -> list[subprocess.Popen]:
+    code = f"import time\nend = time.time() + {HOG_SECONDS}\nwhile time.time() < end: pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+def _cached(path, served: bool = False) -> dict[tuple[str, int, int], Timing | None]:
+    """Every cell's stored record (served=True: what the cache hands a later run, None if nothing)."""
+    cache = TimingCache(path)
+    base = timing.key_base(torch.device("cpu"), torch.bfloat16, "eager")
+    out = {}
+    for n, k in SHAPES:
+        for c in CANDIDATES:
+            t = cache.get(TimingKey(candidate=c.name, m=1, k=k, n=n, **base), unreliable=not served)
+            assert served or t is not None, f"{c.name} {n}x{k} was not stored"
+            out[(c.name, n, k)] = t
+    return out
+
+
+@pytest.mark.slow
+def test_a_busy_machine_does_not_poison_the_cache(tmp_path):
+    hogs = _hogs(os.cpu_count() or 2)  # one busy loop per core
+    try:
+        time.sleep(0.5)  # let them take the cores
+        measure_latencies(SHAPES, TOKENS, CANDIDATES, cache=TimingCache(tmp_path / "busy.sqlite"), progress=False)
+    finally:
+        for h in hogs:
+            h.kill()
+        for h in hogs:
+            h.wait()
+    measure_latencies(SHAPES, TOKENS, CANDIDATES, cache=TimingCache(tmp_path / "quiet.sqlite"), progress=False)
+    busy, served, quiet = (_cached(tmp_path / "busy.sqlite"), _cached(tmp_path / "busy.sqlite", served=True),
+                           _cached(tmp_path / "quiet.sqlite"))
+    # what the cache serves a later run is within 3x of the quiet machine's time; a cell that could
+    # not be measured cleanly is stored, marked unreliable, and not served (the next run re-times it)
+    for cell, t in served.items():
+        assert t is None or t.median_us <= 3 * quiet[cell].median_us, (cell, t, quiet[cell])
+    assert all((served[cell] is None) == (not t.reliable) for cell, t in busy.items())
+    # the stored records show the samples dropped because the process lost the CPU
+    assert sum(t.discarded for t in busy.values()) > 0
+
+
+def test_the_start_up_check_replaces_a_poisoned_cache(tmp_path):
+    cache = TimingCache(tmp_path / "t.sqlite")
+    measure_latencies(SHAPES, TOKENS, CANDIDATES, cache=cache, progress=False)
+    clean = _cached(tmp_path / "t.sqlite")
+    # what a busy machine once stored: every cell at ~8000 us (whole scheduler quanta)
+    base = timing.key_base(torch.device("cpu"), torch.bfloat16, "eager")
+    for (name, n, k) in clean:
+        cache.put(TimingKey(candidate=name, m=1, k=k, n=n, **base), Timing(8000.0, 7999.0, 8001.0, 20))
+    check = spot_check(SHAPES, TOKENS, device="cpu", dtype=torch.bfloat16, cache=cache)
+    assert check.stale and check.cleared == len(clean) and check.cells
+    assert "8000.0 us cached" in check.message() and "measured again" in check.message()
+    again = measure_latencies(SHAPES, TOKENS, CANDIDATES, cache=cache, progress=False)
+    assert again.measured == len(clean)  # every cell of this device measured anew
+    healed = _cached(tmp_path / "t.sqlite")
+    assert all(t.median_us < 8000.0 / 3 for t in healed.values())
+    # a cache that agrees is left alone
+    assert not spot_check(SHAPES, TOKENS, device="cpu", dtype=torch.bfloat16, cache=cache).stale
+
+
+def test_samples_that_lost_the_cpu_are_dropped(monkeypatch):
+    """time_cpu keeps only samples during which the run-queue delay stayed small."""
+    from autoao import clock
+
+    lost = iter([0, 0, 0, 10**9, 10**9, 10**9] + [0, 0] * 50)  # before/after pairs: 2nd sample lost 0 -> 1 s
+    monkeypatch.setattr(clock, "cpu_lost_ns", lambda: next(lost))
+    s = clock.time_cpu(lambda: None, reps=5, warmup=0)
+    assert s.discarded == 1 and s.reps == 5 and s.reliable
+    monkeypatch.setattr(clock, "cpu_lost_ns", iter(range(0, 10**12, 10**9)).__next__)  # every sample loses 1 s
+    s = clock.time_cpu(lambda: None, reps=5, warmup=0)
+    assert not s.reliable and s.reps == 0 and s.discarded > 0
