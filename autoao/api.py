@@ -20,6 +20,7 @@ from torch import nn
 from autoao import runfiles, stages
 from autoao.common import atomic_write, cache_dir
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
+from autoao.evaluators.sensitivity import CallableEvaluator
 from autoao.ledger import RunLedger
 from autoao.plan import Plan, save
 from autoao.runfiles import RunSummary
@@ -99,13 +100,18 @@ def optimize(
         progress: progress bars and stage messages on stderr.
         command: the command line that started this run, recorded for the report's "reproduce".
     """
+    # every argument is checked before anything is measured
     ledger = RunLedger(Budget.parse(budget), progress)
     config = SearchConfig(max_accuracy_drop=max_accuracy_drop, seed=seed)  # validates the drop
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    stages.check_out_dir(out_dir)
     cands = stages.resolve_candidates(candidates)
+    config.storage = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    stages.check_storage(config.storage)
     rcache = ResultCache(cache_dir() / "timings.sqlite")
     tier2 = stages.tier2_evaluator(accuracy, tokenizer, lm_eval_limit, rcache)
+    if isinstance(tier2, CallableEvaluator):
+        tier2.set_baseline(model)  # the user's metric, once, on the model as it came
 
     with ledger.stage("profile and kernel timing"):
         ledger.say("profiling")
@@ -120,7 +126,6 @@ def optimize(
     groups = stages.search_groups(meas, work)
     bench = stages.ModelBench(model, work, meas, groups)
 
-    config.storage = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
     # one study per (model weights, search space, budget constraint): the same run continues it,
     # a different model or constraint in the same storage starts its own
     config.study_name = "autoao-" + digest([(g.name, g.choices) for g in groups], max_accuracy_drop,

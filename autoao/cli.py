@@ -23,6 +23,7 @@ from autoao.evaluators.timing import measure_latencies
 from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
 from autoao.search import Budget
+from autoao.stages import check_out_dir, check_storage
 
 
 class CLIError(Exception):
@@ -283,10 +284,18 @@ def _to_device(obj: Any, device) -> Any:
     return obj
 
 
+def checked(flag: str, check: Any, value: Any) -> None:
+    """check(value), its ValueError as this flag's one-line error."""
+    try:
+        check(value)
+    except ValueError as e:
+        raise CLIError(f"{flag}: {e}") from None
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-
+    # every argument is checked before the model is loaded or anything is measured
     try:
         budget = Budget.parse(args.budget)
     except ValueError as e:
@@ -297,10 +306,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.resume and not (out / "study.db").is_file() and not args.storage:
         raise CLIError(f"--resume: no study to continue in {out}/ (study.db not found)")
-    loaded = load_model(args.model, device)
-    model, tok = loaded["model"], loaded.get("tokenizer")
     tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
     tasks = None if tasks in ("", "none", "proxy") else tasks
+    checked("--out", check_out_dir, out)
+    if args.storage:
+        checked("--storage", check_storage, args.storage)
+    if tasks:
+        from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
+
+        checked("--tasks", lmeval.check_tasks, split_list(tasks))
+    loaded = load_model(args.model, device)
+    model, tok = loaded["model"], loaded.get("tokenizer")
     examples, held_out = loaded.get("example_inputs"), loaded.get("eval_inputs")
     if examples is None:
         if tok is None:
@@ -360,6 +376,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ReportError as e:
         raise CLIError(str(e)) from None
     print(f"wrote {path} (tables: {path.stem}_*.csv beside it)")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    import datetime
+
+    path = cache_dir(args.cache_dir) / "timings.sqlite"
+    if not path.is_file():
+        print(f"no timing cache at {path}")
+        return 0
+    cache = TimingCache(path)
+    if args.action == "clear":
+        n = cache.clear(args.device)
+        which = f" of devices matching {args.device!r}" if args.device else ""
+        print(f"cleared {n} cached timings{which} from {path} (layer errors and accuracy results kept)")
+        return 0
+    devices = cache.devices()
+    print(f"{path}: {len(cache)} cached timings")
+    for d in devices:
+        if args.device and args.device.lower() not in d.name.lower():
+            continue
+        newest = datetime.datetime.fromtimestamp(d.newest).isoformat(sep=" ", timespec="seconds")
+        print(f"  {d.name}: {d.cells} cells, {d.unreliable} unreliable (measured while the CPU was taken; "
+              f"re-measured on next use), {d.failed} failed, {d.discarded_samples} disturbed samples dropped; "
+              f"newest {newest}")
     return 0
 
 
@@ -445,6 +486,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dir", help="the search's output directory (--out of autoao search)")
     r.add_argument("--out", default=None, help="HTML file to write (default: DIR/report.html)")
     r.set_defaults(func=cmd_report)
+
+    c = sub.add_parser("cache", help="what the timing cache holds, or clear it",
+                       description="The on-disk timing cache ($AUTOAO_CACHE_DIR/timings.sqlite, default "
+                       "~/.cache/autoao): `info` lists cached timings per device (with how many were measured "
+                       "on a busy machine), `clear` deletes them so the next run measures again.")
+    c.add_argument("action", choices=["info", "clear"], help="info: what is cached; clear: delete timings")
+    c.add_argument("--device", default=None, help="only the devices whose name contains this text, "
+                   "e.g. 'H200' or 'EPYC' (default: all)")
+    c.add_argument("--cache-dir", default=None, help="cache directory (default: $AUTOAO_CACHE_DIR or "
+                   "~/.cache/autoao)")
+    c.set_defaults(func=cmd_cache)
     return p
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from pathlib import Path
 import statistics
 import sys
 import time
@@ -197,7 +198,7 @@ def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: Lat
     proxy = ProxyEvaluator(model, work.eval_inputs, cache=cache)
     weights_key = digest("model", *[t for t in model.state_dict().values()])
     tier2_seconds = 0.0
-    if tier2 is not None:
+    if tier2 is not None and tier2.baseline is None:  # a user callable was scored up front
         ledger.say("baseline accuracy (tier 2)")
         t0 = ledger.elapsed()
         tier2.set_baseline(model, key=f"{weights_key}:{plan_key(Plan())}")
@@ -732,6 +733,7 @@ def tier2_evaluator(accuracy: Any, tokenizer: Any, limit: int | float | None,
         raise ValueError(f"accuracy={tasks} are lm-eval tasks, which need the model's tokenizer: pass tokenizer=...")
     from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
 
+    lmeval.check_tasks(tasks)
     unknown = [t for t in tasks if t not in lmeval.task_names()]
     if unknown:
         import warnings
@@ -739,3 +741,42 @@ def tier2_evaluator(accuracy: Any, tokenizer: Any, limit: int | float | None,
         warnings.warn(f"tasks {unknown} are not bundled with autoao; lm-eval must find their data offline",
                       stacklevel=3)
     return LmEvalEvaluator(tokenizer, tasks, limit=limit, cache=cache)
+
+
+def check_storage(url: str) -> None:
+    """ValueError naming the URL unless an Optuna RDB storage can be reached there (a few seconds at
+    most: checked before anything is measured)."""
+    import sqlalchemy
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except Exception as e:  # noqa: BLE001 - sqlalchemy's ArgumentError and friends
+        raise ValueError(f"storage {url!r} is not a database URL ({e}); e.g. sqlite:///study.db or "
+                         "postgresql://user@host/db") from None
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:":
+            parent = Path(db).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise ValueError(f"storage {url!r}: folder {parent} does not exist")
+        return
+    connect_args = {"connect_timeout": 5} if parsed.get_backend_name().startswith("postgres") else {}
+    try:
+        engine = sqlalchemy.create_engine(parsed, connect_args=connect_args)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as e:  # noqa: BLE001 - driver missing, refused, auth: all one message
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"storage {url!r} cannot be reached: {first}") from None
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """ValueError unless `out_dir` can be created and written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".autoao-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"output directory {out_dir} cannot be written: {e.strerror or e}") from None

@@ -35,6 +35,7 @@ lm_eval's evaluator, datasets and transformers are imported only by `evaluate`. 
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 import tempfile
 import time
@@ -61,6 +62,37 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
 def task_names() -> list[str]:
     """The tasks bundled with autoao; they run offline."""
     return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+
+
+_NAME_LINE = re.compile(r"^\s*(?:(?:task|group|tag)\s*:\s*|-\s*)[\"']?([A-Za-z0-9_\-.]+)[\"']?\s*$", re.M)
+
+
+def check_tasks(names: list[str]) -> None:
+    """Raise ValueError naming every task lm-eval cannot find, with "did you mean" suggestions,
+    before any model is measured. Bundled tasks are known; others are looked up in lm-eval's task
+    folder by the names its YAML files declare (about 1 s), and only a name with no close match
+    there goes through lm-eval's own (slower) task index."""
+    import lm_eval
+
+    unknown = [n for n in names if n not in task_names()]
+    if not unknown:
+        return
+    declared = set(task_names())
+    for path in (Path(lm_eval.__file__).parent / "tasks").rglob("*.yaml"):
+        declared.update(_NAME_LINE.findall(path.read_text(errors="ignore")))
+    problems = []
+    for name in unknown:
+        if name in declared:
+            continue
+        close = difflib.get_close_matches(name, sorted(declared), n=3, cutoff=0.75)
+        if not close:
+            from lm_eval.tasks import TaskManager
+
+            if name in TaskManager(include_defaults=True).all_tasks:
+                continue
+        problems.append(f"'{name}'" + (f" (did you mean: {', '.join(close)}?)" if close else ""))
+    if problems:
+        raise ValueError(f"unknown lm-eval task {', '.join(problems)}; bundled tasks: {', '.join(task_names())}")
 
 
 @dataclass

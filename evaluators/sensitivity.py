@@ -252,7 +252,22 @@ class CallableEvaluator:
         self.baseline: float | None = None
 
     def set_baseline(self, reference: nn.Module, key: str | None = None) -> None:
-        self.baseline = float(self.fn(reference))
+        """Score the unmodified model; ValueError naming the callable if it raises or does not
+        return a finite number (checked before any measurement, so a broken metric costs nothing)."""
+        name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        try:
+            value = self.fn(reference)
+        except Exception as e:  # noqa: BLE001 - the user's code: report it, with its own message
+            raise ValueError(f"accuracy callable {name} raised on the unmodified model: "
+                             f"{type(e).__name__}: {e}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) and not (
+                isinstance(value, torch.Tensor) and value.numel() == 1):
+            raise ValueError(f"accuracy callable {name} returned {type(value).__name__} on the unmodified model; "
+                             "it must return one number (higher is better)")
+        if not math.isfinite(float(value)):
+            raise ValueError(f"accuracy callable {name} returned {float(value)} on the unmodified model; it must "
+                             "return a finite number (higher is better)")
+        self.baseline = float(value)
 
     def __call__(self, model: nn.Module, key: str | None = None) -> Accuracy:
         value = float(self.fn(model))

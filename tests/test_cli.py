@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import optuna
@@ -28,12 +29,52 @@ def _cache(tmp_path, monkeypatch):
     (["search", "--model", TINY.replace(":build", ":broken")], "broken() failed"),
     (["search", "--model", "smollm3"], "unknown --model 'smollm3'"),
     (["apply", "--model", TINY, "--plan", "nope.json", "--save", "x"], "does not exist"),
+    (["search", "--tasks", "autoao_fact"], "did you mean: autoao_facts?"),
+    (["search", "--storage", "postgresql://nobody@127.0.0.1:9/none"], "--storage: storage"),
+    (["search", "--storage", "not a url"], "is not a database URL"),
+    (["search", "--storage", "sqlite:////no/such/folder/x.db"], "does not exist"),
+    (["search", "--device", "tpu"], "--device"),
+    (["cache", "frobnicate"], "invalid choice"),
 ])
 def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path):
-    rc = main([*argv, "--out", str(tmp_path / "o")] if argv[0] == "search" else argv)
+    """Each bad argument: one line naming it, exit 2, within seconds (nothing loaded or measured)."""
+    start = time.perf_counter()
+    try:
+        rc = main([*argv, "--out", str(tmp_path / "o")] if argv[0] == "search" else argv)
+    except SystemExit as e:  # argparse's own errors (a bad choice)
+        rc = e.code
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert message in err and err.startswith("autoao: error:") and err.count("\n") == 1, err
+    assert message in err and err.rstrip("\n").splitlines()[-1].startswith(("autoao: error:", "autoao cache: error:")), err
+    assert "Traceback" not in err and time.perf_counter() - start < 10
+    if argv[0] != "cache":
+        assert err.count("\n") == 1, err
+
+
+def test_out_dir_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["search", "--out", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autoao: error: --out: output directory") and err.count("\n") == 1, err
+
+
+def test_cache_info_and_clear(tmp_path, capsys):
+    from autoao import search_space
+    from autoao.evaluators.cache import TimingCache
+    from autoao.evaluators.timing import measure_latencies
+
+    cache_dir = tmp_path / "c"
+    measure_latencies([(32, 64)], [1], [search_space.get("bf16")], cache=TimingCache(cache_dir / "timings.sqlite"),
+                      progress=False)
+    assert main(["cache", "info", "--cache-dir", str(cache_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "1 cached timings" in out and "1 cells" in out
+    assert main(["cache", "clear", "--device", "no-such-device", "--cache-dir", str(cache_dir)]) == 0
+    assert "cleared 0" in capsys.readouterr().out
+    assert main(["cache", "clear", "--cache-dir", str(cache_dir)]) == 0
+    assert "cleared 1 cached timings" in capsys.readouterr().out
+    assert len(TimingCache(cache_dir / "timings.sqlite")) == 0
 
 
 def test_search_writes_everything_and_continues_the_study(tmp_path, capsys):

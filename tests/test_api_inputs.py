@@ -1,0 +1,70 @@
+"""optimize checks every argument before it measures anything, and an unchanged model is 1.00x."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import autoao
+from autoao import stages
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 64, bias=False), nn.ReLU(), nn.Linear(64, 64, bias=False))
+
+
+def _nan(model):
+    return math.nan
+
+
+def _raises(model):
+    raise RuntimeError("metric server down")
+
+
+def _text(model):
+    return "good"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"budget": "5 parsecs"}, "neither a time"),
+    ({"max_accuracy_drop": 2.0}, "max_accuracy_drop must be in [0, 1]"),
+    ({"candidates": ["int3"]}, "Unknown candidate 'int3'"),
+    ({"storage": "postgresql://nobody@127.0.0.1:9/none"}, "cannot be reached"),
+    ({"storage": "nonsense"}, "is not a database URL"),
+    ({"accuracy": ["autoao_facts"]}, "need the model's tokenizer"),
+    ({"accuracy": _nan}, "accuracy callable _nan returned nan"),
+    ({"accuracy": _raises}, "accuracy callable _raises raised on the unmodified model: RuntimeError: metric server down"),
+    ({"accuracy": _text}, "accuracy callable _text returned str"),
+])
+def test_bad_arguments_fail_before_any_measurement(kwargs, message, tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr(stages, "profile_workload", lambda *a, **k: measured.append(1))
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as e:
+        autoao.optimize(_model(), torch.randn(4, 64), out_dir=tmp_path / "out", progress=False, **kwargs)
+    assert message in str(e.value) and measured == [] and time.perf_counter() - start < 10
+
+
+def test_an_unchanged_model_is_exactly_one_x(tmp_path, monkeypatch):
+    """Only bf16 allowed: the plan is empty, and its speed-up is 1.00x by definition (not a second,
+    noisy measurement of the same model)."""
+    calls = []
+    real = stages.measure_examples
+    monkeypatch.setattr(stages, "measure_examples", lambda *a, **k: calls.append(1) or real(*a, **k))
+    result = autoao.optimize(_model(), [torch.randn(4, 64)], budget=3, candidates=["bf16"], out_dir=tmp_path / "o",
+                             progress=False)
+    s = result.summary
+    assert not result.plan.layers and s.plan == {}
+    assert s.speedup.measured == 1.0 and s.plan_ms.measured == s.baseline_ms.measured and s.rounds == 0
+    assert s.speedup.predicted == 1.0 and s.speedup_range == [1.0, 1.0]
+    assert len(calls) == 1  # bf16 once, at the start (the cost model's rest); never again
