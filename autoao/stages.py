@@ -646,7 +646,7 @@ def _candidate_record(c: Candidate, layers: list[LayerRecord], device: torch.dev
     emu = c.emulated(device)
     status = ("available" if n_ok == len(layers) else "partly available" if n_ok else
               "emulated" if emu else "unsupported")
-    return CandidateRecord(c.name, c.summary, status, n_ok, emu, sorted(r for r in reasons if r)[:5])
+    return CandidateRecord(c.name, c.describe(device), status, n_ok, emu, sorted(r for r in reasons if r)[:5])
 
 
 def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, context: RunContext,

@@ -17,7 +17,6 @@ Everything here is a pure function of those files, so loading twice gives identi
 
 from __future__ import annotations
 
-import datetime
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +59,7 @@ class Trial:
     accuracy: float | None
     tier: int | None
     feasible: bool  # COMPLETE and drop <= max_accuracy_drop (the search's constraint)
-    finished_s: float | None  # seconds from the study's first trial start to this trial's end
+    finished_s: float | None  # seconds of search (trial durations summed) until this trial ended
     warm_start: bool  # enqueued by the search's warm start (uniform / greedy plans), not sampled
     params: dict[str, str]  # group name -> candidate name
     metrics: dict[str, float]  # tier-1 metrics of this plan (accuracy, kl, loss, ...)
@@ -149,6 +148,38 @@ class ReportData:
         """The search's choices: (parameter name, FQNs, candidate names) per group."""
         return _groups(self.context)
 
+    @property
+    def status(self) -> str:
+        """What happened, for the status box: "running" (no summary: interrupted or still running),
+        "no_trials" (the budget ran out before the first trial), "interrupted" (stopped during the
+        trials; the plan comes from those that finished), "unchanged" (finished, the model kept as it
+        came: `unchanged_reason` says why) or "finished" (a plan applied and measured)."""
+        s = self.summary
+        if s is None:
+            return "running"
+        if s.trials == 0:
+            return "no_trials"
+        if s.stopped.startswith("interrupted"):
+            return "interrupted"
+        return "unchanged" if not s.plan else "finished"
+
+    @property
+    def unchanged_reason(self) -> str:
+        """Why a finished run kept the model as it came (the decision that ended it)."""
+        if self.summary is None:
+            return ""
+        ending = [d for d in self.summary.decisions if d.kind in ("kept_unchanged", "no_feasible_plan",
+                                                                  "tier2_none_held")]
+        if ending:
+            return describe(ending[-1])
+        return "no trial finished" if not self.summary.trials else "no quantized plan was chosen"
+
+    def rejected_on_tier2(self) -> set[int]:
+        """Trials that held on the proxy but broke the budget on tier 2 (their final verdict)."""
+        if self.summary is None:
+            return set()
+        return {d.trial for d in self.summary.decisions if d.kind == "tier2_rejected" and d.trial is not None}
+
     def emulated_in_plan(self) -> list[str]:
         """Candidates of the shown plan that are only emulated here: no speed-up may be claimed."""
         return sorted({c.candidate for lay in self.layers for c in lay.choices if c.status == "chosen" and c.emulated})
@@ -209,6 +240,11 @@ def load(out_dir: str | Path) -> ReportData:
                       chosen_trial, plan_source, plan, layers, candidates, [], warnings)
     data.accuracy = _accuracy_rows(data)
     data.warnings += _trust_warnings(data)
+    if data.status in ("unchanged", "no_trials"):  # no layer was weighed against others: say what happened
+        why = ("kept in bf16: the budget ran out before the first trial" if data.status == "no_trials" else
+               f"kept in bf16 with the whole model: {data.unchanged_reason}")
+        for lay in data.layers:
+            lay.why = lay.choices[0].reason = why
     return data
 
 
@@ -240,18 +276,27 @@ def _load_trials(context: RunContext, out_dir: Path) -> tuple[list[Trial], str |
         frozen = study.get_trials(deepcopy=False)
     except Exception as e:  # noqa: BLE001 - any storage failure: report what else is known
         return [], f"{type(e).__name__}: {e}"
-    starts = [t.datetime_start for t in frozen if t.datetime_start is not None]
-    t0 = min(starts) if starts else None
-    return [_trial(t, t0, context.max_accuracy_drop) for t in frozen], None
+    search_seconds = _search_seconds(frozen)
+    return [_trial(t, search_seconds.get(t.number), context.max_accuracy_drop) for t in frozen], None
 
 
-def _trial(t: Any, t0: datetime.datetime | None, max_drop: float) -> Trial:
+def _search_seconds(frozen: list[Any]) -> dict[int, float]:
+    """Trial number -> seconds of search until it ended: the durations of every trial that ended
+    by then, summed, so an idle gap between two runs of the same study does not count."""
+    ended = sorted((t for t in frozen if t.datetime_start and t.datetime_complete), key=lambda t: t.datetime_complete)
+    out, total = {}, 0.0
+    for t in ended:
+        total += (t.datetime_complete - t.datetime_start).total_seconds()
+        out[t.number] = total
+    return out
+
+
+def _trial(t: Any, finished: float | None, max_drop: float) -> Trial:
     done = t.state.name == "COMPLETE" and t.values is not None
     pred_us, drop = (t.values if done else (math.nan, math.nan))
     if done and drop >= 1e9:  # the search stores a NaN/Inf plan's drop as 1e9 (Optuna needs a number)
         drop = math.inf
     attrs = t.user_attrs
-    finished = (t.datetime_complete - t0).total_seconds() if t.datetime_complete and t0 else None
     return Trial(
         number=t.number, state=t.state.name, predicted_ms=pred_us / 1e3, drop=drop,
         accuracy=attrs.get("accuracy"), tier=attrs.get("tier"),

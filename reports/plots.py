@@ -93,7 +93,7 @@ def _history_plot(data: ReportData) -> str | None:
     by_trial.set_ylabel("best predicted latency (ms)")
     timed = sorted((t for t in done if t.finished_s is not None), key=lambda t: t.finished_s or 0.0)
     _history(by_time, timed, lambda t: t.finished_s)
-    by_time.set_xlabel("time since the first trial started (s)")
+    by_time.set_xlabel("search time, trials only (s)")
     lats = [t.predicted_ms for t in done if math.isfinite(t.predicted_ms)]
     if lats and max(lats) / max(min(lats), 1e-12) > 30:
         by_trial.set_yscale("log")

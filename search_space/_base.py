@@ -70,7 +70,8 @@ class Candidate(ABC):
 
     family: ClassVar[str]
     module_cls: ClassVar[type[QuantizedLinear] | None]
-    summary: ClassVar[str]  # one line for tables: weights / activations / kernel
+    summary: ClassVar[str]  # one line for tables: weights / activations
+    kernel_summary: ClassVar[dict[str, str]] = {}  # device type -> the kernels that run it there
     # Lowest SQNR (dB) of the output against the ideal float32 product that a correct kernel reaches
     # on N(0, 1/K) or nn.Linear-initialised weights and Gaussian inputs (tests and
     # benchmarks/cuda_check.py check every family against it; 2:4 families: same pruned weight).
@@ -115,6 +116,11 @@ class Candidate(ABC):
 
     @abstractmethod
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None: ...
+
+    def describe(self, device: torch.device | str) -> str:
+        """One line for tables: what the candidate stores and computes, and its kernels on `device`."""
+        kern = self.kernel_summary.get(torch.device(device).type)
+        return f"{self.summary}; {kern}" if kern else self.summary
 
     def emulated(self, device: torch.device | str) -> str | None:
         """None if a fast kernel runs this on `device`, else why it is only emulated there."""

@@ -19,7 +19,8 @@ from autoao.search_space._registry import register
 class Bf16(Candidate):
     family: ClassVar[str] = "bf16"
     module_cls: ClassVar = Bf16Linear
-    summary: ClassVar[str] = "bf16 weights and activations; cuBLAS / native matmul (the baseline)"
+    summary: ClassVar[str] = "the layer as it came (the baseline)"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuBLAS", "cpu": "torch's CPU matmul (oneDNN / MKL)"}
     sqnr_bound_db: ClassVar[float] = 40
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:

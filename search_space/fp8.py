@@ -29,7 +29,8 @@ FP8_CPU_EMULATION = "no fp8 matrix unit on CPU: torch._scaled_mm upconverts (emu
 class Fp8Dyn(Candidate):
     family: ClassVar[str] = "fp8_dyn"
     module_cls: ClassVar = Fp8DynLinear
-    summary: ClassVar[str] = "fp8 e4m3 weights x fp8 dynamic activations; torch._scaled_mm"
+    summary: ClassVar[str] = "fp8 e4m3 weights x fp8 dynamic activations"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "torch._scaled_mm", "cpu": "emulated product in fp32"}
     sqnr_bound_db: ClassVar[float] = 25
     variants: ClassVar[tuple[dict, ...]] = tuple({"granularity": g} for g in GRANULARITIES)
 
@@ -52,7 +53,8 @@ class Fp8Dyn(Candidate):
 class Fp8WO(Candidate):
     family: ClassVar[str] = "fp8_wo"
     module_cls: ClassVar = Fp8WeightOnlyLinear
-    summary: ClassVar[str] = "fp8 e4m3 per-channel weights, activations in model dtype; Triton GEMV"
+    summary: ClassVar[str] = "fp8 e4m3 per-channel weights, activations in model dtype"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "Triton GEMV (M <= 8), else dequantize + matmul", "cpu": "dequantize + matmul (emulated)"}
     sqnr_bound_db: ClassVar[float] = 25
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:

@@ -25,7 +25,8 @@ def int_mm_reason(layer: LayerSpec, device: torch.device) -> str | None:
 class Int8Dyn(Candidate):
     family: ClassVar[str] = "int8_dyn"
     module_cls: ClassVar = Int8DynLinear
-    summary: ClassVar[str] = "int8 per-channel weights x int8 per-token dynamic activations; torch._int_mm"
+    summary: ClassVar[str] = "int8 per-channel weights x int8 per-token dynamic activations"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "torch._int_mm + fused Triton quantization", "cpu": "torch._int_mm"}
     sqnr_bound_db: ClassVar[float] = 35
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
@@ -37,7 +38,8 @@ class Int8Dyn(Candidate):
 class Int8WO(Candidate):
     family: ClassVar[str] = "int8_wo"
     module_cls: ClassVar = Int8WeightOnlyLinear
-    summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype; Triton GEMV or dequant matmul"
+    summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "Triton GEMV (M <= 8), else dequantize + matmul", "cpu": "torch._weight_int8pack_mm"}
     sqnr_bound_db: ClassVar[float] = 38
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:

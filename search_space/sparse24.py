@@ -39,7 +39,8 @@ class _Sparse(Candidate):
 class Sparse24(_Sparse):
     family: ClassVar[str] = "sparse24"
     module_cls: ClassVar = Sparse24Linear
-    summary: ClassVar[str] = "2:4-pruned weights (Wanda/magnitude), model-dtype activations; cuSPARSELt"
+    summary: ClassVar[str] = "2:4-pruned weights (Wanda/magnitude), model-dtype activations"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuSPARSELt", "cpu": "dense matmul on the pruned weight (emulated)"}
     sqnr_bound_db: ClassVar[float] = 40
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
@@ -51,7 +52,8 @@ class Sparse24(_Sparse):
 class Sparse24Int8Dyn(_Sparse):
     family: ClassVar[str] = "sparse24_int8_dyn"
     module_cls: ClassVar = Sparse24Int8DynLinear
-    summary: ClassVar[str] = "2:4-pruned int8 weights x int8 per-token activations; cuSPARSELt int8"
+    summary: ClassVar[str] = "2:4-pruned int8 weights x int8 per-token activations"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuSPARSELt int8", "cpu": "torch._int_mm on the pruned weight (emulated)"}
     sqnr_bound_db: ClassVar[float] = 35
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
@@ -63,7 +65,8 @@ class Sparse24Int8Dyn(_Sparse):
 class Sparse24Fp8(_Sparse):
     family: ClassVar[str] = "sparse24_fp8"
     module_cls: ClassVar = Sparse24Fp8DynLinear
-    summary: ClassVar[str] = "2:4-pruned fp8 rowwise weights x fp8 per-token activations; cuSPARSELt fp8"
+    summary: ClassVar[str] = "2:4-pruned fp8 rowwise weights x fp8 per-token activations"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuSPARSELt fp8 (sm90)", "cpu": "emulated product in fp32 on the pruned weight"}
     sqnr_bound_db: ClassVar[float] = 25
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:

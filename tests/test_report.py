@@ -186,7 +186,7 @@ def test_interrupted_search_shows_what_is_known_and_says_so(search, tmp_path):
     html = render(out).read_text()
     assert "This search has not finished" in html and "1 running or cut off" in html and "1 queued" in html
     assert "20 trials finished" in html and "not measured" in html
-    assert 'data-finished="false"' in html
+    assert 'data-status="running"' in html
     # the original directory still reads as finished: the copy reports its own study
     assert load(search[0]).state_counts() == {"COMPLETE": 20}
 
@@ -264,7 +264,7 @@ def test_report_in_headless_chromium(search, tmp_path, capsys):
     assert layer_cells[1] == f"blocks.0.{EVIL}"
     assert "python tiny_search.py" in text and str(out) in text
     for label in ("predicted latency (ms)", "accuracy drop (absolute)", "trial", "best predicted latency (ms)",
-                  "time since the first trial started (s)"):
+                  "search time, trials only (s)"):
         assert label in svg_text.split("|"), label
     assert shot.stat().st_size > 10_000
 
@@ -300,3 +300,47 @@ def test_kernel_choices_reach_the_report(search, tmp_path):
     assert all(c.kernel is None for n, c in by_name.items() if n not in (first, second))
     html = render(out).read_text()
     assert 'title="CUDA kernel chosen by timing: triton; tinygemm 1.50x slower">triton</span>' in html
+
+
+@pytest.mark.parametrize("status", ["finished", "unchanged", "no_trials", "interrupted"])
+def test_status_box_and_cards_tell_what_happened(search, tmp_path, status):
+    """In a browser, for each way a run can end: the status box names it, and the cards hold the
+    summary.json numbers (an unchanged model is 1.00x, with the reason)."""
+    from headless import Browser
+
+    out = tmp_path / status
+    shutil.copytree(search[0], out, ignore=shutil.ignore_patterns("report*"))
+    summary = json.loads((out / "summary.json").read_text())
+    if status in ("unchanged", "no_trials"):
+        base = summary["baseline_ms"]["measured"]
+        summary.update(plan={}, kernels={}, fusions=[], accuracy=None, rounds=0, speedup_range=[1.0, 1.0],
+                       plan_ms={"predicted": summary["baseline_ms"]["predicted"], "measured": base},
+                       speedup={"predicted": 1.0, "measured": 1.0})
+        summary["decisions"].append({"kind": "kept_unchanged", "trial": 3, "numbers": {
+            "plan_ms": base * 1.01, "baseline_ms": base, "low": 0.97, "high": 1.02, "rounds": 3}})
+        (out / "plan.json").unlink()
+    if status == "no_trials":
+        summary.update(trials=0, decisions=[])
+    if status == "interrupted":
+        summary["stopped"] = "interrupted (finished trials are in the storage; run again to continue)"
+    (out / "summary.json").write_text(json.dumps(summary))
+    page_path = render(out)
+    with Browser() as browser:
+        browser.open(page_path, width=1366, height=900)
+        box = browser.evaluate("document.querySelector('#status').dataset.status + '|' + "
+                               "document.querySelector('#status').innerText")
+        card = browser.evaluate("document.querySelector('#card-measured').innerText")
+        layer_why = browser.evaluate("document.querySelector('#layers-table > tbody > tr[data-fqn]').innerText")
+    kind, text = box.split("|", 1)
+    assert kind == status
+    expected = {"finished": "Search finished", "unchanged": "the model was kept as it came",
+                "no_trials": "Stopped by the budget before the first trial", "interrupted": "Interrupted during the search"}
+    assert expected[status] in text
+    assert ("applied and measured end to end" in text) == (status in ("finished", "interrupted"))
+    assert f"{summary['speedup']['measured']:.2f}×" in card
+    if status == "unchanged":
+        assert "no measurable change" in text and "0.97x to 1.02x over 3 interleaved rounds" in text
+        assert "1.00×" in card and "kept in bf16 with the whole model" in layer_why
+        assert "spent the accuracy budget" not in layer_why
+    if status == "no_trials":
+        assert "budget ran out before the first trial" in layer_why
