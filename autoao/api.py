@@ -59,6 +59,7 @@ def optimize(
     lm_eval_limit: int | float | None = None,
     progress: bool = True,
     command: str | None = None,
+    spent: float = 0.0,
 ) -> OptimizeResult:
     """Find the fastest per-layer plan whose accuracy drop stays within `max_accuracy_drop`, apply
     it to `model` in place, and write plan.json, pareto.json, the study and the saved model.
@@ -99,9 +100,11 @@ def optimize(
         lm_eval_limit: documents per lm-eval task (fast mode), None = all.
         progress: progress bars and stage messages on stderr.
         command: the command line that started this run, recorded for the report's "reproduce".
+        spent: seconds of a time budget already used before this call (`autoao search` passes its
+            process's age, so the budget covers start-up and model loading too).
     """
     # every argument is checked before anything is measured
-    ledger = RunLedger(Budget.parse(budget), progress)
+    ledger = RunLedger(Budget.parse(budget), progress, spent=spent)
     config = SearchConfig(max_accuracy_drop=max_accuracy_drop, seed=seed)  # validates the drop
     out_dir = Path(out_dir)
     stages.check_out_dir(out_dir)

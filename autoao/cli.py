@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import autoao.models
 from autoao import search_space
 from autoao.api import optimize
-from autoao.common import BASELINE, atomic_write
+from autoao.common import BASELINE, atomic_write, process_age
 from autoao.evaluators.cache import TimingCache, cache_dir
 from autoao.evaluators.timing import measure_latencies
 from autoao.plan import Plan, PlanError, apply, save
@@ -332,7 +332,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                           candidates=candidates, eval_inputs=held_out, storage=args.storage, out_dir=out,
                           seed=args.seed, fuse_groups=not args.no_fuse, allow_emulated=args.allow_emulated,
                           lm_eval_limit=args.lm_eval_limit, progress=not args.quiet,
-                          command="autoao " + " ".join(args.argv))
+                          command="autoao " + " ".join(args.argv), spent=process_age())
     except ValueError as e:
         raise CLIError(str(e)) from None
     s = result.summary

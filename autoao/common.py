@@ -5,6 +5,7 @@
     call_model(model, x)     run one example input by autoao's input convention
     offline_env()            Hugging Face libraries read only local files inside this block
     atomic_write(path, fn)   readers see the old file or the new one, never a partial one
+    process_age()            seconds since this process started
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
         return Path(override)
     env = os.environ.get("AUTOAO_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "autoao"
+
+
+def process_age() -> float:
+    """Seconds since this process started (interpreter start-up and imports included), from /proc;
+    0.0 where it cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            start_ticks = int(f.read().rpartition(b")")[2].split()[19])  # field 22: starttime
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def call_model(model: nn.Module, example: Any) -> Any:

@@ -23,16 +23,24 @@ from autoao.search import Budget
 
 
 class RunLedger:
-    def __init__(self, budget: Budget, progress: bool = True) -> None:
+    def __init__(self, budget: Budget, progress: bool = True, spent: float = 0.0) -> None:
+        """spent: seconds of the budget already used before this ledger existed (the command line
+        passes the process's age: interpreter start, imports and model loading count too)."""
         self.budget = budget
         self.progress = progress
-        self.start = time.perf_counter()
+        self.start = time.perf_counter() - spent
         self._closed: dict[str, float] = {}
         self._open: str | None = None
         self._mark = self.start  # where the next stage starts
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    def deadline(self, share: float) -> float | None:
+        """The time.perf_counter() by which `share` of what is left of a time budget is spent
+        (None for a trial budget)."""
+        remaining = self.remaining()
+        return None if remaining is None else time.perf_counter() + share * max(remaining, 0.0)
 
     def remaining(self) -> float | None:
         """Seconds of a time budget not yet spent (may be negative); None for a trial budget."""

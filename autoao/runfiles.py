@@ -186,6 +186,7 @@ class Decision:
       kept_unchanged        the chosen plan was not faster than the unchanged model in every
                             interleaved round (numbers: plan_ms, baseline_ms, low, high, rounds):
                             the model stays as it came
+      out_of_time           the time budget left no room for `reason` (more tier-2 checks, the re-rank)
       note                  free text (reason), from run files written before decisions were typed
     """
 
@@ -221,6 +222,8 @@ def describe(d: Decision) -> str:
                 f"within {n['band']:.0%} of it were not more than {n['margin']:.0%} faster: {others}")
     if d.kind == "plan_unmeasurable":
         return f"a plan predicted as fast (trial {d.trial}) could not be measured: {d.reason}"
+    if d.kind == "out_of_time":
+        return f"the time budget left no room for {d.reason} (after trial {d.trial})"
     if d.kind == "kept_unchanged":
         where = (f" (per round {n['low']:.2f}x to {n['high']:.2f}x over {int(n['rounds'])} interleaved rounds)"
                  if "rounds" in n else "")

@@ -20,7 +20,6 @@ import math
 from pathlib import Path
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -59,6 +58,7 @@ RERANK_MARGIN = 0.03  # another plan replaces the chosen one only if measured > 
 # Of what a time budget has left after profiling, the share kernel timing may take: the layer
 # errors, the proxy, the trials and the final comparison need the rest.
 TIMING_SHARE = 0.4
+ERRORS_SHARE = 0.25  # of what is left after timing: tier-0 layer errors (they only seed the search)
 E2E_RUNS = 12
 FINAL_MEASUREMENTS = 3  # the interleaved rounds of finalize, each cheaper than the first measurement
 WRITE_SECONDS = 5.0
@@ -141,8 +141,7 @@ def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCach
     check = spot_check(work.shapes, work.tokens, device=work.device, dtype=work.dtype, cache=cache)
     if check.stale:
         ledger.say(check.message())
-    remaining = ledger.remaining()
-    deadline = None if remaining is None else time.perf_counter() + TIMING_SHARE * remaining
+    deadline = ledger.deadline(TIMING_SHARE)
     table = measure_latencies(work.shapes, work.tokens, pickable, device=work.device, dtype=work.dtype,
                               cache=cache, progress=ledger.progress, calls=calls, deadline=deadline)
     fusable = [c for c in pickable if c.fusable]
@@ -193,7 +192,8 @@ def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: Lat
     choices, excluded = layer_choices(work.prof, cands, table, work.device, allow_emulated)
     used = [c for c in cands if any(c.name in ch for ch in choices.values())]
     ledger.say("measuring layer errors (tier 0)")
-    sqnr = layer_errors(model, work.prof, used, cache=cache, progress=ledger.progress)
+    sqnr = layer_errors(model, work.prof, used, cache=cache, progress=ledger.progress,
+                        deadline=ledger.deadline(ERRORS_SHARE))
     ledger.say("reference outputs for the proxy (tier 1)")
     proxy = ProxyEvaluator(model, work.eval_inputs, cache=cache)
     weights_key = digest("model", *[t for t in model.state_dict().values()])
@@ -393,9 +393,16 @@ def choose(outcome: SearchOutcome, bench: ModelBench, max_drop: float, ledger: R
     front = sorted((r for r in outcome.pareto if r.feasible), key=lambda r: r.predicted_us)
     if not front:
         return Choice(None, None, [Decision("no_feasible_plan")])
-    if bench.meas.tier2 is not None:
-        return choose_tier2(outcome, bench.tier2, max_drop, ledger)
-    choice = rerank(outcome, front[0], bench.measure, ledger)
+    meas = bench.meas
+    final = FINAL_MEASUREMENTS * max(E2E_RUNS * meas.bf16_us / 1e6, meas.e2e_seconds) + WRITE_SECONDS
+
+    def time_for(seconds: float) -> bool:  # another step of `seconds` still leaves the final comparison room
+        left = ledger.remaining()
+        return left is None or left > seconds + final
+
+    if meas.tier2 is not None:
+        return choose_tier2(outcome, bench.tier2, max_drop, ledger, lambda: time_for(meas.tier2_seconds))
+    choice = rerank(outcome, front[0], bench.measure, ledger, lambda: time_for(meas.e2e_seconds))
     t = choice.trial
     assert t is not None
     choice.accuracy = Accuracy(t.tier, t.accuracy, t.drop, {}, "proxy (tier 1)")
@@ -403,12 +410,13 @@ def choose(outcome: SearchOutcome, bench: ModelBench, max_drop: float, ledger: R
 
 
 def choose_tier2(outcome: SearchOutcome, tier2: Callable[[Plan], Accuracy], max_drop: float,
-                 ledger: RunLedger) -> Choice:
+                 ledger: RunLedger, time_left: Callable[[], bool] = lambda: True) -> Choice:
     """The fastest feasible plan that holds on tier 2 (`tier2(plan)`, seconds each): at most
     TIER2_CHECKS plans are checked, fastest first. The proxy can miss what tier 2 sees (the CPU
     demo: int8_dyn everywhere, proxy drop +0.006, autoao_facts drop +0.032), so each rejection
     calibrates a prediction: tier-2 drop per unit of the proxy's continuous error (KL), the largest
-    ratio seen; plans whose predicted drop exceeds TIER2_MARGIN x the budget are skipped unchecked."""
+    ratio seen; plans whose predicted drop exceeds TIER2_MARGIN x the budget are skipped unchecked.
+    After the first check, another runs only while `time_left()` says the time budget has room."""
     order = distinct_feasible(outcome)
     decisions: list[Decision] = []
     per_error, checked, skipped = 0.0, 0, 0
@@ -418,6 +426,9 @@ def choose_tier2(outcome: SearchOutcome, tier2: Callable[[Plan], Accuracy], max_
             skipped += 1
             continue
         if checked == TIER2_CHECKS:
+            break
+        if checked and not time_left():
+            decisions.append(Decision("out_of_time", r.number, {"checked": checked}, "more tier-2 checks"))
             break
         checked += 1
         ledger.say(f"checking trial {r.number} on tier 2")
@@ -448,7 +459,7 @@ def distinct_feasible(outcome: SearchOutcome) -> list[TrialResult]:
 
 
 def rerank(outcome: SearchOutcome, chosen: TrialResult, measure: Callable[[dict[str, str]], float],
-           ledger: RunLedger) -> Choice:
+           ledger: RunLedger, time_left: Callable[[], bool] = lambda: True) -> Choice:
     """The chosen plan, or a feasible plan predicted nearly as fast that runs faster end to end.
 
     The cost model sums per-layer times measured one layer at a time; between plans a few % apart it
@@ -458,12 +469,16 @@ def rerank(outcome: SearchOutcome, chosen: TrialResult, measure: Callable[[dict[
     RERANK_PLANS, fastest predicted first, the chosen one among them) are measured
     (`measure(params)` -> us; raising = cannot be run), and the fastest replaces the chosen one if
     it is more than RERANK_MARGIN faster. Only where the proxy decides accuracy: every plan here is
-    feasible on it, as the chosen one is."""
+    feasible on it, as the chosen one is. Skipped when `time_left()` says the time budget has no
+    room for it."""
     near = [r for r in distinct_feasible(outcome)
             if r.params != chosen.params and r.predicted_us <= (1 + RERANK_BAND) * chosen.predicted_us]
     plans = [chosen, *near[:RERANK_PLANS - 1]]
     if len(plans) == 1:
         return Choice(chosen, None)
+    if not time_left():
+        return Choice(chosen, None, [Decision("out_of_time", chosen.number, {"plans": len(plans)},
+                                              "measuring the plans predicted nearly as fast end to end")])
     ledger.say(f"measuring the {len(plans)} plans predicted within {RERANK_BAND:.0%} of the fastest end to end")
     decisions: list[Decision] = []
     times = []

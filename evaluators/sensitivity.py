@@ -17,6 +17,7 @@ the weights, the data and the candidate / plan, so a re-run of the same search r
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -58,8 +59,11 @@ def layer_errors(
     *,
     cache: ResultCache | None = None,
     progress: bool = True,
+    deadline: float | None = None,
 ) -> dict[str, dict[str, float]]:
     """Tier 0: FQN -> candidate name -> SQNR (dB) of the candidate's layer output vs the original,
+    on the profiled sample rows; past `deadline` (a time.perf_counter()) only cached errors are
+    read (the search then starts from fewer greedy seeds, nothing else changes).
     on the profiled sample rows. Unsupported or failing candidates are absent from a layer's dict;
     NaN/Inf outputs give -inf. Runs on the layer's device; the model is not modified."""
     from tqdm.auto import tqdm
@@ -85,6 +89,8 @@ def layer_errors(
                 hit = cache.get(key) if cache is not None else None
                 if hit is not None:
                     per[cand.name] = hit["sqnr_db"]
+                    continue
+                if deadline is not None and time.perf_counter() > deadline:
                     continue
                 if ref is None:
                     ref = linear(x).float()
