@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import datetime
 import math
-from pathlib import Path
 import statistics
 import sys
+import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -58,7 +59,14 @@ RERANK_MARGIN = 0.03  # another plan replaces the chosen one only if measured > 
 # Of what a time budget has left after profiling, the share kernel timing may take: the layer
 # errors, the proxy, the trials and the final comparison need the rest.
 TIMING_SHARE = 0.4
-ERRORS_SHARE = 0.25  # of what is left after timing: tier-0 layer errors (they only seed the search)
+ERRORS_SHARE = 0.25
+# lm-eval under a time budget: the baseline and up to TIER2_EVALS - 1 checks share TIER2_SHARE of
+# what is left; the document count per task is fitted from the time of the first PROBE_DOCS (all
+# of a task's documents once FULL_TASK_DOCS fit: the bundled autoao_facts has 372)
+TIER2_SHARE = 0.3
+TIER2_EVALS = 3
+PROBE_DOCS = 24
+FULL_TASK_DOCS = 10_000  # of what is left after timing: tier-0 layer errors (they only seed the search)
 E2E_RUNS = 12
 FINAL_MEASUREMENTS = 3  # the interleaved rounds of finalize, each cheaper than the first measurement
 WRITE_SECONDS = 5.0
@@ -201,10 +209,30 @@ def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: Lat
     if tier2 is not None and tier2.baseline is None:  # a user callable was scored up front
         ledger.say("baseline accuracy (tier 2)")
         t0 = ledger.elapsed()
+        if isinstance(tier2, LmEvalEvaluator) and tier2.limit is None and ledger.remaining() is not None:
+            fit_lm_eval_limit(tier2, model, f"{weights_key}:{plan_key(Plan())}", ledger)
         tier2.set_baseline(model, key=f"{weights_key}:{plan_key(Plan())}")
         tier2_seconds = ledger.elapsed() - t0
     return Measurements(table, cost, choices, excluded, sqnr, proxy, tier2, bf16_us, e2e_seconds, tier2_seconds,
                         weights_key, compile)
+
+
+def fit_lm_eval_limit(tier2: LmEvalEvaluator, model: nn.Module, key: str, ledger: RunLedger) -> None:
+    """Set `tier2.limit` (documents per task) so that the baseline and TIER2_EVALS - 1 checks take
+    at most TIER2_SHARE of what is left of a time budget, from the time of the first PROBE_DOCS
+    documents (which stay cached as that limit's baseline). Every task's documents when they fit."""
+    tier2.limit = PROBE_DOCS
+    t0 = time.perf_counter()
+    tier2.measure(model, key)
+    per_doc = (time.perf_counter() - t0) / (PROBE_DOCS * len(tier2.tasks))
+    remaining = ledger.remaining() or 0.0
+    fits = int(TIER2_SHARE * remaining / TIER2_EVALS / max(per_doc, 1e-6) / len(tier2.tasks))
+    if fits >= FULL_TASK_DOCS:
+        tier2.limit = None
+    else:
+        tier2.limit = max(fits, PROBE_DOCS)
+        ledger.say(f"tier 2 on {tier2.limit} documents per task: all of them would not fit the budget "
+                   f"({per_doc:.2f} s a document here)")
 
 
 def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTable, device: torch.device,

@@ -68,3 +68,26 @@ def test_an_unchanged_model_is_exactly_one_x(tmp_path, monkeypatch):
     assert s.speedup.measured == 1.0 and s.plan_ms.measured == s.baseline_ms.measured and s.rounds == 0
     assert s.speedup.predicted == 1.0 and s.speedup_range == [1.0, 1.0]
     assert len(calls) == 1  # bf16 once, at the start (the cost model's rest); never again
+
+
+def test_lm_eval_documents_fit_the_time_budget(monkeypatch):
+    """Under a time budget, tier 2 runs on as many documents per task as fit its share (timed on a
+    first few), and on all of them when they fit."""
+    from autoao.ledger import RunLedger
+    from autoao.search import Budget
+
+    class FakeLmEval(stages.LmEvalEvaluator):
+        def __init__(self, per_doc):
+            self.tasks, self.limit, self.per_doc = ["autoao_facts"], None, per_doc
+
+        def measure(self, model, key=None):
+            time.sleep(self.per_doc * self.limit)
+            return {}
+
+    slow = FakeLmEval(0.01)
+    stages.fit_lm_eval_limit(slow, None, "k", RunLedger(Budget(seconds=10), progress=False))
+    # 0.3 x ~10 s over 3 evaluations at ~0.01 s a document: about 100 documents
+    assert stages.PROBE_DOCS <= slow.limit <= 110
+    fast = FakeLmEval(0.00001)
+    stages.fit_lm_eval_limit(fast, None, "k", RunLedger(Budget(seconds=600), progress=False))
+    assert fast.limit is None
