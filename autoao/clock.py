@@ -134,8 +134,8 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
     """Quantiles (us) of fn() on the CPU at a fixed thread count, from samples during which the
     process kept the CPU. A sequence of callables is sampled one call at a time in turn (a layer's
     copies, so its weights stream from DRAM as in a model): short samples are the ones a busy
-    neighbour leaves alone. Repeats (rounds over the sequence) are capped at about `max_seconds` of
-    timed work (at least 5); disturbed samples are dropped and re-taken within RETAKE_FACTOR x
+    neighbour leaves alone. Samples are capped at about `max_seconds` of timed work (at least
+    MIN_CLEAN, at most `reps` rounds over the sequence); disturbed samples are dropped and re-taken within RETAKE_FACTOR x
     that. Fewer than MIN_CLEAN clean samples: `reliable` is False and the quantiles are those of
     the least-disturbed samples."""
     calls = list(fn) if isinstance(fn, Sequence) else [fn]
@@ -148,7 +148,16 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
     if threads:
         torch.set_num_threads(threads)
     try:
-        wanted = _warm_up(one_round, warmup, reps, max_seconds, lambda: None) * len(calls)
+        for _ in range(warmup):
+            t0 = time.perf_counter()
+            one_round()
+            if time.perf_counter() - t0 > max_seconds / 4:
+                break  # a slow round (a compute-bound layer at many rows) is warm after one
+        t0 = time.perf_counter()
+        one_round()
+        per_call = (time.perf_counter() - t0) / len(calls)
+        # samples that fit in about max_seconds: at least MIN_CLEAN, at most `reps` rounds
+        wanted = max(MIN_CLEAN, min(reps * len(calls), int(max_seconds / max(per_call, 1e-9))))
         clean: list[float] = []
         dirty: list[tuple[float, float]] = []  # (lost fraction, us)
         deadline = time.perf_counter() + RETAKE_FACTOR * max(max_seconds, 1e-3)
