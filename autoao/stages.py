@@ -603,8 +603,14 @@ def _rounds(meas: Measurements, ledger: RunLedger) -> int:
 
 def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -> tuple[list[float], list[float]]:
     """End-to-end us of the unchanged model and of the model with `applied` modules, measured
-    A, B, A, B, ...: both see the same machine state, round by round. Leaves `applied` in place."""
+    A, B, A, B, ...: both see the same machine state, round by round. Leaves `applied` in place.
+    Compiled (CUDA), the unchanged model is measured once more first and that number dropped: the
+    first compiled measurement after a plan was applied and taken out again read 8.6% slow on the
+    H200, the next ones did not (benchmarks/results/2026-12-01-h200/gpu_check/)."""
     base, planned = [], []
+    if bench.meas.compile:
+        bench.restore()
+        measure_examples(bench.model, bench.work.examples, compile=True, reps=5)
     for _ in range(rounds):
         bench.restore()
         base.append(measure_examples(bench.model, bench.work.examples, compile=bench.meas.compile, reps=5))

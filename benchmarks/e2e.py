@@ -193,8 +193,8 @@ def searched(base: nn.Module, inputs: list[tuple[torch.Tensor, int]], held: list
         shutil.copy(work / f"{name}.json", out / f"search_{tag}_{name}.json")
     shutil.rmtree(work / "model", ignore_errors=True)  # the saved quantized model: GBs for llama8
     s = res.summary
-    r["note"] = (f"{s['trials']} trials; autoao's own check vs bf16: predicted "
-                 f"{s['speedup']['predicted']:.2f}x, measured {s['speedup']['measured']:.2f}x")
+    r["note"] = (f"{s.trials} trials; autoao's own check vs bf16: predicted "
+                 f"{s.speedup.predicted:.2f}x, measured {s.speedup.measured:.2f}x")
     r["details"] = res.plan.summary() or {"bf16 (no change)": 0}
     if res.plan.fusions:
         r["details"]["fused groups"] = len(res.plan.fusions)
