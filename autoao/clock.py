@@ -130,14 +130,15 @@ RETAKE_FACTOR = 4  # samples and seconds allowed for re-takes, as a multiple of 
 
 
 def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps: int = 20, warmup: int = 2,
-             threads: int | None = None, max_seconds: float = 0.5) -> CpuSamples:
+             threads: int | None = None, max_seconds: float = 0.5, min_samples: int = MIN_CLEAN) -> CpuSamples:
     """Quantiles (us) of fn() on the CPU at a fixed thread count, from samples during which the
     process kept the CPU. A sequence of callables is sampled one call at a time in turn (a layer's
     copies, so its weights stream from DRAM as in a model): short samples are the ones a busy
     neighbour leaves alone. Samples are capped at about `max_seconds` of timed work (at least
     MIN_CLEAN, at most `reps` rounds over the sequence); disturbed samples are dropped and re-taken within RETAKE_FACTOR x
     that. Fewer than MIN_CLEAN clean samples: `reliable` is False and the quantiles are those of
-    the least-disturbed samples."""
+    the least-disturbed samples. warmup=0 takes exactly max(reps rounds, min_samples) clean samples
+    (a caller that alternates two models and has warmed both: one sample per side per round)."""
     calls = list(fn) if isinstance(fn, Sequence) else [fn]
 
     def one_round() -> None:
@@ -153,11 +154,14 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
             one_round()
             if time.perf_counter() - t0 > max_seconds / 4:
                 break  # a slow round (a compute-bound layer at many rows) is warm after one
-        t0 = time.perf_counter()
-        one_round()
-        per_call = (time.perf_counter() - t0) / len(calls)
-        # samples that fit in about max_seconds: at least MIN_CLEAN, at most `reps` rounds
-        wanted = max(MIN_CLEAN, min(reps * len(calls), int(max_seconds / max(per_call, 1e-9))))
+        if warmup:
+            t0 = time.perf_counter()
+            one_round()
+            per_call = (time.perf_counter() - t0) / len(calls)
+            # samples that fit in about max_seconds: at least min_samples, at most `reps` rounds
+            wanted = max(min_samples, min(reps * len(calls), int(max_seconds / max(per_call, 1e-9))))
+        else:
+            wanted = max(min_samples, reps * len(calls))
         clean: list[float] = []
         dirty: list[tuple[float, float]] = []  # (lost fraction, us)
         deadline = time.perf_counter() + RETAKE_FACTOR * max(max_seconds, 1e-3)
@@ -172,14 +176,14 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
                 clean.append(wall / 1e3)
             else:
                 dirty.append((max(lost, throttled) / max(wall, 1), wall / 1e3))
-            if time.perf_counter() > deadline and len(clean) + len(dirty) >= MIN_CLEAN:
+            if time.perf_counter() > deadline and len(clean) + len(dirty) >= min_samples:
                 break
     finally:
         torch.set_num_threads(old)
-    if len(clean) >= MIN_CLEAN:
+    if len(clean) >= min(min_samples, MIN_CLEAN):
         return CpuSamples(*_quantiles(clean), len(clean), len(dirty), True)
     # Not enough clean samples: the least disturbed ones, clean first, are the best estimate there is.
-    best = clean + [us for _, us in sorted(dirty)][:max(MIN_CLEAN - len(clean), 1)]
+    best = clean + [us for _, us in sorted(dirty)][:max(min_samples - len(clean), 1)]
     return CpuSamples(*_quantiles(best), len(clean), len(dirty), False)
 
 

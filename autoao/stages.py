@@ -30,7 +30,7 @@ from torch import nn
 
 from autoao import search_space
 from autoao.calibration import Calibration
-from autoao.common import BASELINE, __version__
+from autoao.common import BASELINE, __version__, call_model
 from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
@@ -52,24 +52,18 @@ TIER2_MARGIN = 0.8  # after a rejection, check only plans predicted to drop <= t
 RERANK_BAND = 0.05  # without tier 2, plans predicted within 5% of the chosen one are measured (rerank)
 RERANK_PLANS = 3  # at most this many, the chosen one included
 RERANK_MARGIN = 0.03  # another plan replaces the chosen one only if measured > 3% faster
-# What runs after the trials, for the budget's reserve: measure_model times the CPU workload at
-# least 10 times after a warm-up (12 runs), so one end-to-end measurement costs at least 12 x the
-# workload's time (more where it compiles: then the measured first measurement's seconds);
-# finalize measures twice (bf16, then the plan); writing the model and the report takes a few s.
 # Of what a time budget has left after profiling, the share kernel timing may take: the layer
 # errors, the proxy, the trials and the final comparison need the rest.
 TIMING_SHARE = 0.4
-ERRORS_SHARE = 0.25
+ERRORS_SHARE = 0.25  # of what is left after timing: tier-0 layer errors (they only seed the search)
 # lm-eval under a time budget: the baseline and up to TIER2_EVALS - 1 checks share TIER2_SHARE of
 # what is left; the document count per task is fitted from the time of the first PROBE_DOCS (all
 # of a task's documents once FULL_TASK_DOCS fit: the bundled autoao_facts has 372)
 TIER2_SHARE = 0.3
 TIER2_EVALS = 3
 PROBE_DOCS = 24
-FULL_TASK_DOCS = 10_000  # of what is left after timing: tier-0 layer errors (they only seed the search)
-E2E_RUNS = 12
-FINAL_MEASUREMENTS = 3  # the interleaved rounds of finalize, each cheaper than the first measurement
-WRITE_SECONDS = 5.0
+FULL_TASK_DOCS = 10_000
+WRITE_SECONDS = 5.0  # saving the model and rendering the report, for the budget's reserve
 
 
 ##### profile ###################################################################################
@@ -263,7 +257,8 @@ def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTabl
     return choices, excluded
 
 
-def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None) -> float:
+def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
+                     warmup: int = 2) -> float:
     """Sum of end-to-end medians (us) over the examples; examples of the same shapes are timed once
     (a workload like "prefill 256 tokens, then 32 decode steps" repeats one decode shape).
     compile: torch.compile the model for each shape, from a reset dynamo (static shapes; dynamo's
@@ -275,7 +270,7 @@ def measure_examples(model: nn.Module, examples: list[Any], compile: bool = Fals
         if key not in seen:
             if compile:
                 torch._dynamo.reset()
-            seen[key] = measure_model(model, ex, compile=compile, reps=reps).median_us
+            seen[key] = measure_model(model, ex, compile=compile, reps=reps, warmup=warmup).median_us
         total += seen[key]
     return total
 
@@ -381,10 +376,18 @@ def search_groups(meas: Measurements, work: Workload) -> list[Group]:
 
 def reserve_seconds(meas: Measurements) -> float:
     """Seconds a time budget keeps for what runs after the trials: with tier 2, up to two checks on
-    it; without, up to RERANK_PLANS plans measured end to end; then the final measurements."""
-    one_e2e = max(E2E_RUNS * meas.bf16_us / 1e6, meas.e2e_seconds)
-    checks = 2 * meas.tier2_seconds if meas.tier2 is not None else RERANK_PLANS * one_e2e
-    return checks + FINAL_MEASUREMENTS * one_e2e + WRITE_SECONDS
+    it; without, up to RERANK_PLANS plans measured end to end; then the final comparison."""
+    checks = 2 * meas.tier2_seconds if meas.tier2 is not None else RERANK_PLANS * meas.e2e_seconds
+    return checks + final_seconds(meas)
+
+
+def final_seconds(meas: Measurements) -> float:
+    """What finalize costs: compiled, a dropped bf16 measurement and one round (each about as long
+    as the first measurement); on the CPU a warm-up and MIN_ROUNDS interleaved runs per side; then
+    writing the model and the report."""
+    if meas.compile:
+        return 3 * meas.e2e_seconds + WRITE_SECONDS
+    return (1 + MIN_ROUNDS) * 2 * meas.bf16_us / 1e6 + WRITE_SECONDS
 
 
 def search(groups: list[Group], bench: ModelBench, config: SearchConfig, ledger: RunLedger,
@@ -422,7 +425,7 @@ def choose(outcome: SearchOutcome, bench: ModelBench, max_drop: float, ledger: R
     if not front:
         return Choice(None, None, [Decision("no_feasible_plan")])
     meas = bench.meas
-    final = FINAL_MEASUREMENTS * max(E2E_RUNS * meas.bf16_us / 1e6, meas.e2e_seconds) + WRITE_SECONDS
+    final = final_seconds(meas)
 
     def time_for(seconds: float) -> bool:  # another step of `seconds` still leaves the final comparison room
         left = ledger.remaining()
@@ -596,8 +599,7 @@ def _rounds(meas: Measurements, ledger: RunLedger) -> int:
     remaining = ledger.remaining()
     if remaining is None:
         return MAX_ROUNDS
-    # one round measures both models with fewer repeats than the start's measurement took
-    per_round = max(meas.e2e_seconds, 1e-3)
+    per_round = max(2 * meas.bf16_us / 1e6, 1e-3)  # one workload run per side
     return max(MIN_ROUNDS, min(MAX_ROUNDS, int((remaining - WRITE_SECONDS) / per_round)))
 
 
@@ -608,16 +610,32 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -
     first compiled measurement after a plan was applied and taken out again read 8.6% slow on the
     H200, the next ones did not (benchmarks/results/2026-12-01-h200/gpu_check/)."""
     base, planned = [], []
-    if bench.meas.compile:
+    compile = bench.meas.compile
+    if compile:
         bench.restore()
         measure_examples(bench.model, bench.work.examples, compile=True, reps=5)
+    # On the CPU each side is warmed once, then every round takes one clean run of the workload per
+    # side: A and B alternate run by run, not block by block.
+    reps, warmup = (5, 2) if compile else (1, 0)
+    if not compile:
+        for side in ("base", "plan"):
+            _install(bench, applied if side == "plan" else None)
+            with torch.no_grad():
+                for ex in bench.work.examples:
+                    call_model(bench.model, ex)
     for _ in range(rounds):
-        bench.restore()
-        base.append(measure_examples(bench.model, bench.work.examples, compile=bench.meas.compile, reps=5))
-        for fqn, module in applied.items():
-            set_module(bench.model, fqn, module)
-        planned.append(measure_examples(bench.model, bench.work.examples, compile=bench.meas.compile, reps=5))
+        _install(bench, None)
+        base.append(measure_examples(bench.model, bench.work.examples, compile=compile, reps=reps, warmup=warmup))
+        _install(bench, applied)
+        planned.append(measure_examples(bench.model, bench.work.examples, compile=compile, reps=reps, warmup=warmup))
     return base, planned
+
+
+def _install(bench: ModelBench, applied: dict[str, nn.Module] | None) -> None:
+    """The unchanged model (None) or the plan's modules in place."""
+    bench.restore()
+    for fqn, module in (applied or {}).items():
+        set_module(bench.model, fqn, module)
 
 
 ##### the run files #############################################################################

@@ -436,7 +436,7 @@ def _progress(total: int, enabled: bool, desc: str):
 ##### whole model ###############################################################################
 
 def measure_model(model: nn.Module, example_input, *, compile: bool = False, graph: bool | None = None,
-                  reps: int | None = None) -> Timing:
+                  reps: int | None = None, warmup: int = 2) -> Timing:
     """End-to-end latency of one forward of `model` on `example_input` (one input, by
     `autoao.profile`'s convention: tensor, tuple of args, or dict of kwargs): the ground truth that
     predicted plan latencies are compared with.
@@ -455,7 +455,9 @@ def measure_model(model: nn.Module, example_input, *, compile: bool = False, gra
                 med, p20, p80, n = time_cuda(lambda: call_model(fn, example_input), reps=reps or 30,
                                              graph=True if graph is None else graph, max_seconds=1.0)
                 return Timing(med, p20, p80, n)
-            s = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10, max_seconds=3.0)
+            # warmup=0: the caller alternates warm models, one clean sample each (see time_cpu)
+            s = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10, max_seconds=3.0, warmup=warmup,
+                         min_samples=reps or 5)
     except Exception as e:  # noqa: BLE001
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)

@@ -328,7 +328,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
 
     calls, resets = [], []
     monkeypatch.setattr(stages, "measure_model",
-                        lambda model, ex, compile=False, reps=None: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
+                        lambda model, ex, compile=False, reps=None, warmup=2: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
     monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
     model = nn.Linear(8, 8)
     examples = [torch.zeros(1, 5, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)]  # a prefill, two decode steps
@@ -339,7 +339,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
     assert len(resets) == 2
 
     seen = []
-    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, compile=False, reps=None: seen.append(compile) or 1000.0)
+    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, compile=False, reps=None, warmup=2: seen.append(compile) or 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
                  max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
@@ -349,3 +349,31 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
     api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
                  max_accuracy_drop=1.0, out_dir=tmp_path / "out2", progress=False)
     assert seen and all(seen)
+
+
+def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch):
+    """bf16 and the plan are measured A, B, A, B, ... (never all of one, then all of the other), and
+    a plan faster in only some rounds is 'no measurable change': the model stays as it came."""
+    import torch
+    from torch import nn
+
+    from autoao import api, stages
+    from autoao.kernels import QuantizedLinear
+
+    order, plan_times = [], iter([900.0, 1100.0, 900.0] + [900.0] * 10)
+
+    def fake(model, examples, **kw):
+        quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
+        order.append("B" if quantized else "A")
+        return next(plan_times) if quantized else 1000.0
+
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    model = nn.Sequential(nn.Linear(64, 64, bias=False))
+    monkeypatch.setattr(stages, "measure_examples", fake)
+    result = api.optimize(model, [torch.randn(4, 64)], budget=4, candidates=["int8_dyn"],
+                          max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
+    final = order[-2 * stages.MAX_ROUNDS:] if len(order) >= 2 * stages.MAX_ROUNDS else order
+    assert "".join(final).endswith("AB" * 3) and "AA" not in "".join(final[-6:])
+    kept = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
+    assert kept and "no measurable change" in result.summary.notes[-1]
+    assert not result.plan.layers and result.summary.speedup.measured == 1.0
