@@ -25,7 +25,7 @@ from typing import Any
 from autoao.common import BASELINE
 from autoao.plan import Plan, PlanError
 from autoao.reports.fmt import fmt_db, fmt_us
-from autoao.runfiles import (FusedRecord, KernelTimes, LayerRecord, RunContext, RunFileError, RunSummary,
+from autoao.runfiles import (CandidateRecord, FusedRecord, KernelTimes, LayerRecord, RunContext, RunFileError, RunSummary,
                              describe, load_context, load_summary)
 from autoao.runfiles import pareto_front as search_front
 
@@ -96,14 +96,10 @@ class Layer:
 
 
 @dataclass
-class CandidateInfo:
-    name: str
-    summary: str
-    status: str  # available / partly available / emulated / unsupported
-    layers: int  # layers the search could use it on
-    in_plan: int  # layers the plan uses it on
-    emulated: str | None  # why it is only emulated here
-    reasons: list[str]  # why it was excluded on some layers
+class CandidateInfo(CandidateRecord):
+    """A candidate as context.json records it, and how many layers the shown plan gives it."""
+
+    in_plan: int = 0
 
 
 @dataclass
@@ -233,8 +229,8 @@ def load(out_dir: str | Path) -> ReportData:
     plan = {lay.fqn: plan.get(lay.fqn, BASELINE) for lay in context.layers}
     fusions = _fusion_notes(context.layers, context.fused, plan)
     layers = [_layer(lay, plan[lay.fqn], groups, fusions.get(lay.fqn, "")) for lay in context.layers]
-    candidates = [CandidateInfo(c.name, c.summary, c.status, c.layers, sum(p == c.name for p in plan.values()),
-                                c.emulated, list(c.reasons))
+    candidates = [CandidateInfo(c.name, c.summary, c.status, c.layers, c.emulated, list(c.reasons),
+                                in_plan=sum(p == c.name for p in plan.values()))
                   for c in context.candidates]
     data = ReportData(out_dir, summary is not None, context, summary, trials, [t.number for t in pareto],
                       chosen_trial, plan_source, plan, layers, candidates, [], warnings)
