@@ -186,6 +186,7 @@ class Decision:
       kept_unchanged        the chosen plan was not faster than the unchanged model in every
                             interleaved round (numbers: plan_ms, baseline_ms, low, high, rounds):
                             the model stays as it came
+      best_is_unchanged     the search's fastest feasible plan (`trial`) changes no layer
       out_of_time           the time budget left no room for `reason` (more tier-2 checks, the re-rank)
       note                  free text (reason), from run files written before decisions were typed
     """
@@ -222,6 +223,9 @@ def describe(d: Decision) -> str:
                 f"within {n['band']:.0%} of it were not more than {n['margin']:.0%} faster: {others}")
     if d.kind == "plan_unmeasurable":
         return f"a plan predicted as fast (trial {d.trial}) could not be measured: {d.reason}"
+    if d.kind == "best_is_unchanged":
+        return (f"the fastest plan found that holds the accuracy budget changes no layer (trial {d.trial}); "
+                "a larger budget lets the search try more plans")
     if d.kind == "out_of_time":
         return f"the time budget left no room for {d.reason} (after trial {d.trial})"
     if d.kind == "kept_unchanged":

@@ -570,6 +570,8 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
     plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
     predicted_base = meas.cost.predict(Plan())
     if not plan.layers:
+        if trial is not None:  # the search's best feasible plan changes no layer
+            decisions.append(Decision("best_is_unchanged", trial.number))
         return Final(plan, None, meas.bf16_us, meas.bf16_us, (1.0, 1.0), 0, predicted_base, predicted_base,
                      decisions, rows)
     apply(model, plan, calibration=bench.calibration)

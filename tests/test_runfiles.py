@@ -79,7 +79,8 @@ def test_every_decision_kind_reads_as_a_sentence():
              Decision("rerank_chose", 2, {"measured_ms": 1.0, "pick": 0, "pick_measured_ms": 1.2, "pick_predicted_ms": 0.9}),
              Decision("rerank_kept", 0, {"measured_ms": 1.0, "band": 0.05, "margin": 0.03}, others={1: 1.01}),
              Decision("plan_unmeasurable", 5, reason="RuntimeError: x"),
-             Decision("kept_unchanged", 1, {"plan_ms": 2.0, "baseline_ms": 1.9}), Decision("note", reason="free text")]
+             Decision("kept_unchanged", 1, {"plan_ms": 2.0, "baseline_ms": 1.9}), Decision("best_is_unchanged", 0),
+             Decision("out_of_time", 2, {"checked": 1}, "more tier-2 checks"), Decision("note", reason="free text")]
     texts = [describe(d) for d in cases]
     assert all(texts) and len(set(texts)) == len(texts)
     assert "trial 3" in texts[1] and "+0.0200" in texts[1] and "1.20x faster than trial 0" in texts[4]
