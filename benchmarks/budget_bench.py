@@ -73,6 +73,7 @@ def run_one(budget: str, loaded: bool, out: Path, cache: Path, models: Path | No
     row["within"] = wall <= row["limit_s"]
     (out / "stdout.txt").parent.mkdir(parents=True, exist_ok=True)
     (out / "stdout.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    shutil.rmtree(out / "model", ignore_errors=True)  # the saved model (~260 MB) is not a result
     if (out / "summary.json").is_file():
         s = json.loads((out / "summary.json").read_text())
         pred, meas = s["speedup"]["predicted"], s["speedup"]["measured"]
