@@ -141,7 +141,7 @@ def optimize(
         config.reserve_seconds = min(stages.reserve_seconds(meas), 0.5 * config.budget.seconds)
     context = stages.run_context(model, work, cands, meas, groups, config, budget=str(ledger.budget),
                                  accuracy=accuracy, command=command, timing=health)
-    runfiles.write(out_dir / "context.json", context, atomic_write)
+    runfiles.write(out_dir / "context.json", context)
 
     with ledger.stage("search trials"):
         outcome = stages.search(groups, bench, config, ledger, on_best=lambda p: p.save(out_dir / "best_plan.json"))
@@ -157,7 +157,7 @@ def optimize(
     plan.save(out_dir / "plan.json")
     pareto = stages.pareto_rows(outcome)
     atomic_write(out_dir / "pareto.json", lambda f: f.write(json.dumps(pareto, indent=2).encode()))
-    runfiles.write(out_dir / "summary.json", summary, atomic_write)
+    runfiles.write(out_dir / "summary.json", summary)
     save(model, out_dir / "model")
     acc = summary.accuracy
     ledger.say(f"plan: {plan.summary() or 'all bf16'}; predicted {summary.speedup.predicted:.2f}x, measured "

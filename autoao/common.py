@@ -6,6 +6,7 @@
     offline_env()            Hugging Face libraries read only local files inside this block
     atomic_write(path, fn)   readers see the old file or the new one, never a partial one
     process_age()            seconds since this process started
+    model_device(model), triton_version()
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import torch
 from torch import nn
 
 # The candidate that leaves a layer as it is. Every plan's unlisted layers run it; the search's
@@ -47,6 +49,21 @@ def process_age() -> float:
         return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (the CPU for a model without any)."""
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def triton_version() -> str | None:
+    """triton's version, or None where it is not installed (imported here only to read it)."""
+    try:
+        import triton  # lazy: triton is heavy and optional
+    except ImportError:
+        return None
+    return triton.__version__
 
 
 def call_model(model: nn.Module, example: Any) -> Any:

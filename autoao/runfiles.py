@@ -9,7 +9,7 @@ Both carry `version` (RUN_FILES_VERSION). `load_context` / `load_summary` read a
 this or an earlier autoao (unversioned files, autoao 0.1.0 before the records were typed, are
 upgraded in memory); a newer or unreadable file raises RunFileError naming the file and what to do.
 The writer (autoao's stages) and the reader (autoao.reports) share these classes, so no one indexes
-raw JSON by string. This module imports nothing from autoao: every layer may use it.
+raw JSON by string. It imports only autoao.common: every layer may use it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from autoao.common import atomic_write
 
 # 1: the first typed version. Bump it when a field changes meaning or is removed, and teach
 # _upgrade the step from the previous version.
@@ -311,10 +313,10 @@ def to_dict(record: Any) -> dict[str, Any]:
     return dataclasses.asdict(record)
 
 
-def write(path: Path, record: Any, atomic: Callable[[Path, Callable[[Any], Any]], None]) -> None:
-    """Write `record` as JSON through `atomic` (autoao.common.atomic_write)."""
+def write(path: Path, record: Any) -> None:
+    """Write `record` as JSON, atomically."""
     text = json.dumps(to_dict(record), indent=1, default=str, allow_nan=True)
-    atomic(path, lambda f: f.write(text.encode()))
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def load_context(path: Path) -> RunContext:

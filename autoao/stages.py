@@ -30,7 +30,7 @@ from torch import nn
 
 from autoao import search_space
 from autoao.calibration import Calibration
-from autoao.common import BASELINE, __version__, call_model
+from autoao.common import BASELINE, __version__, call_model, model_device, triton_version
 from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
@@ -120,12 +120,6 @@ def shape_calls(prof: ModelProfile, siblings: list[tuple[str, ...]]) -> dict[tup
 def layer_dtype(prof: ModelProfile) -> torch.dtype:
     dtypes = {lay.dtype for lay in prof.layers}
     return torch.bfloat16 if torch.bfloat16 in dtypes or not dtypes else next(iter(dtypes))
-
-
-def model_device(model: nn.Module) -> torch.device:
-    for t in model.parameters():
-        return t.device
-    return torch.device("cpu")
 
 
 ##### measure ###################################################################################
@@ -325,6 +319,12 @@ class ModelBench:
         for fqn, orig in self.original.items():
             set_module(self.model, fqn, orig)
         self.current = {}
+
+    def install(self, modules: dict[str, nn.Module]) -> None:
+        """The original modules, then `modules` (FQN -> module, e.g. an applied plan's) in place."""
+        self.restore()
+        for fqn, module in modules.items():
+            set_module(self.model, fqn, module)
 
     def proxy(self, plan: Plan) -> Accuracy:
         """Tier 1 of a plan; a plan that fails to apply scores -inf (that trial fails, not the search)."""
@@ -611,33 +611,26 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -
     Compiled (CUDA), the unchanged model is measured once more first and that number dropped: the
     first compiled measurement after a plan was applied and taken out again read 8.6% slow on the
     H200, the next ones did not (benchmarks/results/2026-12-01-h200/gpu_check/)."""
-    base, planned = [], []
-    compile = bench.meas.compile
+    model, examples, compile = bench.model, bench.work.examples, bench.meas.compile
     if compile:
-        bench.restore()
-        measure_examples(bench.model, bench.work.examples, compile=True, reps=5)
-    # On the CPU each side is warmed once, then every round takes one clean run of the workload per
-    # side: A and B alternate run by run, not block by block.
-    reps, warmup = (5, 2) if compile else (1, 0)
-    if not compile:
-        for side in ("base", "plan"):
-            _install(bench, applied if side == "plan" else None)
+        bench.install({})
+        measure_examples(model, examples, compile=True, reps=5)
+        reps, warmup = 5, 2
+    else:
+        # each side warmed once; then every round takes one clean run of the workload per side, so
+        # A and B alternate run by run, not block by block
+        for modules in ({}, applied):
+            bench.install(modules)
             with torch.no_grad():
-                for ex in bench.work.examples:
-                    call_model(bench.model, ex)
+                for ex in examples:
+                    call_model(model, ex)
+        reps, warmup = 1, 0
+    base, planned = [], []
     for _ in range(rounds):
-        _install(bench, None)
-        base.append(measure_examples(bench.model, bench.work.examples, compile=compile, reps=reps, warmup=warmup))
-        _install(bench, applied)
-        planned.append(measure_examples(bench.model, bench.work.examples, compile=compile, reps=reps, warmup=warmup))
+        for modules, out in (({}, base), (applied, planned)):
+            bench.install(modules)
+            out.append(measure_examples(model, examples, compile=compile, reps=reps, warmup=warmup))
     return base, planned
-
-
-def _install(bench: ModelBench, applied: dict[str, nn.Module] | None) -> None:
-    """The unchanged model (None) or the plan's modules in place."""
-    bench.restore()
-    for fqn, module in (applied or {}).items():
-        set_module(bench.model, fqn, module)
 
 
 ##### the run files #############################################################################
@@ -646,12 +639,6 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
                 groups: list[Group], config: SearchConfig, *, budget: str, accuracy: Any,
                 command: str | None, timing: TimingHealth) -> RunContext:
     """Everything the report needs that is known before the first trial (context.json)."""
-    try:
-        import triton  # a version string only; triton is not otherwise loaded here
-
-        triton_v: str | None = triton.__version__
-    except ImportError:
-        triton_v = None
     calls = layer_calls(work.prof)
     layers = [_layer_record(lay, calls[lay.fqn], cands, meas, work.device) for lay in work.prof.layers]
     tier2 = meas.tier2
@@ -661,7 +648,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         model=ModelInfo(type(model).__name__, sum(p.numel() for p in model.parameters()), weight_bytes(model),
                         str(work.dtype).removeprefix("torch."), len(work.prof.layers), dict(work.prof.skipped)),
         device=DeviceInfo(work.device.type, meas.table.device, meas.table.mode),
-        versions={"autoao": __version__, "torch": torch.__version__, "triton": triton_v,
+        versions={"autoao": __version__, "torch": torch.__version__, "triton": triton_version(),
                   "optuna": optuna.__version__, "python": sys.version.split()[0]},
         budget=budget, max_accuracy_drop=config.max_accuracy_drop, seed=config.seed, command=command,
         accuracy=AccuracySpec(

@@ -23,6 +23,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from autoao.common import cache_dir  # noqa: F401  (re-exported: the one cache root)
 
@@ -182,18 +183,18 @@ class TimingCache(_SQLiteStore):
     def clear_matching(self, fields: dict[str, str]) -> int:
         """Delete every cached timing whose key has these field values (e.g. one device, torch,
         triton, autoao and mode); returns how many."""
-        keys = [k for (k, spec) in self._conn.execute("SELECT key, spec FROM timings")
-                if all(json.loads(spec).get(f) == v for f, v in fields.items())]
-        self._conn.executemany("DELETE FROM timings WHERE key = ?", [(k,) for k in keys])
-        return len(keys)
+        return self._delete_where(lambda spec: all(spec.get(f) == v for f, v in fields.items()))
 
     def clear(self, device: str | None = None) -> int:
         """Delete every cached timing (or only those of the device whose name contains `device`);
         returns how many. Layer errors and accuracy results (the results table) are kept."""
         if device is None:
             return self._conn.execute("DELETE FROM timings").rowcount
-        keys = [k for (k, spec) in self._conn.execute("SELECT key, spec FROM timings")
-                if device.lower() in json.loads(spec).get("device", "").lower()]
+        return self._delete_where(lambda spec: device.lower() in spec.get("device", "").lower())
+
+    def _delete_where(self, matches: Callable[[dict], bool]) -> int:
+        """Delete the timings whose stored key (as a dict) satisfies `matches`; returns how many."""
+        keys = [k for (k, spec) in self._conn.execute("SELECT key, spec FROM timings") if matches(json.loads(spec))]
         self._conn.executemany("DELETE FROM timings WHERE key = ?", [(k,) for k in keys])
         return len(keys)
 

@@ -49,7 +49,7 @@ from lm_eval.api.model import LM, TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
-from autoao.common import offline_env
+from autoao.common import model_device, offline_env
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
@@ -232,11 +232,6 @@ def _metrics(task_results: dict[str, Any]) -> dict[str, float]:
 
 ##### models ####################################################################################
 
-def _model_device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
 def _wrap(model: nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str | None,
           max_length: int | None) -> LM:
     # A model can only be a PreTrainedModel if transformers is already imported; checking
@@ -277,7 +272,7 @@ class CausalLM(TemplateLM):
         self.batch_size = batch_size
         self.max_length = max_length
         self.max_gen_toks = max_gen_toks
-        self._device = torch.device(device) if device is not None else _model_device(model)
+        self._device = torch.device(device) if device is not None else model_device(model)
 
     @property
     def eot_token_id(self) -> int:

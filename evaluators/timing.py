@@ -25,7 +25,7 @@ from torch import nn
 
 from autoao import search_space
 from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
-from autoao.common import BASELINE, __version__, call_model
+from autoao.common import BASELINE, __version__, call_model, triton_version
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
 from autoao.kernels._base import canonical_on_device
 from autoao.search_space import Candidate, LayerSpec
@@ -318,13 +318,7 @@ def measure_latencies(
 
 def key_base(device: torch.device, dtype: torch.dtype, mode: str) -> dict[str, str]:
     """The TimingKey fields that belong to the machine and the software, not to the cell."""
-    try:
-        import triton  # a version string for the key; triton is imported by the kernels anyway
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    return dict(device=device_name(device), torch=torch.__version__, triton=triton_version,
+    return dict(device=device_name(device), torch=torch.__version__, triton=triton_version() or "none",
                 autoao=f"{__version__}/harness-{HARNESS_VERSION}", dtype=str(dtype).removeprefix("torch."), mode=mode)
 
 

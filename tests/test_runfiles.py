@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from autoao.common import atomic_write
 from autoao.runfiles import (RUN_FILES_VERSION, AccuracySpec, Decision, DeviceInfo, FusedRecord, GroupRecord,
                              KernelTimes, LayerRecord, Latency, ModelInfo, RunContext, RunFileError, describe,
                              load_context, load_summary, write)
@@ -33,7 +32,7 @@ def _context() -> RunContext:
 
 def test_a_written_context_reads_back_as_the_same_record(tmp_path):
     ctx = _context()
-    write(tmp_path / "context.json", ctx, atomic_write)
+    write(tmp_path / "context.json", ctx)
     back = load_context(tmp_path / "context.json")
     assert back == ctx  # int dict keys, nested records, inf and None all survive
     assert back.layers[0].calls == {1: 4, 256: 1} and back.version == RUN_FILES_VERSION
@@ -58,7 +57,7 @@ def test_run_files_of_an_earlier_autoao_still_load_and_render(run, tmp_path):
 
 def test_a_newer_or_broken_run_file_is_one_clear_error(tmp_path):
     path = tmp_path / "context.json"
-    write(path, _context(), atomic_write)
+    write(path, _context())
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "version": RUN_FILES_VERSION + 1}))
     with pytest.raises(RunFileError, match=r"context.json was written by a newer autoao"):
