@@ -116,15 +116,17 @@ def optimize(
     if isinstance(tier2, CallableEvaluator):
         tier2.set_baseline(model)  # the user's metric, once, on the model as it came
 
-    with ledger.stage("profile and kernel timing"):
+    # what the unchanged model costs to measure comes first: the budget left after it is shared out
+    with ledger.stage("profile and baselines"):
         ledger.say("profiling")
         work = stages.profile_workload(model, example_inputs, eval_inputs, fuse_groups)
-        ledger.say(f"{len(work.prof.layers)} linear layers, token counts {work.tokens}; timing candidates "
-                   f"on {work.device}")
+        ledger.say(f"{len(work.prof.layers)} linear layers, token counts {work.tokens}")
+        base = stages.measure_baselines(model, work, tier2, cache=rcache, ledger=ledger)
+    with ledger.stage("kernel timing and layer errors"):
+        ledger.say(f"timing candidates on {work.device}")
         table, health = stages.time_candidates(work, cands, cache=TimingCache(rcache.path), ledger=ledger,
-                                               allow_emulated=allow_emulated)
-    with ledger.stage("layer errors, proxy and baselines"):
-        meas = stages.measure(model, work, cands, table, tier2, cache=rcache, ledger=ledger,
+                                               allow_emulated=allow_emulated, keep=stages.reserve_seconds(base))
+        meas = stages.measure(model, work, cands, table, base, cache=rcache, ledger=ledger,
                               allow_emulated=allow_emulated)
     groups = stages.search_groups(meas, work)
     bench = stages.ModelBench(model, work, meas, groups)
@@ -132,13 +134,13 @@ def optimize(
     # one study per (model weights, search space, budget constraint): the same run continues it,
     # a different model or constraint in the same storage starts its own
     config.study_name = "autoao-" + digest([(g.name, g.choices) for g in groups], max_accuracy_drop,
-                                           meas.weights_key)[:12]
+                                           meas.base.weights_key)[:12]
     remaining = ledger.remaining()
     if remaining is None:
         config.budget = ledger.budget
     else:
         config.budget = Budget(seconds=max(remaining, 1.0))
-        config.reserve_seconds = min(stages.reserve_seconds(meas), 0.5 * config.budget.seconds)
+        config.reserve_seconds = min(stages.reserve_seconds(base), 0.5 * config.budget.seconds)
     context = stages.run_context(model, work, cands, meas, groups, config, budget=str(ledger.budget),
                                  accuracy=accuracy, command=command, timing=health)
     runfiles.write(out_dir / "context.json", context)

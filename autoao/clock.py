@@ -126,42 +126,42 @@ class CpuSamples(NamedTuple):
 # busy neighbour, whole 4 ms scheduler quanta land in samples of a 40 us layer.
 LOST_FRACTION = 0.05
 MIN_CLEAN = 5
+# Samples at least this long need only LONG_MIN_CLEAN clean ones: a call of 50+ ms is compute- or
+# bandwidth-bound and many scheduler ticks long, so its run-to-run spread is small next to what
+# it costs (a bf16 LM head at 256 rows takes 0.8 s a call on a 2-core EPYC without AVX-512).
+LONG_SAMPLE_S = 0.05
+LONG_MIN_CLEAN = 3
 RETAKE_FACTOR = 4  # samples and seconds allowed for re-takes, as a multiple of what was asked
 
 
 def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps: int = 20, warmup: int = 2,
-             threads: int | None = None, max_seconds: float = 0.5, min_samples: int = MIN_CLEAN) -> CpuSamples:
+             threads: int | None = None, max_seconds: float = 0.5, min_samples: int = MIN_CLEAN,
+             stop_above_us: float | None = None) -> CpuSamples:
     """Quantiles (us) of fn() on the CPU at a fixed thread count, from samples during which the
     process kept the CPU. A sequence of callables is sampled one call at a time in turn (a layer's
     copies, so its weights stream from DRAM as in a model): short samples are the ones a busy
-    neighbour leaves alone. Samples are capped at about `max_seconds` of timed work (at least
-    MIN_CLEAN, at most `reps` rounds over the sequence); disturbed samples are dropped and re-taken within RETAKE_FACTOR x
-    that. Fewer than MIN_CLEAN clean samples: `reliable` is False and the quantiles are those of
-    the least-disturbed samples. warmup=0 takes exactly max(reps rounds, min_samples) clean samples
-    (a caller that alternates two models and has warmed both: one sample per side per round)."""
+    neighbour leaves alone.
+
+    warmup: rounds over the sequence run untimed first; the warm-up ends early, after any call,
+    once it has taken max_seconds / 4 (a slow call is warm after one).
+    Samples: about `max_seconds` of timed work (at most `reps` rounds over the sequence), and at
+    least `min_samples` clean ones (LONG_MIN_CLEAN for calls over LONG_SAMPLE_S); the count is
+    set from the last warm-up call, or from the first sample when warmup=0 (a caller that
+    alternates two warm models takes reps=1, min_samples=1: one sample per side per round).
+    Disturbed samples are dropped and re-taken within RETAKE_FACTOR x the count and the seconds.
+    stop_above_us: one clean sample slower than this ends the timing (a candidate that far behind
+    the baseline will not be picked; its one sample is its time, reps=1).
+    Too few clean samples: `reliable` is False and the quantiles are those of the least-disturbed
+    samples."""
     calls = list(fn) if isinstance(fn, Sequence) else [fn]
-
-    def one_round() -> None:
-        for call in calls:
-            call()
-
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        for _ in range(warmup):
-            t0 = time.perf_counter()
-            one_round()
-            if time.perf_counter() - t0 > max_seconds / 4:
-                break  # a slow round (a compute-bound layer at many rows) is warm after one
-        if warmup:
-            t0 = time.perf_counter()
-            one_round()
-            per_call = (time.perf_counter() - t0) / len(calls)
-            # samples that fit in about max_seconds: at least min_samples, at most `reps` rounds
-            wanted = max(min_samples, min(reps * len(calls), int(max_seconds / max(per_call, 1e-9))))
-        else:
-            wanted = max(min_samples, reps * len(calls))
+        per_call = _warm(calls, warmup, max_seconds / 4)
+        rounds = reps * len(calls)
+        floor, wanted = (min_samples, max(min_samples, rounds)) if per_call is None else \
+            _counts(per_call, rounds, max_seconds, min_samples)
         clean: list[float] = []
         dirty: list[tuple[float, float]] = []  # (lost fraction, us)
         deadline = time.perf_counter() + RETAKE_FACTOR * max(max_seconds, 1e-3)
@@ -172,19 +172,47 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
             call()
             wall = time.perf_counter_ns() - t0
             lost, throttled = cpu_lost_ns() - lost0, throttled_ns() - throttled0
+            if per_call is None:  # nothing warmed up: the first sample sets the count
+                per_call = wall / 1e9
+                floor, wanted = _counts(per_call, rounds, max_seconds, min_samples)
             if lost <= LOST_FRACTION * wall and throttled == 0:
                 clean.append(wall / 1e3)
+                if stop_above_us is not None and wall / 1e3 > stop_above_us:
+                    floor = 1
+                    break
             else:
                 dirty.append((max(lost, throttled) / max(wall, 1), wall / 1e3))
-            if time.perf_counter() > deadline and len(clean) + len(dirty) >= min_samples:
+            if time.perf_counter() > deadline and len(clean) + len(dirty) >= floor:
                 break
     finally:
         torch.set_num_threads(old)
-    if len(clean) >= min(min_samples, MIN_CLEAN):
+    if clean and len(clean) >= floor:
         return CpuSamples(*_quantiles(clean), len(clean), len(dirty), True)
     # Not enough clean samples: the least disturbed ones, clean first, are the best estimate there is.
-    best = clean + [us for _, us in sorted(dirty)][:max(min_samples - len(clean), 1)]
+    best = clean + [us for _, us in sorted(dirty)][:max(floor - len(clean), 1)]
     return CpuSamples(*_quantiles(best), len(clean), len(dirty), False)
+
+
+def _counts(per_call: float, most: int, max_seconds: float, min_samples: int) -> tuple[int, int]:
+    """(clean samples needed, samples wanted) for calls of `per_call` seconds: what fits in
+    `max_seconds`, at most `most`, at least the floor."""
+    floor = min(min_samples, LONG_MIN_CLEAN) if per_call >= LONG_SAMPLE_S else min_samples
+    return floor, max(floor, min(most, int(max_seconds / max(per_call, 1e-9))))
+
+
+def _warm(calls: list[Callable[[], object]], rounds: int, max_seconds: float) -> float | None:
+    """Run `rounds` rounds over `calls` untimed, stopping after any call once `max_seconds` have
+    passed; the last call's seconds (None when nothing ran)."""
+    last = None
+    t_start = time.perf_counter()
+    for _ in range(rounds):
+        for call in calls:
+            t0 = time.perf_counter()
+            call()
+            last = time.perf_counter() - t0
+            if t0 + last - t_start > max_seconds:
+                return last
+    return last
 
 
 def cpu_lost_ns() -> int:

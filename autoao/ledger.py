@@ -1,7 +1,7 @@
 """The run ledger: one object owns a run's clock, its progress messages and its time budget.
 
     ledger = RunLedger(Budget.parse("5m"), progress=True)
-    with ledger.stage("profile and kernel timing"):
+    with ledger.stage("profile and baselines"):
         ...
     ledger.say("searching ...")
     ledger.remaining()          # seconds of the budget left (None for a trial-count budget)
@@ -36,11 +36,11 @@ class RunLedger:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def deadline(self, share: float) -> float | None:
-        """The time.perf_counter() by which `share` of what is left of a time budget is spent
-        (None for a trial budget)."""
+    def deadline(self, share: float, keep: float = 0.0) -> float | None:
+        """The time.perf_counter() by which `share` of what a time budget has left, less `keep`
+        seconds held back for later stages, is spent (None for a trial budget)."""
         remaining = self.remaining()
-        return None if remaining is None else time.perf_counter() + share * max(remaining, 0.0)
+        return None if remaining is None else time.perf_counter() + share * max(remaining - keep, 0.0)
 
     def remaining(self) -> float | None:
         """Seconds of a time budget not yet spent (may be negative); None for a trial budget."""

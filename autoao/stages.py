@@ -125,10 +125,11 @@ def layer_dtype(prof: ModelProfile) -> torch.dtype:
 ##### measure ###################################################################################
 
 def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCache, ledger: RunLedger,
-                    allow_emulated: bool = False) -> tuple[LatencyTable, TimingHealth]:
+                    allow_emulated: bool = False, keep: float = 0.0) -> tuple[LatencyTable, TimingHealth]:
     """Every pickable candidate on every layer shape at every token count, and the candidates that
-    fuse on the sibling groups' shapes, within TIMING_SHARE of a time budget (the cells that weigh
-    least in the workload are left out first). Emulated candidates can never be picked unless
+    fuse on the sibling groups' shapes, within TIMING_SHARE of what a time budget has left after
+    `keep` seconds (the cells that weigh least in the workload are left out first; the layer
+    shapes and the fused shapes share that time by their cell counts). Emulated candidates can never be picked unless
     allowed, and their reference paths are the slowest to time (fp8 on the CPU: ~40x int8), so
     they are not timed (`autoao kernels` times them). First, a few cached cells are re-timed: a
     cache measured on a busy machine is found and measured again."""
@@ -137,11 +138,17 @@ def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCach
     check = spot_check(work.shapes, work.tokens, device=work.device, dtype=work.dtype, cache=cache)
     if check.stale:
         ledger.say(check.message())
-    deadline = ledger.deadline(TIMING_SHARE)
-    table = measure_latencies(work.shapes, work.tokens, pickable, device=work.device, dtype=work.dtype,
-                              cache=cache, progress=ledger.progress, calls=calls, deadline=deadline)
+    deadline = ledger.deadline(TIMING_SHARE, keep=keep)
     fusable = [c for c in pickable if c.fusable]
-    if work.fused_shapes and fusable:
+    fused_cells = len(work.fused_shapes) * len(fusable)
+    if deadline is not None and fused_cells:
+        now = time.perf_counter()
+        main_deadline = now + (deadline - now) * (1 - fused_cells / (fused_cells + len(work.shapes) * len(pickable)))
+    else:
+        main_deadline = deadline
+    table = measure_latencies(work.shapes, work.tokens, pickable, device=work.device, dtype=work.dtype,
+                              cache=cache, progress=ledger.progress, calls=calls, deadline=main_deadline)
+    if fused_cells:
         table = table.merged(measure_latencies(work.fused_shapes, work.tokens, fusable, device=work.device,
                                                dtype=work.dtype, cache=cache, progress=ledger.progress,
                                                calls=calls, deadline=deadline))
@@ -156,43 +163,34 @@ def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCach
 
 
 @dataclass
-class Measurements:
-    """Everything the search and the final choice read, measured once."""
+class Baselines:
+    """The model as it came, measured before any kernel is timed: these costs come whatever plan is
+    found, so a time budget knows what it must keep for them before it shares out the rest."""
 
-    table: LatencyTable
-    cost: CostModel
-    choices: dict[str, list[str]]  # FQN -> candidate names the search may pick
-    excluded: dict[str, dict[str, str]]  # FQN -> candidate -> why it may not
-    sqnr: dict[str, dict[str, float]]  # tier 0: FQN -> candidate -> layer output SQNR (dB)
-    proxy: ProxyEvaluator
-    tier2: LmEvalEvaluator | CallableEvaluator | None
-    bf16_us: float  # the unchanged model, end to end, at the start
+    bf16_us: float  # the unchanged model, end to end
     e2e_seconds: float  # what that one measurement cost (its compiles included)
+    compile: bool  # end-to-end measurements compile the model (as timing compiled layers)
+    proxy: ProxyEvaluator  # tier 1, its reference outputs computed
+    tier2: LmEvalEvaluator | CallableEvaluator | None  # its baseline set
     tier2_seconds: float  # what the tier-2 baseline cost
     weights_key: str  # the model's weights, for result-cache keys
-    compile: bool  # end-to-end measurements compile the model (as timing compiled layers)
 
 
-def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: LatencyTable,
-            tier2: LmEvalEvaluator | CallableEvaluator | None, *, cache: ResultCache, ledger: RunLedger,
-            allow_emulated: bool = False) -> Measurements:
-    """The unchanged model end to end (the cost model's rest), what each layer may pick, the layer
-    errors (tier 0), the proxy's reference outputs (tier 1) and the tier-2 baseline."""
+def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator | CallableEvaluator | None, *,
+                      cache: ResultCache, ledger: RunLedger) -> Baselines:
+    """The unchanged model end to end (the cost model's rest), the proxy's reference outputs
+    (tier 1) and the tier-2 baseline."""
     # End-to-end measurements run the model as per-layer timing ran its layers: compiled on CUDA
     # (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly).
     compile = default_mode(work.device) == "compile"
+    ledger.say("the unchanged model end to end")
     t0 = ledger.elapsed()
     bf16_us = measure_examples(model, work.examples, compile=compile)
     e2e_seconds = ledger.elapsed() - t0
-    cost = CostModel.build(work.prof, table).with_rest_from(bf16_us)
-    choices, excluded = layer_choices(work.prof, cands, table, work.device, allow_emulated)
-    used = [c for c in cands if any(c.name in ch for ch in choices.values())]
-    ledger.say("measuring layer errors (tier 0)")
-    sqnr = layer_errors(model, work.prof, used, cache=cache, progress=ledger.progress,
-                        deadline=ledger.deadline(ERRORS_SHARE))
-    ledger.say("reference outputs for the proxy (tier 1)")
-    proxy = ProxyEvaluator(model, work.eval_inputs, cache=cache)
     weights_key = digest("model", *[t for t in model.state_dict().values()])
+    ledger.say("reference outputs for the proxy (tier 1)")
+    # a plan that changes no layer is the reference: its proxy score is the baseline, not run again
+    proxy = ProxyEvaluator(model, work.eval_inputs, cache=cache, reference_key=f"{weights_key}:{plan_key(Plan())}")
     tier2_seconds = 0.0
     if tier2 is not None and tier2.baseline is None:  # a user callable was scored up front
         ledger.say("baseline accuracy (tier 2)")
@@ -201,8 +199,32 @@ def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: Lat
             fit_lm_eval_limit(tier2, model, f"{weights_key}:{plan_key(Plan())}", ledger)
         tier2.set_baseline(model, key=f"{weights_key}:{plan_key(Plan())}")
         tier2_seconds = ledger.elapsed() - t0
-    return Measurements(table, cost, choices, excluded, sqnr, proxy, tier2, bf16_us, e2e_seconds, tier2_seconds,
-                        weights_key, compile)
+    return Baselines(bf16_us, e2e_seconds, compile, proxy, tier2, tier2_seconds, weights_key)
+
+
+@dataclass
+class Measurements:
+    """Everything the search and the final choice read, measured once."""
+
+    base: Baselines
+    table: LatencyTable
+    cost: CostModel
+    choices: dict[str, list[str]]  # FQN -> candidate names the search may pick
+    excluded: dict[str, dict[str, str]]  # FQN -> candidate -> why it may not
+    sqnr: dict[str, dict[str, float]]  # tier 0: FQN -> candidate -> layer output SQNR (dB)
+
+
+def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: LatencyTable, base: Baselines, *,
+            cache: ResultCache, ledger: RunLedger, allow_emulated: bool = False) -> Measurements:
+    """The cost model (layer timings plus the rest of the unchanged model's time), what each layer
+    may pick, and the layer errors (tier 0) of those candidates."""
+    cost = CostModel.build(work.prof, table).with_rest_from(base.bf16_us)
+    choices, excluded = layer_choices(work.prof, cands, table, work.device, allow_emulated)
+    used = [c for c in cands if any(c.name in ch for ch in choices.values())]
+    ledger.say("measuring layer errors (tier 0)")
+    sqnr = layer_errors(model, work.prof, used, cache=cache, progress=ledger.progress,
+                        deadline=ledger.deadline(ERRORS_SHARE, keep=reserve_seconds(base)))
+    return Measurements(base, table, cost, choices, excluded, sqnr)
 
 
 def fit_lm_eval_limit(tier2: LmEvalEvaluator, model: nn.Module, key: str, ledger: RunLedger) -> None:
@@ -332,12 +354,12 @@ class ModelBench:
             self.set(plan)
         except Exception as e:  # noqa: BLE001 - a candidate failing on a layer fails this trial only
             return Accuracy(1, -math.inf, math.inf, {}, f"plan failed to apply: {type(e).__name__}: {e}")
-        return self.meas.proxy(self.model, key=f"{self.meas.weights_key}:{plan_key(plan)}")
+        return self.meas.base.proxy(self.model, key=f"{self.meas.base.weights_key}:{plan_key(plan)}")
 
     def tier2(self, plan: Plan) -> Accuracy:
-        assert self.meas.tier2 is not None
+        assert self.meas.base.tier2 is not None
         self.set(plan)
-        return self.meas.tier2(self.model, key=f"{self.meas.weights_key}:{plan_key(plan)}")
+        return self.meas.base.tier2(self.model, key=f"{self.meas.base.weights_key}:{plan_key(plan)}")
 
     def shipped(self, params: dict[str, str], **metadata: Any) -> Plan:
         """The plan these search params make, as it ships: fused groups, the timed kernel per layer."""
@@ -352,7 +374,7 @@ class ModelBench:
         try:
             with canonical_on_device():  # measured and undone: no host copy of its weights
                 apply(self.model, self.shipped(params), calibration=self.calibration)
-            return measure_examples(self.model, self.work.examples, compile=self.meas.compile)
+            return measure_examples(self.model, self.work.examples, compile=self.meas.base.compile)
         finally:
             self.restore()
 
@@ -374,20 +396,20 @@ def search_groups(meas: Measurements, work: Workload) -> list[Group]:
     return make_groups(meas.choices, work.siblings)
 
 
-def reserve_seconds(meas: Measurements) -> float:
+def reserve_seconds(base: Baselines) -> float:
     """Seconds a time budget keeps for what runs after the trials: with tier 2, up to two checks on
     it; without, up to RERANK_PLANS plans measured end to end; then the final comparison."""
-    checks = 2 * meas.tier2_seconds if meas.tier2 is not None else RERANK_PLANS * meas.e2e_seconds
-    return checks + final_seconds(meas)
+    checks = 2 * base.tier2_seconds if base.tier2 is not None else RERANK_PLANS * base.e2e_seconds
+    return checks + final_seconds(base)
 
 
-def final_seconds(meas: Measurements) -> float:
+def final_seconds(base: Baselines) -> float:
     """What finalize costs: compiled, a dropped bf16 measurement and one round (each about as long
     as the first measurement); on the CPU a warm-up and MIN_ROUNDS interleaved runs per side; then
     writing the model and the report."""
-    if meas.compile:
-        return 3 * meas.e2e_seconds + WRITE_SECONDS
-    return (1 + MIN_ROUNDS) * 2 * meas.bf16_us / 1e6 + WRITE_SECONDS
+    if base.compile:
+        return 3 * base.e2e_seconds + WRITE_SECONDS
+    return (1 + MIN_ROUNDS) * 2 * base.bf16_us / 1e6 + WRITE_SECONDS
 
 
 def search(groups: list[Group], bench: ModelBench, config: SearchConfig, ledger: RunLedger,
@@ -424,16 +446,16 @@ def choose(outcome: SearchOutcome, bench: ModelBench, max_drop: float, ledger: R
     front = sorted((r for r in outcome.pareto if r.feasible), key=lambda r: r.predicted_us)
     if not front:
         return Choice(None, None, [Decision("no_feasible_plan")])
-    meas = bench.meas
-    final = final_seconds(meas)
+    base = bench.meas.base
+    final = final_seconds(base)
 
     def time_for(seconds: float) -> bool:  # another step of `seconds` still leaves the final comparison room
         left = ledger.remaining()
         return left is None or left > seconds + final
 
-    if meas.tier2 is not None:
-        return choose_tier2(outcome, bench.tier2, max_drop, ledger, lambda: time_for(meas.tier2_seconds))
-    choice = rerank(outcome, front[0], bench.measure, ledger, lambda: time_for(meas.e2e_seconds))
+    if base.tier2 is not None:
+        return choose_tier2(outcome, bench.tier2, max_drop, ledger, lambda: time_for(base.tier2_seconds))
+    choice = rerank(outcome, front[0], bench.measure, ledger, lambda: time_for(base.e2e_seconds))
     t = choice.trial
     assert t is not None
     choice.accuracy = Accuracy(t.tier, t.accuracy, t.drop, {}, "proxy (tier 1)")
@@ -572,7 +594,7 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
     if not plan.layers:
         if trial is not None:  # the search's best feasible plan changes no layer
             decisions.append(Decision("best_is_unchanged", trial.number))
-        return Final(plan, None, meas.bf16_us, meas.bf16_us, (1.0, 1.0), 0, predicted_base, predicted_base,
+        return Final(plan, None, meas.base.bf16_us, meas.base.bf16_us, (1.0, 1.0), 0, predicted_base, predicted_base,
                      decisions, rows)
     apply(model, plan, calibration=bench.calibration)
     applied = {fqn: model.get_submodule(fqn) for fqn in plan.layers}
@@ -596,12 +618,12 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
 
 def _rounds(meas: Measurements, ledger: RunLedger) -> int:
     """Rounds that fit in what is left of a time budget (at least MIN_ROUNDS); one on CUDA."""
-    if meas.compile:
+    if meas.base.compile:
         return 1
     remaining = ledger.remaining()
     if remaining is None:
         return MAX_ROUNDS
-    per_round = max(2 * meas.bf16_us / 1e6, 1e-3)  # one workload run per side
+    per_round = max(2 * meas.base.bf16_us / 1e6, 1e-3)  # one workload run per side
     return max(MIN_ROUNDS, min(MAX_ROUNDS, int((remaining - WRITE_SECONDS) / per_round)))
 
 
@@ -611,7 +633,7 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -
     Compiled (CUDA), the unchanged model is measured once more first and that number dropped: the
     first compiled measurement after a plan was applied and taken out again read 8.6% slow on the
     H200, the next ones did not (benchmarks/results/2026-12-01-h200/gpu_check/)."""
-    model, examples, compile = bench.model, bench.work.examples, bench.meas.compile
+    model, examples, compile = bench.model, bench.work.examples, bench.meas.base.compile
     if compile:
         bench.install({})
         measure_examples(model, examples, compile=True, reps=5)
@@ -641,7 +663,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
     """Everything the report needs that is known before the first trial (context.json)."""
     calls = layer_calls(work.prof)
     layers = [_layer_record(lay, calls[lay.fqn], cands, meas, work.device) for lay in work.prof.layers]
-    tier2 = meas.tier2
+    tier2 = meas.base.tier2
     base2 = getattr(tier2, "baseline", None)
     return RunContext(
         started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -655,12 +677,12 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
             tier=2 if tier2 is not None else 1,
             tasks=tier2.tasks if isinstance(tier2, LmEvalEvaluator) else None,
             metric=getattr(accuracy, "__name__", None) if callable(accuracy) else None,
-            baseline_tier1=dict(meas.proxy.baseline),
+            baseline_tier1=dict(meas.base.proxy.baseline),
             baseline_tier2=(base2["accuracy"] if isinstance(base2, dict) else base2),
             baseline_tier2_metrics=({f"{t}/{k}": v for t, m in base2["metrics"].items() for k, v in m.items()
                                      if not k.endswith("_stderr")} if isinstance(base2, dict) else {})),
         storage=config.storage or "", study_name=config.study_name,
-        baseline_ms=Latency(meas.cost.predict(Plan()) / 1e3, meas.bf16_us / 1e3),
+        baseline_ms=Latency(meas.cost.predict(Plan()) / 1e3, meas.base.bf16_us / 1e3),
         rest_ms=meas.cost.rest_us / 1e3,
         candidates=[_candidate_record(c, layers, work.device) for c in cands],
         groups=[GroupRecord(g.name, list(g.fqns), list(g.choices)) for g in groups],
@@ -714,7 +736,7 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
         device=meas.table.device, budget=str(ledger.budget), seconds=ledger.elapsed(),
         trials=len([r for r in outcome.trials if r.state == "COMPLETE"]), stopped=outcome.stopped_because,
         baseline_ms=Latency(final.predicted_baseline_us / 1e3, final.baseline_us / 1e3),
-        baseline_ms_at_start=meas.bf16_us / 1e3,
+        baseline_ms_at_start=meas.base.bf16_us / 1e3,
         plan_ms=Latency(final.predicted_us / 1e3, final.plan_us / 1e3),
         speedup=Latency(final.predicted_baseline_us / final.predicted_us, final.baseline_us / final.plan_us),
         speedup_range=list(final.speedup_range), rounds=final.rounds,

@@ -142,8 +142,12 @@ class ProxyEvaluator:
     list). LM mode is used when every input has [B, T] integer token ids and the output is [B, T, V].
     """
 
-    def __init__(self, reference: nn.Module, inputs: Any, *, cache: ResultCache | None = None) -> None:
+    def __init__(self, reference: nn.Module, inputs: Any, *, cache: ResultCache | None = None,
+                 reference_key: str | None = None) -> None:
+        """reference_key: the `key` that names the reference model itself (a plan that changes no
+        layer): scored as the baseline without running the model again."""
         self.inputs = inputs if isinstance(inputs, list) else [inputs]
+        self.reference_key = reference_key
         if not self.inputs:
             raise ValueError("the proxy needs at least one held-out input")
         self.cache = cache
@@ -189,7 +193,8 @@ class ProxyEvaluator:
     def __call__(self, model: nn.Module, key: str | None = None) -> Accuracy:
         """Tier-1 accuracy of `model`; `key` (e.g. the plan's digest) enables the on-disk cache."""
         full_key = f"{self.data_digest}:{key}" if key is not None and self.cache is not None else None
-        metrics = self.cache.get(full_key) if full_key else None
+        metrics = (dict(self.baseline) if key is not None and key == self.reference_key
+                   else self.cache.get(full_key) if full_key else None)
         if metrics is None:
             try:
                 metrics = self._score(self._run(model))

@@ -32,7 +32,14 @@ from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
 # are not reused. 5: CPU samples during which the process lost the CPU are dropped and re-taken.
-HARNESS_VERSION = 5
+HARNESS_VERSION = 6  # 6: a cell far behind the baseline ends at one clean sample (SLOW_CUT)
+# CPU sampling per cell: about CELL_SECONDS of samples, less (down to MIN_CELL_SECONDS) when a
+# deadline leaves less per cell; a candidate over SLOW_CUT x the baseline's time at a cell ends at
+# one clean sample (int8_dyn on a 49152x576 LM head at M=256 takes 2.6 s a call on a 2-core EPYC
+# without VNNI: 5 samples of it were a third of a 90 s budget, to learn that it loses 3x).
+CELL_SECONDS = 0.5
+MIN_CELL_SECONDS = 0.05
+SLOW_CUT = 2.0
 # A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time.
 SPOT_CHECK_TOLERANCE = 2.0
 NOT_TIMED = "not timed: the time budget for timing was spent"
@@ -78,16 +85,21 @@ def build_layer(cand: Candidate, k: int, n: int, dtype: torch.dtype, device: tor
 
 def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: torch.device, *,
                 compile: bool = False, graph: bool = True, reps: int | None = None,
-                threads: int | None = None) -> Timing:
+                threads: int | None = None, max_seconds: float = CELL_SECONDS,
+                stop_above_us: float | None = None) -> Timing:
     """Time module(x) for x [m, k]; inf with the reason on failure or non-finite output.
-    graph: on CUDA, replay a captured CUDA graph (False: time eager launches)."""
+    graph: on CUDA, replay a captured CUDA graph (False: time eager launches).
+    max_seconds, stop_above_us: on the CPU, about how long to sample, and a time past which one
+    clean sample ends the timing (see autoao.clock.time_cpu)."""
     device = torch.device(device)
     try:
         x_src = torch.randn(m, k, device=device, dtype=dtype)
         x = x_src.clone()  # [m, k]: the graph reads this buffer; priming rewrites it (into L2)
         fn = torch.compile(module, fullgraph=True, dynamic=False) if compile else module
         with torch.no_grad():
+            t0 = time.perf_counter()
             y = fn(x)
+            first_s = time.perf_counter() - t0
             if not torch.isfinite(y).all():
                 return Timing.failed("output has NaN/Inf")
             if device.type == "cuda":
@@ -95,7 +107,10 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
                                              prime=lambda: x.copy_(x_src))
                 return Timing(med, p20, p80, n)
             copies = streaming_copies(fn) if not compile else [fn]
-            s = time_cpu([lambda c=c: c(x) for c in copies], reps=reps or 20, threads=threads)
+            # a first call slower than time_cpu's warm-up allowance was the warm-up
+            s = time_cpu([lambda c=c: c(x) for c in copies], reps=reps or 20, threads=threads,
+                         max_seconds=max_seconds, stop_above_us=stop_above_us,
+                         warmup=0 if first_s > max_seconds / 4 else 2)
             return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)
     except torch.cuda.OutOfMemoryError as e:
         return Timing.failed(f"out of memory: {str(e).splitlines()[0]}")
@@ -270,10 +285,17 @@ def measure_latencies(
     rows: list[LatencyRow] = []
     kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = {}
     seconds_by_kernel: dict[str, float] = {}
+    base_us: dict[tuple[int, int, int], float] = {}  # (N, K, M) -> the baseline's time there
     measured = 0
     t0 = time.perf_counter()
     bar = _progress(len(work) * len(tokens), progress, f"timing on {dev_name}")
-    for n, k, cand in work:
+    for i, (n, k, cand) in enumerate(work):
+        # a deadline shares what is left of it among the cells left (a cell costs about twice
+        # its sampling: building, copies, warm-up)
+        left = None if deadline is None else (deadline - time.perf_counter()) / (2 * (len(work) - i) * len(tokens))
+        sampling = CELL_SECONDS if left is None else min(CELL_SECONDS, max(MIN_CELL_SECONDS, left))
+        cut = None if cand.family == BASELINE else {m: SLOW_CUT * base_us[(n, k, m)] for m in tokens
+                                                     if (n, k, m) in base_us}
         by_kernel: dict[str | None, dict[int, Timing]] = {}
         measured_now: set[int] = set()  # token counts timed now (for any kernel), not read from the cache
         for kern in kernel_names(cand, device):
@@ -297,7 +319,7 @@ def measure_latencies(
                 missing = []
             if missing:
                 t_kern = time.perf_counter()
-                fresh = _time_missing(cand, kern, n, k, missing, dtype, device, mode)
+                fresh = _time_missing(cand, kern, n, k, missing, dtype, device, mode, sampling, cut)
                 seconds_by_kernel[label] = seconds_by_kernel.get(label, 0.0) + time.perf_counter() - t_kern
                 measured += len(missing)
                 for m, t in fresh.items():
@@ -310,6 +332,8 @@ def measure_latencies(
             kernel_timings[(cand.name, k, n)] = by_kernel  # type: ignore[assignment]
         for m in tokens:
             rows.append(LatencyRow(cand.name, m, k, n, by_kernel[chosen][m], cached=m not in measured_now))
+            if cand.family == BASELINE and by_kernel[chosen][m].ok:
+                base_us[(n, k, m)] = by_kernel[chosen][m].median_us
             bar.update(1)
     bar.close()
     return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings,
@@ -380,9 +404,11 @@ def _outrun(cand: Candidate, kernel: str, n: int, k: int, tokens: list[int],
 
 
 def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: list[int], dtype: torch.dtype,
-                  device: torch.device, mode: str) -> dict[int, Timing]:
-    """Build `cand` (with `kernel`) on a random (N, K) layer and time it at each M in `tokens`;
-    failures become failed Timings with the reason."""
+                  device: torch.device, mode: str, max_seconds: float = CELL_SECONDS,
+                  stop_above_us: dict[int, float] | None = None) -> dict[int, Timing]:
+    """Build `cand` (with `kernel`) on a random (N, K) layer and time it at each M in `tokens`
+    (max_seconds, stop_above_us[M]: see time_module); failures become failed Timings with the
+    reason."""
     reason = cand.supports(LayerSpec("", k, n, False, dtype), device)
     if reason:
         return {m: Timing.failed(f"unsupported: {reason}") for m in tokens}
@@ -399,7 +425,8 @@ def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: l
             fn = torch.compile(module, fullgraph=True)  # compiles on its first call, per M it sees
         # compiled modules are captured in CUDA graphs too: that is how the model will run
         fresh = {m: time_module(module if m in eager else fn, m, k, dtype, device,
-                                graph=device.type == "cuda" and mode != "eager")
+                                graph=device.type == "cuda" and mode != "eager", max_seconds=max_seconds,
+                                stop_above_us=(stop_above_us or {}).get(m))
                  for m in tokens}
     except Exception as e:  # noqa: BLE001
         fresh = {m: Timing.failed(f"build failed: {type(e).__name__}: {e}") for m in tokens}
@@ -442,16 +469,21 @@ def measure_model(model: nn.Module, example_input, *, compile: bool = False, gra
     params = list(model.parameters()) + list(model.buffers())
     device = params[0].device if params else torch.device("cpu")
     fn = torch.compile(model) if compile else model
+    max_seconds = 3.0
     try:
         with torch.no_grad():
-            call_model(fn, example_input)
             if device.type == "cuda":
+                call_model(fn, example_input)  # compiles
                 med, p20, p80, n = time_cuda(lambda: call_model(fn, example_input), reps=reps or 30,
                                              graph=True if graph is None else graph, max_seconds=1.0)
                 return Timing(med, p20, p80, n)
-            # warmup=0: the caller alternates warm models, one clean sample each (see time_cpu)
-            s = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10, max_seconds=3.0, warmup=warmup,
-                         min_samples=reps or 5)
+            if warmup:  # the first call is one warm-up; a slow one is warm after it (time_cpu's rule)
+                t0 = time.perf_counter()
+                call_model(fn, example_input)
+                warmup = 0 if time.perf_counter() - t0 > max_seconds / 4 else warmup - 1
+            # warmup=0 from the caller: it alternates warm models, one clean sample each (see time_cpu)
+            s = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10, max_seconds=max_seconds,
+                         warmup=warmup, min_samples=reps or 5)
     except Exception as e:  # noqa: BLE001
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)

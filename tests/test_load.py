@@ -97,3 +97,21 @@ def test_samples_that_lost_the_cpu_are_dropped(monkeypatch):
     monkeypatch.setattr(clock, "cpu_lost_ns", iter(range(0, 10**12, 10**9)).__next__)  # every sample loses 1 s
     s = clock.time_cpu(lambda: None, reps=5, warmup=0)
     assert not s.reliable and s.reps == 0 and s.discarded > 0
+
+
+def test_a_candidate_far_behind_the_baseline_ends_at_one_sample():
+    from autoao import clock
+
+    slow = lambda: time.sleep(0.002)  # noqa: E731
+    cut = clock.time_cpu(slow, reps=20, warmup=1, stop_above_us=1000.0)
+    assert cut.reps == 1 and cut.reliable and cut.median >= 2000
+    assert clock.time_cpu(slow, reps=20, warmup=1).reps > 1
+
+
+def test_long_calls_need_fewer_clean_samples():
+    from autoao import clock
+
+    long = clock.time_cpu(lambda: time.sleep(clock.LONG_SAMPLE_S * 1.2), reps=10, warmup=0, max_seconds=0.01)
+    assert long.reps == clock.LONG_MIN_CLEAN and long.reliable
+    short = clock.time_cpu(lambda: time.sleep(0.001), reps=10, warmup=0, max_seconds=0.001)
+    assert short.reps == clock.MIN_CLEAN and short.reliable

@@ -94,13 +94,13 @@ def test_loader_reads_the_finished_search(search):
     assert data.pareto == [p["trial"] for p in result.pareto]  # the search's own front, fastest first
     # the wall time per stage adds up to the search's, in the order the stages ran
     stages = s.stage_seconds
-    assert list(stages) == ["profile and kernel timing", "layer errors, proxy and baselines", "search trials",
+    assert list(stages) == ["profile and baselines", "kernel timing and layer errors", "search trials",
                             "choice, re-rank and final measurement"]
     assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(s.seconds, rel=1e-3)
     # the timing stage by candidate, largest first, within the stage's wall time
     by_kernel = list(s.timing_seconds.values())
     assert by_kernel == sorted(by_kernel, reverse=True)
-    assert sum(by_kernel) <= stages["profile and kernel timing"] + 0.05
+    assert sum(by_kernel) <= stages["kernel timing and layer errors"] + 0.05
     # the tier of every accuracy number is known; tier 2 here is the user metric
     assert {a.tier for a in data.accuracy} == {1, 2}
     assert any(a.metric == "output_match" and a.source == "user metric: output_match" for a in data.accuracy)
@@ -150,7 +150,7 @@ def test_csv_tables_hold_the_study(search):
     assert list(layers.fqn).count(f"blocks.0.{EVIL}") == 1
     assert (layers.chosen != "sparse24").all()
     summary = pd.read_csv(first / "report_summary.csv").set_index("item")["value"]
-    assert summary["search seconds by stage"].startswith("profile and kernel timing ")
+    assert summary["search seconds by stage"].startswith("profile and baselines ")
     cands = pd.read_csv(first / "report_candidates.csv").set_index("candidate")
     assert cands.loc["sparse24", "status"] == "emulated"
     assert cands.loc["int4_wo(group_size=128)", "status"] == "partly available"
@@ -158,7 +158,7 @@ def test_csv_tables_hold_the_study(search):
 
 def test_the_report_says_where_the_search_time_went(search):
     html = (search[2] / "report.html").read_text()
-    assert "time by stage" in html and "profile and kernel timing" in html and "search trials" in html
+    assert "time by stage" in html and "kernel timing and layer errors" in html and "search trials" in html
 
 
 def test_layer_names_are_escaped(search):

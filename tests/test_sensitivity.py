@@ -76,6 +76,21 @@ def test_proxy_falls_back_to_output_error_for_non_lm_models():
     assert 0 < a.drop < 0.05 and "relative L2 error" in a.source
 
 
+def test_the_unchanged_model_scores_as_the_baseline_without_running(tiny):
+    proxy = ProxyEvaluator(tiny["model"], tiny["eval_inputs"], reference_key="unchanged")
+
+    class Counted(nn.Module):
+        calls = 0
+
+        def forward(self, ids):
+            Counted.calls += 1
+            return tiny["model"](ids)
+
+    a = proxy(Counted(), key="unchanged")
+    assert Counted.calls == 0 and a.drop == 0 and a.accuracy == proxy.baseline["accuracy"]
+    assert proxy(Counted(), key="another plan").drop == 0 and Counted.calls > 0  # any other key runs
+
+
 def test_one_token_inputs_use_output_error(tiny):
     proxy = ProxyEvaluator(tiny["model"], [torch.randint(0, 128, (1, 1))])
     assert not proxy.lm  # no next token to score with T=1

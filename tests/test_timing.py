@@ -274,7 +274,7 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
     int4 = search_space.get("int4_wo", group_size=128)
     timed = []
 
-    def fake_time(cand, kern, n, k, tokens, dtype, device, mode):
+    def fake_time(cand, kern, n, k, tokens, dtype, device, mode, *sampling):
         timed.append((kern, tuple(tokens)))
         return {m: Timing(float(m) + len(kern), 0, 0, 5) for m in tokens}
 
@@ -308,7 +308,7 @@ def test_a_kernel_outrun_at_every_m_by_one_that_ran_is_not_timed(tmp_path, monke
     for cuda_runs in (True, False):
         timed = []
 
-        def fake_time(cand, kern, n, k, tokens, dtype, device, mode):
+        def fake_time(cand, kern, n, k, tokens, dtype, device, mode, *sampling):
             timed.append(kern)
             if kern == "cuda" and not cuda_runs:
                 return {m: Timing.failed("RuntimeError: no nvcc") for m in tokens}
@@ -377,7 +377,7 @@ def test_compile_mode_compiles_only_for_the_m_that_are_not_one_op(monkeypatch):
             return module(x)
         return run
 
-    def fake_time(fn, m, k, dtype, device, graph):
+    def fake_time(fn, m, k, dtype, device, graph, **sampling):
         fn(torch.zeros(m, k))  # a compiled module compiles (here: counts) on the M it sees
         return Timing(1.0, 1.0, 1.0, 5)
 
