@@ -189,6 +189,8 @@ class Decision:
                             interleaved round (numbers: plan_ms, baseline_ms, low, high, rounds):
                             the model stays as it came
       best_is_unchanged     the search's fastest feasible plan (`trial`) changes no layer
+      nothing_to_try        no layer had a candidate but bf16 to pick (numbers["not_timed"]: cells
+                            the time budget left untimed)
       out_of_time           the time budget left no room for `reason` (more tier-2 checks, the re-rank)
       note                  free text (reason), from run files written before decisions were typed
     """
@@ -228,6 +230,12 @@ def describe(d: Decision) -> str:
     if d.kind == "best_is_unchanged":
         return (f"the fastest plan found that holds the accuracy budget changes no layer (trial {d.trial}); "
                 "a larger budget lets the search try more plans")
+    if d.kind == "nothing_to_try":
+        if n.get("not_timed"):
+            return (f"the time budget was spent measuring the unchanged model before any candidate but bf16 was "
+                    f"timed ({int(n['not_timed'])} cells not timed), so no plan could be tried; a larger budget "
+                    "lets the search try plans")
+        return "no layer has a candidate other than bf16 that runs here, so no plan could be tried"
     if d.kind == "out_of_time":
         return f"the time budget left no room for {d.reason} (after trial {d.trial})"
     if d.kind == "kept_unchanged":

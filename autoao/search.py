@@ -290,6 +290,8 @@ def run_search(
         timeout = max(config.budget.seconds - config.reserve_seconds, 1.0)
     n_trials = None if config.budget.trials is None else max(config.budget.trials - len(done_before), 0)
     stopped = "budget spent"
+    if all(len(g.choices) == 1 for g in groups):  # one plan in the space: scored once
+        n_trials, stopped = (0 if done_before else 1), "the search space has one plan"
     try:
         if n_trials != 0:
             study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=[callback],

@@ -55,6 +55,7 @@ RERANK_MARGIN = 0.03  # another plan replaces the chosen one only if measured > 
 # Of what a time budget has left after profiling, the share kernel timing may take: the layer
 # errors, the proxy, the trials and the final comparison need the rest.
 TIMING_SHARE = 0.4
+E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
 ERRORS_SHARE = 0.25  # of what is left after timing: tier-0 layer errors (they only seed the search)
 # lm-eval under a time budget: the baseline and up to TIER2_EVALS - 1 checks share TIER2_SHARE of
 # what is left; the document count per task is fitted from the time of the first PROBE_DOCS (all
@@ -79,6 +80,7 @@ class Workload:
     device: torch.device
     dtype: torch.dtype  # the layers' dtype (bf16 if any layer is)
     tokens: list[int]  # every M (rows per call) any layer saw
+    seconds: float = 0.0  # the profiling pass (every example once, with hooks): about one workload run
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -93,10 +95,12 @@ class Workload:
 
 def profile_workload(model: nn.Module, example_inputs: Any, eval_inputs: Any = None,
                      fuse_groups: bool = True) -> Workload:
+    t0 = time.perf_counter()
     prof = profile(model, example_inputs)
     return Workload(prof, example_inputs if isinstance(example_inputs, list) else [example_inputs],
                     eval_inputs if eval_inputs is not None else example_inputs,
-                    prof.siblings if fuse_groups else [], model_device(model), layer_dtype(prof), token_counts(prof))
+                    prof.siblings if fuse_groups else [], model_device(model), layer_dtype(prof), token_counts(prof),
+                    time.perf_counter() - t0)
 
 
 def unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:
@@ -185,7 +189,17 @@ def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator |
     compile = default_mode(work.device) == "compile"
     ledger.say("the unchanged model end to end")
     t0 = ledger.elapsed()
-    bf16_us = measure_examples(model, work.examples, compile=compile)
+    if compile:
+        bf16_us = measure_examples(model, work.examples, compile=True)
+    else:
+        # The profiling pass just ran every example, so the model is warm (the demo's next prefill
+        # ran within 3% of the one after). This number only sets the cost model's rest (the final
+        # comparison measures both sides again, interleaved): when E2E_SHARE of the budget left
+        # cannot hold three runs, one run of each example, retakes or not.
+        remaining = ledger.remaining()
+        tight = remaining is not None and E2E_SHARE * remaining < 3 * work.seconds
+        bf16_us = measure_examples(model, work.examples, warmup=0, reps=1 if tight else None,
+                                   max_seconds=0.0 if tight else 3.0)
     e2e_seconds = ledger.elapsed() - t0
     weights_key = digest("model", *[t for t in model.state_dict().values()])
     ledger.say("reference outputs for the proxy (tier 1)")
@@ -240,7 +254,8 @@ def fit_lm_eval_limit(tier2: LmEvalEvaluator, model: nn.Module, key: str, ledger
     if fits >= FULL_TASK_DOCS:
         tier2.limit = None
     else:
-        tier2.limit = max(fits, PROBE_DOCS)
+        # under twice the probe: the probe's documents (its baseline is measured) beat a second baseline
+        tier2.limit = fits if fits >= 2 * PROBE_DOCS else PROBE_DOCS
         ledger.say(f"tier 2 on {tier2.limit} documents per task: all of them would not fit the budget "
                    f"({per_doc:.2f} s a document here)")
 
@@ -274,7 +289,7 @@ def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTabl
 
 
 def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
-                     warmup: int = 2) -> float:
+                     warmup: int = 2, max_seconds: float = 3.0) -> float:
     """Sum of end-to-end medians (us) over the examples; examples of the same shapes are timed once
     (a workload like "prefill 256 tokens, then 32 decode steps" repeats one decode shape).
     compile: torch.compile the model for each shape, from a reset dynamo (static shapes; dynamo's
@@ -286,7 +301,8 @@ def measure_examples(model: nn.Module, examples: list[Any], compile: bool = Fals
         if key not in seen:
             if compile:
                 torch._dynamo.reset()
-            seen[key] = measure_model(model, ex, compile=compile, reps=reps, warmup=warmup).median_us
+            seen[key] = measure_model(model, ex, compile=compile, reps=reps, warmup=warmup,
+                                      max_seconds=max_seconds).median_us
         total += seen[key]
     return total
 
@@ -405,11 +421,11 @@ def reserve_seconds(base: Baselines) -> float:
 
 def final_seconds(base: Baselines) -> float:
     """What finalize costs: compiled, a dropped bf16 measurement and one round (each about as long
-    as the first measurement); on the CPU a warm-up and MIN_ROUNDS interleaved runs per side; then
-    writing the model and the report."""
+    as the first measurement); on the CPU the plan's warm-up and MIN_ROUNDS interleaved runs per
+    side (each at most as long as the unchanged model's); then writing the model and the report."""
     if base.compile:
         return 3 * base.e2e_seconds + WRITE_SECONDS
-    return (1 + MIN_ROUNDS) * 2 * base.bf16_us / 1e6 + WRITE_SECONDS
+    return (1 + 2 * MIN_ROUNDS) * base.bf16_us / 1e6 + WRITE_SECONDS
 
 
 def search(groups: list[Group], bench: ModelBench, config: SearchConfig, ledger: RunLedger,
@@ -592,7 +608,10 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
     plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
     predicted_base = meas.cost.predict(Plan())
     if not plan.layers:
-        if trial is not None:  # the search's best feasible plan changes no layer
+        if all(ch == [BASELINE] for ch in meas.choices.values()):
+            not_timed = sum(r.timing.error == NOT_TIMED for r in meas.table.rows)
+            decisions.append(Decision("nothing_to_try", numbers={"not_timed": not_timed}))
+        elif trial is not None:  # the search's best feasible plan changes no layer
             decisions.append(Decision("best_is_unchanged", trial.number))
         return Final(plan, None, meas.base.bf16_us, meas.base.bf16_us, (1.0, 1.0), 0, predicted_base, predicted_base,
                      decisions, rows)
@@ -623,8 +642,8 @@ def _rounds(meas: Measurements, ledger: RunLedger) -> int:
     remaining = ledger.remaining()
     if remaining is None:
         return MAX_ROUNDS
-    per_round = max(2 * meas.base.bf16_us / 1e6, 1e-3)  # one workload run per side
-    return max(MIN_ROUNDS, min(MAX_ROUNDS, int((remaining - WRITE_SECONDS) / per_round)))
+    run = meas.base.bf16_us / 1e6  # one workload run (the plan's warm-up, then one per side a round)
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, int((remaining - WRITE_SECONDS - run) / max(2 * run, 1e-3))))
 
 
 def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -> tuple[list[float], list[float]]:
@@ -639,13 +658,13 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -
         measure_examples(model, examples, compile=True, reps=5)
         reps, warmup = 5, 2
     else:
-        # each side warmed once; then every round takes one clean run of the workload per side, so
-        # A and B alternate run by run, not block by block
-        for modules in ({}, applied):
-            bench.install(modules)
-            with torch.no_grad():
-                for ex in examples:
-                    call_model(model, ex)
+        # the plan's fresh modules warmed once (the unchanged model's eager layers keep no state to
+        # warm, and it ran the examples already); then every round takes one clean run of the
+        # workload per side, so A and B alternate run by run, not block by block
+        bench.install(applied)
+        with torch.no_grad():
+            for ex in examples:
+                call_model(model, ex)
         reps, warmup = 1, 0
     base, planned = [], []
     for _ in range(rounds):

@@ -457,7 +457,7 @@ def _progress(total: int, enabled: bool, desc: str):
 ##### whole model ###############################################################################
 
 def measure_model(model: nn.Module, example_input, *, compile: bool = False, graph: bool | None = None,
-                  reps: int | None = None, warmup: int = 2) -> Timing:
+                  reps: int | None = None, warmup: int = 2, max_seconds: float = 3.0) -> Timing:
     """End-to-end latency of one forward of `model` on `example_input` (one input, by
     `autoao.profile`'s convention: tensor, tuple of args, or dict of kwargs): the ground truth that
     predicted plan latencies are compared with.
@@ -465,11 +465,12 @@ def measure_model(model: nn.Module, example_input, *, compile: bool = False, gra
     compile: torch.compile(model) first (as the model will run). graph: on CUDA, capture the
     forward in a CUDA graph and time replays (default True; set False for models that cannot be
     captured). L2 is flushed before each repeat, as for layer timings. Failures score inf.
+    max_seconds: on the CPU, about how long to sample (autoao.clock.time_cpu); with reps=1 and
+    max_seconds=0, exactly one sample, disturbed or not.
     """
     params = list(model.parameters()) + list(model.buffers())
     device = params[0].device if params else torch.device("cpu")
     fn = torch.compile(model) if compile else model
-    max_seconds = 3.0
     try:
         with torch.no_grad():
             if device.type == "cuda":

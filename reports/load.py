@@ -165,7 +165,8 @@ class ReportData:
         if self.summary is None:
             return ""
         ending = [d for d in self.summary.decisions if d.kind in ("kept_unchanged", "no_feasible_plan",
-                                                                  "tier2_none_held", "best_is_unchanged")]
+                                                                  "tier2_none_held", "best_is_unchanged",
+                                                                  "nothing_to_try")]
         if ending:
             return describe(ending[-1])
         return "no trial finished" if not self.summary.trials else "no quantized plan was chosen"

@@ -11,6 +11,7 @@ from torch import nn
 
 import autoao
 from autoao import stages
+from autoao.runfiles import describe
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +69,22 @@ def test_an_unchanged_model_is_exactly_one_x(tmp_path, monkeypatch):
     assert s.speedup.measured == 1.0 and s.plan_ms.measured == s.baseline_ms.measured and s.rounds == 0
     assert s.speedup.predicted == 1.0 and s.speedup_range == [1.0, 1.0]
     assert len(calls) == 1  # bf16 once, at the start (the cost model's rest); never again
+    assert [d.kind for d in s.decisions] == ["nothing_to_try"]
+    assert "no layer has a candidate other than bf16" in describe(s.decisions[0])
+
+
+def test_a_budget_spent_on_the_unchanged_model_says_so(tmp_path, monkeypatch):
+    """A time budget that the unchanged model's measurements use up leaves every candidate but
+    bf16 untimed: the model is kept as it came, and the decision says the budget was spent."""
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))  # no timings from earlier tests
+    monkeypatch.setattr(stages, "TIMING_SHARE", 0.0)  # nothing left for timing after the baselines
+    result = autoao.optimize(_model(), [torch.randn(4, 64)], budget="20s", candidates=["bf16", "int8_wo"],
+                             out_dir=tmp_path / "o", progress=False)
+    s = result.summary
+    assert not result.plan.layers and s.speedup.measured == 1.0
+    kinds = [d.kind for d in s.decisions]
+    assert kinds == ["nothing_to_try"] and s.decisions[0].numbers["not_timed"] > 0
+    assert "time budget was spent measuring the unchanged model" in describe(s.decisions[0])
 
 
 def test_lm_eval_documents_fit_the_time_budget(monkeypatch):

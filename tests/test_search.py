@@ -328,7 +328,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
 
     calls, resets = [], []
     monkeypatch.setattr(stages, "measure_model",
-                        lambda model, ex, compile=False, reps=None, warmup=2: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
+                        lambda model, ex, compile=False, reps=None, warmup=2, max_seconds=3.0: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
     monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
     model = nn.Linear(8, 8)
     examples = [torch.zeros(1, 5, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)]  # a prefill, two decode steps
@@ -339,7 +339,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
     assert len(resets) == 2
 
     seen = []
-    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, compile=False, reps=None, warmup=2: seen.append(compile) or 1000.0)
+    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, compile=False, reps=None, warmup=2, max_seconds=3.0: seen.append(compile) or 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
                  max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
