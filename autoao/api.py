@@ -140,7 +140,7 @@ def optimize(
         config.budget = ledger.budget
     else:
         config.budget = Budget(seconds=max(remaining, 1.0))
-        config.reserve_seconds = min(stages.reserve_seconds(base), 0.5 * config.budget.seconds)
+        config.reserve_seconds = stages.reserve_seconds(base)  # the search still scores its first trial
     context = stages.run_context(model, work, cands, meas, groups, config, budget=str(ledger.budget),
                                  accuracy=accuracy, command=command, timing=health)
     runfiles.write(out_dir / "context.json", context)

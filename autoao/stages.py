@@ -32,7 +32,7 @@ from autoao import search_space
 from autoao.calibration import Calibration
 from autoao.common import BASELINE, __version__, call_model, model_device, triton_version
 from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
-from autoao.evaluators.cache import ResultCache, TimingCache, digest
+from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
 from autoao.evaluators.timing import (NOT_TIMED, LatencyTable, default_mode, measure_latencies, measure_model,
@@ -178,6 +178,7 @@ class Baselines:
     tier2: LmEvalEvaluator | CallableEvaluator | None  # its baseline set
     tier2_seconds: float  # what the tier-2 baseline cost
     weights_key: str  # the model's weights, for result-cache keys
+    proxy_seconds: float = 0.0  # the proxy's reference pass: about what one trial costs
 
 
 def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator | CallableEvaluator | None, *,
@@ -203,8 +204,10 @@ def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator |
     e2e_seconds = ledger.elapsed() - t0
     weights_key = digest("model", *[t for t in model.state_dict().values()])
     ledger.say("reference outputs for the proxy (tier 1)")
+    t0 = ledger.elapsed()
     # a plan that changes no layer is the reference: its proxy score is the baseline, not run again
     proxy = ProxyEvaluator(model, work.eval_inputs, cache=cache, reference_key=f"{weights_key}:{plan_key(Plan())}")
+    proxy_seconds = ledger.elapsed() - t0
     tier2_seconds = 0.0
     if tier2 is not None and tier2.baseline is None:  # a user callable was scored up front
         ledger.say("baseline accuracy (tier 2)")
@@ -213,7 +216,7 @@ def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator |
             fit_lm_eval_limit(tier2, model, f"{weights_key}:{plan_key(Plan())}", ledger)
         tier2.set_baseline(model, key=f"{weights_key}:{plan_key(Plan())}")
         tier2_seconds = ledger.elapsed() - t0
-    return Baselines(bf16_us, e2e_seconds, compile, proxy, tier2, tier2_seconds, weights_key)
+    return Baselines(bf16_us, e2e_seconds, compile, proxy, tier2, tier2_seconds, weights_key, proxy_seconds)
 
 
 @dataclass
@@ -290,21 +293,28 @@ def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTabl
 
 def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
                      warmup: int = 2, max_seconds: float = 3.0) -> float:
-    """Sum of end-to-end medians (us) over the examples; examples of the same shapes are timed once
-    (a workload like "prefill 256 tokens, then 32 decode steps" repeats one decode shape).
+    """Sum of end-to-end medians (us) over the examples (workload_timing)."""
+    return workload_timing(model, examples, compile, reps, warmup, max_seconds)[0]
+
+
+def workload_timing(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
+                    warmup: int = 2, max_seconds: float = 3.0) -> tuple[float, float, float]:
+    """(median, p20, p80) us of the workload: each summed over the examples' measurements;
+    examples of the same shapes are timed once (a workload like "prefill 256 tokens, then 32
+    decode steps" repeats one decode shape).
     compile: torch.compile the model for each shape, from a reset dynamo (static shapes; dynamo's
     recompile limit never reached however many plans are measured on one model object)."""
-    seen: dict[str, float] = {}
-    total = 0.0
+    seen: dict[str, Timing] = {}
+    total = [0.0, 0.0, 0.0]
     for ex in examples:
         key = _describe_shapes(ex)
         if key not in seen:
             if compile:
                 torch._dynamo.reset()
-            seen[key] = measure_model(model, ex, compile=compile, reps=reps, warmup=warmup,
-                                      max_seconds=max_seconds).median_us
-        total += seen[key]
-    return total
+            seen[key] = measure_model(model, ex, compile=compile, reps=reps, warmup=warmup, max_seconds=max_seconds)
+        t = seen[key]
+        total = [total[0] + t.median_us, total[1] + t.p20_us, total[2] + t.p80_us]
+    return total[0], total[1], total[2]
 
 
 def _describe_shapes(example: Any) -> str:
@@ -413,10 +423,11 @@ def search_groups(meas: Measurements, work: Workload) -> list[Group]:
 
 
 def reserve_seconds(base: Baselines) -> float:
-    """Seconds a time budget keeps for what runs after the trials: with tier 2, up to two checks on
-    it; without, up to RERANK_PLANS plans measured end to end; then the final comparison."""
+    """Seconds a time budget keeps for what runs after the trials: the trial still running when
+    the search's time is up (about one proxy pass); with tier 2, up to two checks on it; without,
+    up to RERANK_PLANS plans measured end to end; then the final comparison."""
     checks = 2 * base.tier2_seconds if base.tier2 is not None else RERANK_PLANS * base.e2e_seconds
-    return checks + final_seconds(base)
+    return base.proxy_seconds + checks + final_seconds(base)
 
 
 def final_seconds(base: Baselines) -> float:
@@ -618,20 +629,21 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
     apply(model, plan, calibration=bench.calibration)
     applied = {fqn: model.get_submodule(fqn) for fqn in plan.layers}
     base, planned = interleaved(bench, applied, _rounds(meas, ledger))
-    ratios = [b / p for b, p in zip(base, planned)]
-    base_us, plan_us = statistics.median(base), statistics.median(planned)
-    spread = (min(ratios), max(ratios))
+    # per round, the ratio's range from the two sides' quantiles (one CPU sample a side: its
+    # value; CUDA's one round: the graph replays' p20 and p80)
+    spread = (min(b[1] / p[2] for b, p in zip(base, planned)), max(b[2] / p[1] for b, p in zip(base, planned)))
+    base_us, plan_us = statistics.median(b[0] for b in base), statistics.median(p[0] for p in planned)
     accuracy = choice.accuracy
     if spread[0] <= 1.0:
         decisions.append(Decision("kept_unchanged", plan.metadata.get("trial"), {
             "plan_ms": plan_us / 1e3, "baseline_ms": base_us / 1e3, "low": spread[0], "high": spread[1],
-            "rounds": len(ratios)}))
+            "rounds": len(base)}))
         ledger.say(describe(decisions[-1]))
         bench.restore()
         plan, accuracy = bench.shipped({}), None
         plan_us, spread = base_us, (1.0, 1.0)
         rows = [MeasuredPlan(r.trial, r.predicted_ms, r.measured_ms, False) for r in rows]
-    return Final(plan, accuracy, base_us, plan_us, spread, len(ratios), predicted_base, meas.cost.predict(plan),
+    return Final(plan, accuracy, base_us, plan_us, spread, len(base), predicted_base, meas.cost.predict(plan),
                  decisions, rows)
 
 
@@ -646,8 +658,9 @@ def _rounds(meas: Measurements, ledger: RunLedger) -> int:
     return max(MIN_ROUNDS, min(MAX_ROUNDS, int((remaining - WRITE_SECONDS - run) / max(2 * run, 1e-3))))
 
 
-def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -> tuple[list[float], list[float]]:
-    """End-to-end us of the unchanged model and of the model with `applied` modules, measured
+def interleaved(bench: ModelBench, applied: dict[str, nn.Module],
+                rounds: int) -> tuple[list[tuple[float, float, float]], list[tuple[float, float, float]]]:
+    """End-to-end (median, p20, p80) us of the unchanged model and of the model with `applied` modules, measured
     A, B, A, B, ...: both see the same machine state, round by round. Leaves `applied` in place.
     Compiled (CUDA), the unchanged model is measured once more first and that number dropped: the
     first compiled measurement after a plan was applied and taken out again read 8.6% slow on the
@@ -665,12 +678,15 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -
         with torch.no_grad():
             for ex in examples:
                 call_model(model, ex)
+        # one sample a side, disturbed or not (max_seconds=0): a busy neighbour disturbs both sides
+        # of a round alike, and re-takes would double a loaded machine's rounds
         reps, warmup = 1, 0
     base, planned = [], []
     for _ in range(rounds):
         for modules, out in (({}, base), (applied, planned)):
             bench.install(modules)
-            out.append(measure_examples(model, examples, compile=compile, reps=reps, warmup=warmup))
+            out.append(workload_timing(model, examples, compile=compile, reps=reps, warmup=warmup,
+                                       max_seconds=3.0 if compile else 0.0))
     return base, planned
 
 

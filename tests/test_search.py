@@ -301,7 +301,8 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     def quantized(model):
         return any(isinstance(m, QuantizedLinear) for m in model.modules())
 
-    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, **kw: plan_us if quantized(model) else 1000.0)
+    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
+        (plan_us,) * 3 if quantized(model) else (1000.0,) * 3))
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
@@ -367,14 +368,14 @@ def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch
         m: Timing({"bf16": 400.0, "int8_dyn": 100.0}[cand.name], 0.0, 0.0, 5) for m in tokens})
     order, plan_times = [], iter([900.0, 1100.0, 900.0] + [900.0] * 10)
 
-    def fake(model, examples, **kw):
+    def fake(model, examples, *a, **kw):
         quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
         order.append("B" if quantized else "A")
-        return next(plan_times) if quantized else 1000.0
+        return (next(plan_times),) * 3 if quantized else (1000.0,) * 3
 
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     model = nn.Sequential(nn.Linear(64, 64, bias=False))
-    monkeypatch.setattr(stages, "measure_examples", fake)
+    monkeypatch.setattr(stages, "workload_timing", fake)
     result = api.optimize(model, [torch.randn(4, 64)], budget=4, candidates=["int8_dyn"],
                           max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
     final = order[-2 * stages.MAX_ROUNDS:] if len(order) >= 2 * stages.MAX_ROUNDS else order
