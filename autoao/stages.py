@@ -424,9 +424,10 @@ def search_groups(meas: Measurements, work: Workload) -> list[Group]:
 
 def reserve_seconds(base: Baselines) -> float:
     """Seconds a time budget keeps for what runs after the trials: the trial still running when
-    the search's time is up (about one proxy pass); with tier 2, up to two checks on it; without,
-    up to RERANK_PLANS plans measured end to end; then the final comparison."""
-    checks = 2 * base.tier2_seconds if base.tier2 is not None else RERANK_PLANS * base.e2e_seconds
+    the search's time is up (about one proxy pass); with tier 2, one check on it (more run only if
+    time is left: choose_tier2); without, up to RERANK_PLANS plans measured end to end; then the
+    final comparison."""
+    checks = base.tier2_seconds if base.tier2 is not None else RERANK_PLANS * base.e2e_seconds
     return base.proxy_seconds + checks + final_seconds(base)
 
 
