@@ -57,6 +57,7 @@ def optimize(
     fuse_groups: bool = True,
     allow_emulated: bool = False,
     lm_eval_limit: int | float | None = None,
+    left_out: dict[str, str] | None = None,
     progress: bool = True,
     command: str | None = None,
     spent: float = 0.0,
@@ -98,6 +99,8 @@ def optimize(
             pick them (their timings are real, but not those of a fast kernel); off by default, when
             they are neither timed nor picked (`autoao kernels` still times them).
         lm_eval_limit: documents per lm-eval task (fast mode), None = all.
+        left_out: candidates the caller did not pass in -> why (`autoao search` leaves out what a
+            built-in model's provenance misrepresents): listed in the report as "left out".
         progress: progress bars and stage messages on stderr.
         command: the command line that started this run, recorded for the report's "reproduce".
         spent: seconds of a time budget already used before this call (`autoao search` passes its
@@ -121,6 +124,7 @@ def optimize(
         ledger.say("profiling")
         work = stages.profile_workload(model, example_inputs, eval_inputs, fuse_groups)
         ledger.say(f"{len(work.prof.layers)} linear layers, token counts {work.tokens}")
+        grid = stages.int4_grid_check(model, work, cands, ledger)
         base = stages.measure_baselines(model, work, tier2, cache=rcache, ledger=ledger)
     with ledger.stage("kernel timing and layer errors"):
         ledger.say(f"timing candidates on {work.device}")
@@ -142,7 +146,8 @@ def optimize(
         config.budget = Budget(seconds=max(remaining, 1.0))
         config.reserve_seconds = stages.reserve_seconds(base)  # the search still scores its first trial
     context = stages.run_context(model, work, cands, meas, groups, config, budget=str(ledger.budget),
-                                 accuracy=accuracy, command=command, timing=health)
+                                 accuracy=accuracy, command=command, timing=health, left_out=left_out,
+                                 int4_grid_layers=grid)
     runfiles.write(out_dir / "context.json", context)
 
     with ledger.stage("search trials"):

@@ -77,6 +77,22 @@ def parse_candidates(text: str | None):
         raise CLIError(str(e).replace("\n", " ")) from None
 
 
+def provenance_filter(model: str, candidates: list, by_default: bool) -> tuple[list, dict[str, str]]:
+    """A built-in model's candidates minus those its provenance misrepresents, when the user named
+    none (each said on stderr; --candidates can force them, with a warning); and the left-out
+    candidates -> why, for the report."""
+    unrep = autoao.models.unrepresentative(model) if model in autoao.models.available() else {}
+    named = {c.name for c in candidates} & set(unrep)
+    if not by_default:
+        for name in sorted(named):
+            print(f"autoao: warning: {name} is forced on {model}, whose accuracy on it is misrepresented: "
+                  f"{unrep[name]}", file=sys.stderr)
+        return candidates, {}
+    for name in sorted(named):
+        print(f"autoao: leaving out {name}: {unrep[name]} (--candidates can force it)", file=sys.stderr)
+    return [c for c in candidates if c.name not in named], {n: unrep[n] for n in sorted(named)}
+
+
 def parse_device(text: str | None):
     import torch
 
@@ -301,7 +317,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(f"bad --budget: {e}") from None
     drop = parse_drop(args.max_accuracy_drop)
-    candidates = parse_candidates(args.candidates)
+    candidates, left_out = provenance_filter(args.model, parse_candidates(args.candidates), args.candidates is None)
     device = parse_device(args.device)
     out = Path(args.out)
     if args.resume and not (out / "study.db").is_file() and not args.storage:
@@ -331,7 +347,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         result = optimize(model, examples, budget=budget, accuracy=tasks, tokenizer=tok, max_accuracy_drop=drop,
                           candidates=candidates, eval_inputs=held_out, storage=args.storage, out_dir=out,
                           seed=args.seed, fuse_groups=not args.no_fuse, allow_emulated=args.allow_emulated,
-                          lm_eval_limit=args.lm_eval_limit, progress=not args.quiet,
+                          lm_eval_limit=args.lm_eval_limit, left_out=left_out, progress=not args.quiet,
                           command="autoao " + " ".join(args.argv), spent=process_age())
     except ValueError as e:
         raise CLIError(str(e)) from None
@@ -449,7 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", default="5m", help="wall time (90s, 10m, 1h) or a number of trials (200); "
                    "default %(default)s")
     s.add_argument("--max-accuracy-drop", default="1%", help="allowed accuracy drop: 0.01 or 1%% (default %(default)s)")
-    s.add_argument("--candidates", default=None, help="comma-separated candidate names (default: all)")
+    s.add_argument("--candidates", default=None, help="comma-separated candidate names (default: all, less those "
+                   "a built-in model's provenance misrepresents, e.g. int4 group 32 on smollm2-135m, whose weights "
+                   "were a GGUF Q4_1 grid; naming them here forces them)")
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     s.add_argument("--storage", default=None, help="Optuna storage URL, e.g. postgresql://... "
                    "(default: SQLite in the output directory)")

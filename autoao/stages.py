@@ -40,7 +40,7 @@ from autoao.evaluators.timing import (NOT_TIMED, LatencyTable, default_mode, mea
 from autoao.kernels._base import canonical_on_device
 from autoao.ledger import RunLedger
 from autoao.plan import Plan, apply, set_module
-from autoao.profile import ModelProfile, profile
+from autoao.profile import ModelProfile, int4_grid_layers, profile
 from autoao.runfiles import (AccuracyResult, AccuracySpec, CandidateRecord, Decision, DeviceInfo, FusedRecord,
                              GroupRecord, KernelTimes, LayerRecord, Latency, MeasuredPlan, ModelInfo, RunContext,
                              RunSummary, TimingHealth, UniformRow, WeightBytes, describe)
@@ -80,7 +80,6 @@ class Workload:
     device: torch.device
     dtype: torch.dtype  # the layers' dtype (bf16 if any layer is)
     tokens: list[int]  # every M (rows per call) any layer saw
-    seconds: float = 0.0  # the profiling pass (every example once, with hooks): about one workload run
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -95,12 +94,25 @@ class Workload:
 
 def profile_workload(model: nn.Module, example_inputs: Any, eval_inputs: Any = None,
                      fuse_groups: bool = True) -> Workload:
-    t0 = time.perf_counter()
     prof = profile(model, example_inputs)
     return Workload(prof, example_inputs if isinstance(example_inputs, list) else [example_inputs],
                     eval_inputs if eval_inputs is not None else example_inputs,
-                    prof.siblings if fuse_groups else [], model_device(model), layer_dtype(prof), token_counts(prof),
-                    time.perf_counter() - t0)
+                    prof.siblings if fuse_groups else [], model_device(model), layer_dtype(prof), token_counts(prof))
+
+
+GRID_CANDIDATE = "int4_wo(group_size=32)"  # the candidate a 4-bit group-32 weight grid flatters
+
+
+def int4_grid_check(model: nn.Module, work: Workload, cands: list[Candidate], ledger: RunLedger) -> int:
+    """How many profiled layers' weights sit on a 4-bit grid of groups of 32 (int4_grid_layers);
+    said on the console when the search may pick GRID_CANDIDATE, which would measure near lossless
+    on them."""
+    grid = len(int4_grid_layers(model, work.prof))
+    if grid and any(c.name == GRID_CANDIDATE for c in cands):
+        ledger.say(f"warning: the weights of {grid} of {len(work.prof.layers)} layers sit on a 4-bit grid of groups "
+                   f"of 32 (a GGUF Q4 source?): {GRID_CANDIDATE} re-quantizes that grid and will measure near "
+                   "lossless on them")
+    return grid
 
 
 def unique_shapes(prof: ModelProfile) -> list[tuple[int, int]]:
@@ -198,7 +210,7 @@ def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator |
         # comparison measures both sides again, interleaved): when E2E_SHARE of the budget left
         # cannot hold three runs, one run of each example, retakes or not.
         remaining = ledger.remaining()
-        tight = remaining is not None and E2E_SHARE * remaining < 3 * work.seconds
+        tight = remaining is not None and E2E_SHARE * remaining < 3 * work.prof.seconds
         bf16_us = measure_examples(model, work.examples, warmup=0, reps=1 if tight else None,
                                    max_seconds=0.0 if tight else 3.0)
     e2e_seconds = ledger.elapsed() - t0
@@ -695,8 +707,10 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module],
 
 def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements,
                 groups: list[Group], config: SearchConfig, *, budget: str, accuracy: Any,
-                command: str | None, timing: TimingHealth) -> RunContext:
-    """Everything the report needs that is known before the first trial (context.json)."""
+                command: str | None, timing: TimingHealth, left_out: dict[str, str] | None = None,
+                int4_grid_layers: int = 0) -> RunContext:
+    """Everything the report needs that is known before the first trial (context.json). left_out:
+    candidates not considered -> why (listed as "left out")."""
     calls = layer_calls(work.prof)
     layers = [_layer_record(lay, calls[lay.fqn], cands, meas, work.device) for lay in work.prof.layers]
     tier2 = meas.base.tier2
@@ -720,11 +734,13 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         storage=config.storage or "", study_name=config.study_name,
         baseline_ms=Latency(meas.cost.predict(Plan()) / 1e3, meas.base.bf16_us / 1e3),
         rest_ms=meas.cost.rest_us / 1e3,
-        candidates=[_candidate_record(c, layers, work.device) for c in cands],
+        candidates=[_candidate_record(c, layers, work.device) for c in cands]
+        + [CandidateRecord(name, search_space.get(name).describe(work.device), "left out", 0, None, [why])
+           for name, why in (left_out or {}).items()],
         groups=[GroupRecord(g.name, list(g.fqns), list(g.choices)) for g in groups],
         fused=[FusedRecord(list(g), {c: t for c, t in per.items() if math.isfinite(t)})
                for g, per in meas.cost.fused_us.items()],
-        layers=layers, timing=timing,
+        layers=layers, timing=timing, int4_grid_layers=int4_grid_layers,
     )
 
 

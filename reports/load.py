@@ -508,6 +508,13 @@ def _trust_warnings(data: ReportData) -> list[str]:
     if health.not_timed:
         out.append(f"{health.not_timed} of {health.cells} timing cells were not measured within the time budget: "
                    "the candidates they belong to were not offered on those layers (a larger budget times them)")
+    grid = data.context.int4_grid_layers
+    if grid:
+        g32 = next((c for c in data.candidates if c.name == "int4_wo(group_size=32)"), None)
+        out.append(f"The weights of {grid} of {len(data.layers)} layers sit on a 4-bit grid of groups of 32, as a "
+                   "GGUF Q4_0 / Q4_1 file leaves them: int4 with group size 32 re-quantizes that grid and measures "
+                   "near lossless on them, as it would not on a model trained in bf16"
+                   + (" (it was left out of this search)" if g32 is not None and g32.status == "left out" else ""))
     base = data.context.baseline_ms
     pred, meas = base.predicted, base.measured
     if pred and meas and not 0.5 <= pred / meas <= 2.0:

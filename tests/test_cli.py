@@ -118,3 +118,20 @@ def test_a_factorys_inputs_follow_the_model_to_the_device():
     assert next(loaded["model"].parameters()).device.type == "meta"
     inputs = loaded["example_inputs"] + loaded["eval_inputs"]
     assert inputs and all(t.device.type == "meta" for t in inputs)
+
+
+def test_the_demo_leaves_out_what_its_weights_misrepresent(capsys):
+    """smollm2-135m's weights were a GGUF Q4_1 grid: int4 group 32 is left out unless named, and
+    forcing it warns."""
+    from autoao import search_space
+    from autoao.cli import provenance_filter
+
+    every = search_space.all_candidates()
+    kept, left_out = provenance_filter("smollm2-135m", every, by_default=True)
+    assert "int4_wo(group_size=32)" not in {c.name for c in kept} and len(kept) == len(every) - 1
+    assert "Q4_1" in left_out["int4_wo(group_size=32)"]
+    assert "leaving out int4_wo(group_size=32)" in capsys.readouterr().err
+    forced = [search_space.get("int4_wo(group_size=32)")]
+    assert provenance_filter("smollm2-135m", forced, by_default=False) == (forced, {})
+    assert "warning: int4_wo(group_size=32) is forced" in capsys.readouterr().err
+    assert provenance_filter("my.py:build", every, by_default=True) == (every, {})  # not a built-in model

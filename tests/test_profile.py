@@ -242,3 +242,27 @@ def test_training_flags_restored_and_hooks_removed():
     assert seen_training == [False, False, False]
     assert {n: m.training for n, m in model.named_modules()} == flags
     assert_no_hooks(model)
+
+
+def _on_grid(w: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """w [N, K] rounded to an affine 4-bit grid per `group` columns (as GGUF Q4_1 stores it), in bf16."""
+    g = w.float().reshape(w.shape[0], -1, group)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    step = (hi - lo) / 15
+    return (((g - lo) / step).round() * step + lo).reshape(w.shape).to(torch.bfloat16)
+
+
+def test_weights_on_a_4_bit_group_grid_are_recognised():
+    from autoao.profile import int4_grid_layers, on_int4_grid
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 128)
+    assert not on_int4_grid(w.to(torch.bfloat16))  # ordinary weights
+    assert on_int4_grid(_on_grid(w))  # dequantized Q4_1-style, bf16 rounding included
+    assert not on_int4_grid(_on_grid(w, group=64))  # a 64-column grid is not one of 32
+    assert not on_int4_grid(torch.randn(8, 48))  # K not a multiple of 32
+    model = nn.Sequential(nn.Linear(128, 64, bias=False), nn.Linear(64, 32, bias=False)).to(torch.bfloat16)
+    with torch.no_grad():
+        model[0].weight.copy_(_on_grid(model[0].weight))
+    prof = profile(model, [torch.randn(2, 128, dtype=torch.bfloat16)])
+    assert int4_grid_layers(model, prof) == ["0"]

@@ -344,3 +344,31 @@ def test_status_box_and_cards_tell_what_happened(search, tmp_path, status):
         assert "spent the accuracy budget" not in layer_why
     if status == "no_trials":
         assert "budget ran out before the first trial" in layer_why
+
+
+def test_the_report_names_left_out_candidates_and_a_4_bit_weight_grid(tmp_path, monkeypatch):
+    """A model whose weights sit on a 4-bit group-32 grid is flagged up front, and a candidate the
+    caller left out is listed with its reason."""
+    import torch
+    from torch import nn
+
+    import autoao
+    from autoao.reports.load import load
+
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64, bias=False)).to(torch.bfloat16)
+    with torch.no_grad():  # an affine 4-bit grid per 32 input columns, as GGUF Q4_1 leaves it
+        g = model[0].weight.float().reshape(64, 2, 32)
+        lo, step = g.amin(-1, keepdim=True), (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15
+        model[0].weight.copy_((((g - lo) / step).round() * step + lo).reshape(64, 64))
+    why = "its weights were a 4-bit grid of groups of 32"
+    autoao.optimize(model, [torch.randn(4, 64, dtype=torch.bfloat16)], budget=2, candidates=["int8_wo"],
+                    left_out={"int4_wo(group_size=32)": why}, out_dir=tmp_path / "o", progress=False)
+    data = load(tmp_path / "o")
+    assert data.context.int4_grid_layers == 1
+    assert any("sit on a 4-bit grid of groups of 32" in w and "left out of this search" in w for w in data.warnings)
+    row = next(c for c in data.candidates if c.name == "int4_wo(group_size=32)")
+    assert row.status == "left out" and row.reasons == [why]
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert "left out" in html and why in html
