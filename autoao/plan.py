@@ -34,7 +34,7 @@ from torch import nn
 from autoao import search_space
 from autoao.calibration import Calibration
 from autoao.common import atomic_write  # noqa: F401  (re-exported)
-from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem, link_prefetch
+from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem, is_conv1d, link_prefetch
 from autoao.search_space import Candidate, LayerSpec
 
 PLAN_VERSION = 1
@@ -49,7 +49,7 @@ class PlanError(ValueError):
 ##### model fingerprint #########################################################################
 
 def _layer_spec(fqn: str, module: nn.Module) -> LayerSpec | None:
-    if isinstance(module, nn.Linear):
+    if isinstance(module, nn.Linear) or is_conv1d(module):
         return LayerSpec.from_linear(fqn, module)
     if isinstance(module, QuantizedLinear):
         return LayerSpec(fqn, module.in_features, module.out_features, module.bias is not None, module.dtype)

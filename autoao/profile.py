@@ -1,11 +1,11 @@
 """Profiler: one forward pass per example input, with hooks on every linear layer.
 
 `profile(model, example_inputs)` returns a `ModelProfile`. Its `.layers` is the list of
-`LayerProfile` (one per nn.Linear weight, in module order): name, (K, N), dtype, device, every
-input shape seen with its call count, token counts, per-input-channel activation norms and absmax
-and a bounded sample of real input rows (`LayerProfile.stats`; all layers: `.calibration`). Its `.skipped` names the
-linear-like layers autoao cannot quantize, with the reason, so none is silently dropped: today
-that is transformers' GPT-2 `Conv1D` (recognised by name, transformers is not imported).
+`LayerProfile` (one per linear weight, in module order: nn.Linear, and transformers' GPT-2
+`Conv1D`, a linear whose weight is stored [K, N], recognised by name without importing
+transformers): name, (K, N), dtype, device, every input shape seen with its call count, token
+counts, per-input-channel activation norms and absmax and a bounded sample of real input rows
+(`LayerProfile.stats`; all layers: `.calibration`).
 
 example_inputs: a Tensor runs `model(t)`; a tuple runs `model(*args)`; a dict (any Mapping, e.g. a
 tokenizer's BatchEncoding) runs `model(**kwargs)`; a list runs one forward per element, each element
@@ -42,6 +42,7 @@ from torch import nn
 
 from autoao.calibration import Calibration, LayerStats
 from autoao.common import call_model
+from autoao.kernels import is_conv1d
 from autoao.search_space import LayerSpec
 
 
@@ -72,8 +73,7 @@ class LayerProfile:
 class ModelProfile:
     """Every linear layer of a model, as seen on the example inputs."""
 
-    layers: list[LayerProfile]  # one per nn.Linear weight, module order
-    skipped: dict[str, str]  # FQN -> why this linear-like layer is not in `layers`
+    layers: list[LayerProfile]  # one per nn.Linear / Conv1D weight, module order
     num_forward: int  # forwards run (one per example input)
     seconds: float  # wall time of those forwards, hooks included
     siblings: list[tuple[str, ...]] = field(default_factory=list)  # layers reading one input, call order
@@ -88,20 +88,13 @@ class ModelProfile:
         return Calibration({p.fqn: p.stats for p in self.layers})
 
 
-def _is_conv1d(module: nn.Module) -> bool:
-    """transformers.pytorch_utils.Conv1D (GPT-2 family), without importing transformers."""
-    weight = getattr(module, "weight", None)
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, torch.Tensor) \
-        and weight.dim() == 2
-
-
 class _Recorder:
     """Forward hook accumulating one layer's input statistics (kept on the layer's device until
     `result`, so a GPU forward does not copy every activation to the host). A post-forward hook, so
     an input the layer rejects fails with the layer's own error, not one of ours."""
 
-    def __init__(self, fqn: str, linear: nn.Linear, max_rows: int, siblings: _Siblings) -> None:
-        k, device = linear.in_features, linear.weight.device
+    def __init__(self, fqn: str, linear: nn.Module, max_rows: int, siblings: _Siblings) -> None:
+        k, device = LayerSpec.from_linear(fqn, linear).in_features, linear.weight.device
         self.fqn, self.siblings = fqn, siblings
         self.shapes: dict[tuple[int, ...], int] = {}
         self.tokens = 0
@@ -142,9 +135,10 @@ class _Recorder:
         filled = winner >= 0
         self.sample[filled] = rows[winner[filled].to(rows.device)].to("cpu", self.sample.dtype)
 
-    def result(self, fqn: str, linear: nn.Linear, tied: list[str]) -> LayerProfile:
+    def result(self, fqn: str, linear: nn.Module, tied: list[str]) -> LayerProfile:
         s = min(self.tokens, self.sample.shape[0])
-        return LayerProfile(fqn, linear.in_features, linear.out_features, linear.bias is not None,
+        spec = LayerSpec.from_linear(fqn, linear)
+        return LayerProfile(fqn, spec.in_features, spec.out_features, spec.bias,
                             linear.weight.dtype, linear.weight.device, self.shapes, self.tokens,
                             LayerStats(self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone()), tied)
 
@@ -210,18 +204,14 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
                          "(a tensor, a tuple of positional arguments, or a dict of keyword arguments)")
 
     sharers: dict[int, list[str]] = {}  # id(weight) -> every Linear / Embedding FQN holding it, module order
-    linears: dict[int, tuple[str, nn.Linear]] = {}  # id(weight) -> the first Linear holding it (reported)
-    skipped: dict[str, str] = {}
+    # id(weight) -> the first Linear (or GPT-2 Conv1D: a linear with its weight stored [K, N]) holding it
+    linears: dict[int, tuple[str, nn.Module]] = {}
     for fqn, m in model.named_modules():
-        if isinstance(m, (nn.Linear, nn.Embedding)):
+        if isinstance(m, (nn.Linear, nn.Embedding)) or is_conv1d(m):
             sharers.setdefault(id(m.weight), []).append(fqn)
-            if isinstance(m, nn.Linear):
+            if not isinstance(m, nn.Embedding):
                 linears.setdefault(id(m.weight), (fqn, m))
-        elif _is_conv1d(m):
-            k, n = m.weight.shape
-            skipped[fqn] = (f"GPT-2 Conv1D (weight stored [in, out] = [{k}, {n}]); autoao quantizes "
-                            "nn.Linear only — convert it first")
-    if not linears and not skipped:
+    if not linears:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers; autoao only quantizes linear "
                          "layers, so there is nothing to profile")
 
@@ -249,7 +239,9 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
 
     layers = [recorders[key].result(fqn, m, [f for f in sharers[key] if f != fqn])
               for key, (fqn, m) in linears.items()]
-    return ModelProfile(layers, skipped, len(examples), seconds, siblings.groups())
+    conv = {fqn for fqn, m in linears.values() if is_conv1d(m)}
+    # fused groups concatenate [N, K] weights: Conv1D layers (weights [K, N]) run alone
+    return ModelProfile(layers, len(examples), seconds, [g for g in siblings.groups() if not conv & set(g)])
 
 
 def on_int4_grid(weight: torch.Tensor, group: int = 32, rows: int = 16) -> bool:

@@ -62,8 +62,7 @@ class ModelInfo:
     parameters: int
     weight_bytes: int
     dtype: str
-    num_linears: int
-    skipped: dict[str, str] = field(default_factory=dict)  # FQN -> why the layer is not searched
+    num_linears: int  # nn.Linear and GPT-2 Conv1D layers, each weight once
 
 
 @dataclass

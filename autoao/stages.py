@@ -718,7 +718,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
     return RunContext(
         started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model=ModelInfo(type(model).__name__, sum(p.numel() for p in model.parameters()), weight_bytes(model),
-                        str(work.dtype).removeprefix("torch."), len(work.prof.layers), dict(work.prof.skipped)),
+                        str(work.dtype).removeprefix("torch."), len(work.prof.layers)),
         device=DeviceInfo(work.device.type, meas.table.device, meas.table.mode),
         versions={"autoao": __version__, "torch": torch.__version__, "triton": triton_version(),
                   "optuna": optuna.__version__, "python": sys.version.split()[0]},

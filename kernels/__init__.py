@@ -7,7 +7,7 @@ no fast kernel for it. Nothing here knows about search or reports.
 
 from __future__ import annotations
 
-from autoao.kernels._base import QuantizedLinear
+from autoao.kernels._base import QuantizedLinear, as_linear, is_conv1d
 from autoao.kernels.dense import Bf16Linear
 from autoao.kernels.fused import FusedRows, fuse_problem
 from autoao.kernels.fp8 import Fp8DynLinear, Fp8WeightOnlyLinear
@@ -16,6 +16,8 @@ from autoao.kernels.int8 import Int8DynLinear, Int8WeightOnlyLinear
 from autoao.kernels.sparse24 import Sparse24Fp8DynLinear, Sparse24Int8DynLinear, Sparse24Linear
 
 __all__ = [
+    "as_linear",
+    "is_conv1d",
     "QuantizedLinear",
     "Bf16Linear",
     "Int8DynLinear",

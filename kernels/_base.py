@@ -41,6 +41,27 @@ GEMV_MAX_ROWS = 8
 _CANONICAL_ON_DEVICE = contextvars.ContextVar("autoao_canonical_on_device", default=False)
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers.pytorch_utils.Conv1D (GPT-2 family: y = x @ W + b, W stored [in, out]), without
+    importing transformers."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, torch.Tensor) \
+        and weight.dim() == 2
+
+
+def as_linear(module: nn.Module) -> nn.Linear:
+    """`module` itself when it is an nn.Linear; a Conv1D as the nn.Linear computing the same (its
+    weight [K, N] transposed into [N, K], its bias shared), for candidates to quantize."""
+    if not is_conv1d(module):
+        return module  # type: ignore[return-value]
+    k, n = module.weight.shape
+    linear = nn.Linear(k, n, bias=module.bias is not None, device="meta")
+    linear.weight = nn.Parameter(module.weight.detach().t().contiguous(), requires_grad=False)
+    if module.bias is not None:
+        linear.bias = module.bias
+    return linear
+
+
 @contextlib.contextmanager
 def canonical_on_device() -> Iterator[None]:
     """Within this block, QuantizedLinear modules constructed or given canonical tensors

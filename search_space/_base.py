@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from autoao.calibration import LayerStats
-from autoao.kernels import QuantizedLinear
+from autoao.kernels import QuantizedLinear, as_linear, is_conv1d
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEVICE_TYPES = ("cpu", "cuda")
@@ -39,8 +39,10 @@ class LayerSpec:
     dtype: torch.dtype  # the layer's weight dtype (= its activation dtype)
 
     @classmethod
-    def from_linear(cls, fqn: str, linear: nn.Linear) -> LayerSpec:
-        return cls(fqn, linear.in_features, linear.out_features, linear.bias is not None, linear.weight.dtype)
+    def from_linear(cls, fqn: str, linear: nn.Module) -> LayerSpec:
+        """An nn.Linear's spec; or a GPT-2 Conv1D's (weight [K, N])."""
+        k, n = linear.weight.shape if is_conv1d(linear) else (linear.in_features, linear.out_features)
+        return cls(fqn, k, n, linear.bias is not None, linear.weight.dtype)
 
     @property
     def shape(self) -> str:
@@ -140,10 +142,12 @@ class Candidate(ABC):
         return self.module_cls.calibration_uses if self.module_cls is not None else frozenset()
 
     def build(self, linear: nn.Linear, stats: LayerStats | None = None, fqn: str = "") -> nn.Module:
-        """The module replacing `linear` (on linear's device), quantized with the layer's
-        calibration statistics where the candidate uses them.
+        """The module replacing `linear` (an nn.Linear, or a GPT-2 Conv1D: kernels.as_linear; on
+        linear's device), quantized with the layer's calibration statistics where the candidate
+        uses them.
 
         Raises ValueError naming the layer if the candidate does not support it."""
+        linear = as_linear(linear)
         layer = LayerSpec.from_linear(fqn, linear)
         reason = self.supports(layer, linear.weight.device)
         if reason:

@@ -205,3 +205,41 @@ def test_bad_kernel_names_are_listed_with_suggestions():
         Plan.from_dict({**plan.to_dict(), "kernels": ["triton"]})
     with pytest.raises(ValueError, match="has no kernel 'fast'.*has: tinygemm, cuda, triton"):
         search_space.get("int4_wo", group_size=32).build(model.q_proj).set_kernel("fast")
+
+
+def test_gpt2_conv1d_layers_get_plans_and_still_run_compile_and_reload(tmp_path, monkeypatch):
+    """GPT-2's Conv1D layers (weights stored [K, N]) are searched, applied, compiled and saved like
+    nn.Linear ones."""
+    transformers = pytest.importorskip("transformers")
+    import autoao
+
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)
+    torch.manual_seed(0)
+
+    def fresh():
+        torch.manual_seed(0)
+        return transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16).eval()
+
+    model, ids = fresh(), torch.randint(0, 128, (1, 16))
+    with torch.no_grad():
+        ref = model(ids).logits.float()
+    convs = [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
+    assert len(convs) == 8
+    plan = autoao.Plan.uniform(model, "int8_wo")
+    assert set(convs) <= set(plan.layers)
+    autoao.apply(model, plan)
+    with torch.no_grad():
+        out = model(ids).logits.float()
+        assert (out - ref).norm() / ref.norm() < 0.05  # int8 per channel: a small error, not a transposed weight
+        torch.testing.assert_close(torch.compile(model)(ids).logits.float(), out, atol=0.05, rtol=0.05)
+    autoao.save(model, tmp_path / "saved")
+    again = autoao.load(fresh(), tmp_path / "saved")
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+    result = autoao.optimize(fresh(), [ids], budget=4, candidates=["int8_wo"], max_accuracy_drop=1.0,
+                             out_dir=tmp_path / "o", progress=False)
+    from autoao.runfiles import load_context
+
+    searched = {lay.fqn: lay.choices for lay in load_context(result.out_dir / "context.json").layers}
+    assert all("int8_wo" in searched[f] for f in convs)  # offered to the search on every Conv1D layer

@@ -1,5 +1,5 @@
 """Profiler: every linear layer found with exact shapes, token counts and activation statistics;
-tied weights reported once; Conv1D reported as skipped; bad models and inputs give clear errors."""
+tied weights reported once; GPT-2 Conv1D profiled as a linear; bad models and inputs give clear errors."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_finds_every_linear_with_exact_shapes_and_token_counts():
     expected = (expected - {"blocks.1.k_proj"}) | {"lm_head"}  # k_proj shares block 1's q_proj weight
     assert set(layers) == expected
     assert [p.fqn for p in prof.layers] == [n for n, m in model.named_modules() if n in expected]
-    assert prof.num_forward == 3 and prof.skipped == {} and prof.seconds > 0
+    assert prof.num_forward == 3 and prof.seconds > 0
 
     for fqn, p in layers.items():
         linear = model.get_submodule(fqn)
@@ -170,17 +170,14 @@ class Conv1D(nn.Module):
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], self.nf)
 
 
-def test_conv1d_reported_as_skipped_with_reason():
-    """GPT-2 Conv1D is never silently dropped: it appears in `skipped` with why and what to do."""
+def test_conv1d_is_profiled_as_a_linear_with_its_weight_transposed():
+    """GPT-2 Conv1D (weight stored [K, N]) is a linear layer: profiled with K and N read the right way."""
     model = nn.Sequential(Conv1D(3 * DIM, DIM), nn.Linear(3 * DIM, DIM))
     prof = profile(model, torch.randn(2, 4, DIM))
-    assert [p.fqn for p in prof.layers] == ["1"]
-    assert set(prof.skipped) == {"0"}
-    assert "Conv1D" in prof.skipped["0"] and f"[{DIM}, {3 * DIM}]" in prof.skipped["0"]
-    assert "nn.Linear only" in prof.skipped["0"]
-
-    only_conv = profile(nn.Sequential(Conv1D(DIM, DIM)), torch.randn(3, DIM))
-    assert only_conv.layers == [] and set(only_conv.skipped) == {"0"}
+    conv, lin = prof.layers
+    assert (conv.fqn, conv.in_features, conv.out_features, conv.bias) == ("0", DIM, 3 * DIM, True)
+    assert (lin.in_features, lin.out_features) == (3 * DIM, DIM) and conv.tokens == 8
+    assert conv.stats.act_norm.shape == (DIM,)
 
 
 class NoLinears(nn.Module):
