@@ -317,7 +317,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(f"bad --budget: {e}") from None
     drop = parse_drop(args.max_accuracy_drop)
-    candidates, left_out = provenance_filter(args.model, parse_candidates(args.candidates), args.candidates is None)
+    candidates = parse_candidates(args.candidates)
     device = parse_device(args.device)
     out = Path(args.out)
     if args.resume and not (out / "study.db").is_file() and not args.storage:
@@ -331,6 +331,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
 
         checked("--tasks", lmeval.check_tasks, split_list(tasks))
+    # every argument checked: what is left out is said now
+    candidates, left_out = provenance_filter(args.model, candidates, args.candidates is None)
     loaded = load_model(args.model, device)
     model, tok = loaded["model"], loaded.get("tokenizer")
     examples, held_out = loaded.get("example_inputs"), loaded.get("eval_inputs")
