@@ -254,6 +254,11 @@ class LmEvalEvaluator:
     def set_baseline(self, reference: nn.Module, key: str | None = None) -> None:
         self.baseline = self.measure(reference, key)
 
+    @property
+    def seconds(self) -> float:
+        """What the baseline's evaluation took when it ran (the same when read from the cache)."""
+        return float(self.baseline["seconds"]) if self.baseline else 0.0
+
 
 class CallableEvaluator:
     """Tier 2 from the user's own metric: fn(model) -> float, higher is better."""
@@ -261,11 +266,13 @@ class CallableEvaluator:
     def __init__(self, fn: Callable[[nn.Module], float]) -> None:
         self.fn = fn
         self.baseline: float | None = None
+        self.seconds = 0.0  # what scoring the unmodified model took
 
     def set_baseline(self, reference: nn.Module, key: str | None = None) -> None:
         """Score the unmodified model; ValueError naming the callable if it raises or does not
         return a finite number (checked before any measurement, so a broken metric costs nothing)."""
         name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        t0 = time.perf_counter()
         try:
             value = self.fn(reference)
         except Exception as e:  # noqa: BLE001 - the user's code: report it, with its own message
@@ -279,6 +286,7 @@ class CallableEvaluator:
             raise ValueError(f"accuracy callable {name} returned {float(value)} on the unmodified model; it must "
                              "return a finite number (higher is better)")
         self.baseline = float(value)
+        self.seconds = time.perf_counter() - t0
 
     def __call__(self, model: nn.Module, key: str | None = None) -> Accuracy:
         value = float(self.fn(model))
