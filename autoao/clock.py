@@ -136,14 +136,16 @@ RETAKE_FACTOR = 4  # samples and seconds allowed for re-takes, as a multiple of 
 
 def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps: int = 20, warmup: int = 2,
              threads: int | None = None, max_seconds: float = 0.5, min_samples: int = MIN_CLEAN,
-             stop_above_us: float | None = None) -> CpuSamples:
+             stop_above_us: float | None = None, first_s: float | None = None) -> CpuSamples:
     """Quantiles (us) of fn() on the CPU at a fixed thread count, from samples during which the
     process kept the CPU. A sequence of callables is sampled one call at a time in turn (a layer's
     copies, so its weights stream from DRAM as in a model): short samples are the ones a busy
     neighbour leaves alone.
 
     warmup: rounds over the sequence run untimed first; the warm-up ends early, after any call,
-    once it has taken max_seconds / 4 (a slow call is warm after one).
+    once it has taken max_seconds / 4 (a slow call is warm after one). first_s: the seconds of a
+    call the caller has just made (a validation call): one slower than that allowance was the
+    warm-up, and sets the sample count.
     Samples: about `max_seconds` of timed work (at most `reps` rounds over the sequence), and at
     least `min_samples` clean ones (LONG_MIN_CLEAN for calls over LONG_SAMPLE_S); the count is
     set from the last warm-up call, or from the first sample when warmup=0 (a caller that
@@ -158,7 +160,8 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
     if threads:
         torch.set_num_threads(threads)
     try:
-        per_call = _warm(calls, warmup, max_seconds / 4)
+        slow_first = first_s is not None and first_s > max_seconds / 4
+        per_call = first_s if slow_first else _warm(calls, warmup, max_seconds / 4)
         rounds = reps * len(calls)
         floor, wanted = (min_samples, max(min_samples, rounds)) if per_call is None else \
             _counts(per_call, rounds, max_seconds, min_samples)

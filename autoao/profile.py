@@ -94,7 +94,8 @@ class _Recorder:
     an input the layer rejects fails with the layer's own error, not one of ours."""
 
     def __init__(self, fqn: str, linear: nn.Module, max_rows: int, siblings: _Siblings) -> None:
-        k, device = LayerSpec.from_linear(fqn, linear).in_features, linear.weight.device
+        self.spec = LayerSpec.from_linear(fqn, linear)
+        k, device = self.spec.in_features, linear.weight.device
         self.fqn, self.siblings = fqn, siblings
         self.shapes: dict[tuple[int, ...], int] = {}
         self.tokens = 0
@@ -137,7 +138,7 @@ class _Recorder:
 
     def result(self, fqn: str, linear: nn.Module, tied: list[str]) -> LayerProfile:
         s = min(self.tokens, self.sample.shape[0])
-        spec = LayerSpec.from_linear(fqn, linear)
+        spec = self.spec
         return LayerProfile(fqn, spec.in_features, spec.out_features, spec.bias,
                             linear.weight.dtype, linear.weight.device, self.shapes, self.tokens,
                             LayerStats(self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone()), tied)
@@ -259,9 +260,16 @@ def on_int4_grid(weight: torch.Tensor, group: int = 32, rows: int = 16) -> bool:
     return bool(((off - off.round()).abs() <= 0.1).all())
 
 
+GRID_CANDIDATE = "int4_wo(group_size=32)"  # the candidate a 4-bit group-32 weight grid flatters
+
+
 def int4_grid_layers(model: nn.Module, prof: ModelProfile, group: int = 32) -> list[str]:
-    """FQNs of the profiled layers whose weights sit on a 4-bit grid of `group` columns (on_int4_grid):
-    int4 with that group size re-quantizes their own grid, and measures near lossless on them."""
-    return [lay.fqn for lay in prof.layers
-            if (w := getattr(model.get_submodule(lay.fqn), "weight", None)) is not None and w.dim() == 2
-            and on_int4_grid(w, group)]
+    """FQNs of the profiled layers whose weights sit on a 4-bit grid of `group` input columns
+    (on_int4_grid; a Conv1D's [K, N] weight read as [N, K]): int4 with that group size
+    re-quantizes their own grid, and measures near lossless on them."""
+    out = []
+    for lay in prof.layers:
+        module = model.get_submodule(lay.fqn)
+        if on_int4_grid(module.weight.t() if is_conv1d(module) else module.weight, group):
+            out.append(lay.fqn)
+    return out

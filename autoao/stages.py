@@ -40,7 +40,7 @@ from autoao.evaluators.timing import (NOT_TIMED, LatencyTable, default_mode, mea
 from autoao.kernels._base import canonical_on_device
 from autoao.ledger import RunLedger
 from autoao.plan import Plan, apply, set_module
-from autoao.profile import ModelProfile, int4_grid_layers, profile
+from autoao.profile import GRID_CANDIDATE, ModelProfile, int4_grid_layers, profile
 from autoao.runfiles import (AccuracyResult, AccuracySpec, CandidateRecord, Decision, DeviceInfo, FusedRecord,
                              GroupRecord, KernelTimes, LayerRecord, Latency, MeasuredPlan, ModelInfo, RunContext,
                              RunSummary, TimingHealth, UniformRow, WeightBytes, describe)
@@ -98,9 +98,6 @@ def profile_workload(model: nn.Module, example_inputs: Any, eval_inputs: Any = N
     return Workload(prof, example_inputs if isinstance(example_inputs, list) else [example_inputs],
                     eval_inputs if eval_inputs is not None else example_inputs,
                     prof.siblings if fuse_groups else [], model_device(model), layer_dtype(prof), token_counts(prof))
-
-
-GRID_CANDIDATE = "int4_wo(group_size=32)"  # the candidate a 4-bit group-32 weight grid flatters
 
 
 def int4_grid_check(model: nn.Module, work: Workload, cands: list[Candidate], ledger: RunLedger) -> int:
@@ -316,16 +313,14 @@ def workload_timing(model: nn.Module, examples: list[Any], compile: bool = False
     compile: torch.compile the model for each shape, from a reset dynamo (static shapes; dynamo's
     recompile limit never reached however many plans are measured on one model object)."""
     seen: dict[str, Timing] = {}
-    total = [0.0, 0.0, 0.0]
     for ex in examples:
         key = _describe_shapes(ex)
         if key not in seen:
             if compile:
                 torch._dynamo.reset()
             seen[key] = measure_model(model, ex, compile=compile, reps=reps, warmup=warmup, max_seconds=max_seconds)
-        t = seen[key]
-        total = [total[0] + t.median_us, total[1] + t.p20_us, total[2] + t.p80_us]
-    return total[0], total[1], total[2]
+    times = [seen[_describe_shapes(ex)] for ex in examples]
+    return (sum(t.median_us for t in times), sum(t.p20_us for t in times), sum(t.p80_us for t in times))
 
 
 def _describe_shapes(example: Any) -> str:
@@ -690,15 +685,15 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module],
         with torch.no_grad():
             for ex in examples:
                 call_model(model, ex)
-        # one sample a side, disturbed or not (max_seconds=0): a busy neighbour disturbs both sides
-        # of a round alike, and re-takes would double a loaded machine's rounds
         reps, warmup = 1, 0
     base, planned = [], []
     for _ in range(rounds):
         for modules, out in (({}, base), (applied, planned)):
             bench.install(modules)
-            out.append(workload_timing(model, examples, compile=compile, reps=reps, warmup=warmup,
-                                       max_seconds=3.0 if compile else 0.0))
+            # on the CPU one sample a side, disturbed or not (max_seconds=0; CUDA's replays ignore
+            # it): a busy neighbour disturbs both sides of a round alike, and re-takes would double
+            # a loaded machine's rounds
+            out.append(workload_timing(model, examples, compile=compile, reps=reps, warmup=warmup, max_seconds=0.0))
     return base, planned
 
 

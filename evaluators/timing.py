@@ -107,10 +107,8 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
                                              prime=lambda: x.copy_(x_src))
                 return Timing(med, p20, p80, n)
             copies = streaming_copies(fn) if not compile else [fn]
-            # a first call slower than time_cpu's warm-up allowance was the warm-up
             s = time_cpu([lambda c=c: c(x) for c in copies], reps=reps or 20, threads=threads,
-                         max_seconds=max_seconds, stop_above_us=stop_above_us,
-                         warmup=0 if first_s > max_seconds / 4 else 2)
+                         max_seconds=max_seconds, stop_above_us=stop_above_us, first_s=first_s)
             return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)
     except torch.cuda.OutOfMemoryError as e:
         return Timing.failed(f"out of memory: {str(e).splitlines()[0]}")
@@ -478,13 +476,14 @@ def measure_model(model: nn.Module, example_input, *, compile: bool = False, gra
                 med, p20, p80, n = time_cuda(lambda: call_model(fn, example_input), reps=reps or 30,
                                              graph=True if graph is None else graph, max_seconds=1.0)
                 return Timing(med, p20, p80, n)
-            if warmup:  # the first call is one warm-up; a slow one is warm after it (time_cpu's rule)
+            first_s = None
+            if warmup:  # the first call is one warm-up (time_cpu: a slow one is the whole warm-up)
                 t0 = time.perf_counter()
                 call_model(fn, example_input)
-                warmup = 0 if time.perf_counter() - t0 > max_seconds / 4 else warmup - 1
+                first_s = time.perf_counter() - t0
             # warmup=0 from the caller: it alternates warm models, one clean sample each (see time_cpu)
             s = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10, max_seconds=max_seconds,
-                         warmup=warmup, min_samples=reps or 5)
+                         warmup=max(warmup - 1, 0), min_samples=reps or 5, first_s=first_s)
     except Exception as e:  # noqa: BLE001
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)

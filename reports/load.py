@@ -24,6 +24,7 @@ from typing import Any
 
 from autoao.common import BASELINE
 from autoao.plan import Plan, PlanError
+from autoao.profile import GRID_CANDIDATE
 from autoao.reports.fmt import fmt_db, fmt_us
 from autoao.runfiles import (CandidateRecord, FusedRecord, KernelTimes, LayerRecord, RunContext, RunFileError, RunSummary,
                              describe, load_context, load_summary)
@@ -510,7 +511,7 @@ def _trust_warnings(data: ReportData) -> list[str]:
                    "the candidates they belong to were not offered on those layers (a larger budget times them)")
     grid = data.context.int4_grid_layers
     if grid:
-        g32 = next((c for c in data.candidates if c.name == "int4_wo(group_size=32)"), None)
+        g32 = next((c for c in data.candidates if c.name == GRID_CANDIDATE), None)
         out.append(f"The weights of {grid} of {len(data.layers)} layers sit on a 4-bit grid of groups of 32, as a "
                    "GGUF Q4_0 / Q4_1 file leaves them: int4 with group size 32 re-quantizes that grid and measures "
                    "near lossless on them, as it would not on a model trained in bf16"

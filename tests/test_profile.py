@@ -263,3 +263,7 @@ def test_weights_on_a_4_bit_group_grid_are_recognised():
         model[0].weight.copy_(_on_grid(model[0].weight))
     prof = profile(model, [torch.randn(2, 128, dtype=torch.bfloat16)])
     assert int4_grid_layers(model, prof) == ["0"]
+    conv = nn.Sequential(Conv1D(64, 128)).to(torch.bfloat16)  # weight [K=128, N=64]
+    with torch.no_grad():
+        conv[0].weight.copy_(_on_grid(conv[0].weight.t().float()).t())  # the grid runs along K
+    assert int4_grid_layers(conv, profile(conv, [torch.randn(2, 128, dtype=torch.bfloat16)])) == ["0"]
