@@ -25,13 +25,29 @@ def conservative_us(t: Timing, base: Timing | None) -> float:
     """The time the cost model uses for one candidate cell, next to the baseline's cell of the same
     layer shape and M (`base`; None for the baseline itself, or where it was not timed). Disturbed
     samples only ever run long, so a cell without enough undisturbed samples may overstate either
-    side: where the candidate's or the baseline's cell is unreliable, the candidate is taken to be
-    no faster than the baseline there, so a disturbed timing never buys a plan a speed-up."""
+    side. Where both cells are reliable, the candidate's median. Where both are unreliable but
+    bounded by a clean single-thread time (Timing.bounded), the two single-thread times were measured
+    alike: the candidate costs the baseline's estimate times their ratio. Otherwise a candidate is
+    credited only the speed-up its bounds guarantee (its most below the baseline's least), and is
+    never cheaper than the baseline's estimate without one: a disturbed timing never buys a plan a
+    speed-up it may not have."""
     if base is None:
         return t.median_us if t.reliable else math.inf  # an unreliable fused-shape timing: never fused
     if t.reliable and base.reliable:
         return t.median_us
-    return max(t.median_us, base.median_us)
+    base_us = baseline_us(base)
+    if t.bounded and base.bounded:
+        return base_us * t.single_us / base.single_us
+    if t.high_us < base.low_us:
+        return base_us - (base.low_us - t.high_us)
+    return max(t.high_us, base_us)
+
+
+def baseline_us(t: Timing) -> float:
+    """The time the cost model uses for a baseline cell: its median, or for an unreliable cell the
+    most its undisturbed time can be (Timing.high_us: the single-thread time caps a busy machine's
+    inflated samples)."""
+    return t.median_us if t.reliable else t.high_us
 
 
 def layer_calls(profile: ModelProfile) -> dict[str, dict[int, int]]:
@@ -78,7 +94,7 @@ class CostModel:
             for m, count in calls[fqn].items():
                 t = table.get(name, m, k, n)
                 if name == BASELINE:
-                    out += count * t.median_us
+                    out += count * baseline_us(t)
                 else:
                     out += count * conservative_us(t, table.find(BASELINE, m, k, n))
                 if t.emulated:

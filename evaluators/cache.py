@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS timings (
     emulated TEXT, error TEXT,
     created REAL NOT NULL,
     discarded INTEGER NOT NULL DEFAULT 0,  -- samples dropped: the process lost the CPU during them
-    reliable INTEGER NOT NULL DEFAULT 1    -- 0: too few clean samples; never reused as a clean timing
+    reliable INTEGER NOT NULL DEFAULT 1,   -- 0: too few clean samples; never reused as a clean timing
+    single_us REAL,                        -- an unreliable multi-threaded cell's clean 1-thread time
+    threads INTEGER NOT NULL DEFAULT 0     -- the thread count of median_us (CPU; 0: not recorded)
 );
 CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL);
 """
@@ -58,10 +60,37 @@ class Timing:
     # False: too few undisturbed samples, the times are the least-disturbed samples' (never cached
     # as a clean timing: re-measured by the next run)
     reliable: bool = True
+    # An unreliable cell timed with several threads is timed again on one thread, which a busy
+    # neighbour leaves alone (measured on a 2-core Xeon next to two busy loops: a bf16 1536x576
+    # layer at M=1 took 7.9 ms a call on 2 threads, 0.14 ms on 1 thread, 60 of 60 samples clean).
+    # The cell's undisturbed time then lies in [single_us / threads, single_us].
+    single_us: float | None = None
+    threads: int = 0  # the thread count median_us was timed at (CPU; 0: not recorded)
 
     @property
     def ok(self) -> bool:
         return self.error is None and math.isfinite(self.median_us)
+
+    @property
+    def bounded(self) -> bool:
+        """True if this unreliable cell has a clean single-thread time to bound it."""
+        return not self.reliable and self.single_us is not None and self.threads > 0
+
+    @property
+    def low_us(self) -> float:
+        """The least the undisturbed cell can take: its median when reliable, the single-thread
+        time over the thread count when bounded, else 0 (nothing is known)."""
+        if self.reliable:
+            return self.median_us
+        return self.single_us / self.threads if self.bounded else 0.0
+
+    @property
+    def high_us(self) -> float:
+        """The most the undisturbed cell can take: its median when reliable; else the least of the
+        least-disturbed samples' median (a disturbed sample only runs long) and the single-thread time."""
+        if self.reliable or not self.bounded:
+            return self.median_us
+        return min(self.median_us, self.single_us)
 
     @classmethod
     def failed(cls, error: str) -> Timing:
@@ -114,7 +143,8 @@ class _SQLiteStore:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.executescript(_SCHEMA)
         columns = {row[1] for row in conn.execute("PRAGMA table_info(timings)")}
-        for column, decl in (("discarded", "INTEGER NOT NULL DEFAULT 0"), ("reliable", "INTEGER NOT NULL DEFAULT 1")):
+        for column, decl in (("discarded", "INTEGER NOT NULL DEFAULT 0"), ("reliable", "INTEGER NOT NULL DEFAULT 1"),
+                             ("single_us", "REAL"), ("threads", "INTEGER NOT NULL DEFAULT 0")):
             if column not in columns:  # a cache file written before the column existed
                 conn.execute(f"ALTER TABLE timings ADD COLUMN {column} {decl}")
         conn.execute("SELECT COUNT(*) FROM timings").fetchone()
@@ -143,14 +173,15 @@ class TimingCache(_SQLiteStore):
         """The cached timing, or None. An unreliable record (too few undisturbed samples) counts as
         missing, so it is measured again, unless `unreliable` asks for it."""
         row = self._conn.execute(
-            "SELECT median_us, p20_us, p80_us, reps, emulated, error, discarded, reliable FROM timings WHERE key = ?",
-            (key.digest(),)).fetchone()
+            "SELECT median_us, p20_us, p80_us, reps, emulated, error, discarded, reliable, single_us, threads "
+            "FROM timings WHERE key = ?", (key.digest(),)).fetchone()
         if row is None or (not row[7] and not unreliable):
             return None
-        med, p20, p80, reps, emulated, error, discarded, reliable = row
+        med, p20, p80, reps, emulated, error, discarded, reliable, single_us, threads = row
         inf = float("inf")
         return Timing(inf if med is None else med, inf if p20 is None else p20, inf if p80 is None else p80,
-                      reps, emulated, error, discarded=discarded, reliable=bool(reliable))
+                      reps, emulated, error, discarded=discarded, reliable=bool(reliable), single_us=single_us,
+                      threads=threads)
 
     def put(self, key: TimingKey, t: Timing) -> None:
         def finite(v: float) -> float | None:  # SQLite has no inf literal through every driver
@@ -158,9 +189,9 @@ class TimingCache(_SQLiteStore):
 
         self._conn.execute(
             "INSERT OR REPLACE INTO timings (key, spec, median_us, p20_us, p80_us, reps, emulated, error, created, "
-            "discarded, reliable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "discarded, reliable, single_us, threads) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (key.digest(), json.dumps(key.fields()), finite(t.median_us), finite(t.p20_us), finite(t.p80_us),
-             t.reps, t.emulated, t.error, time.time(), t.discarded, int(t.reliable)))
+             t.reps, t.emulated, t.error, time.time(), t.discarded, int(t.reliable), t.single_us, t.threads))
 
     def __len__(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM timings").fetchone()[0]

@@ -107,9 +107,17 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
                                              prime=lambda: x.copy_(x_src))
                 return Timing(med, p20, p80, n)
             copies = streaming_copies(fn) if not compile else [fn]
-            s = time_cpu([lambda c=c: c(x) for c in copies], reps=reps or 20, threads=threads,
-                         max_seconds=max_seconds, stop_above_us=stop_above_us, first_s=first_s)
-            return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)
+            calls = [lambda c=c: c(x) for c in copies]
+            n_threads = threads or torch.get_num_threads()
+            s = time_cpu(calls, reps=reps or 20, threads=threads, max_seconds=max_seconds,
+                         stop_above_us=stop_above_us, first_s=first_s)
+            single = None
+            if not s.reliable and n_threads > 1:
+                # a busy neighbour stalls every thread at each barrier; one thread runs undisturbed
+                one = time_cpu(calls, reps=reps or 20, threads=1, max_seconds=max_seconds / 2, warmup=1)
+                single = one.median if one.reliable else None
+            return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable,
+                          single_us=single, threads=n_threads)
     except torch.cuda.OutOfMemoryError as e:
         return Timing.failed(f"out of memory: {str(e).splitlines()[0]}")
     except Exception as e:  # noqa: BLE001 - a failing kernel is data, not a crash
@@ -331,7 +339,7 @@ def measure_latencies(
         for m in tokens:
             rows.append(LatencyRow(cand.name, m, k, n, by_kernel[chosen][m], cached=m not in measured_now))
             if cand.family == BASELINE and by_kernel[chosen][m].ok:
-                base_us[(n, k, m)] = by_kernel[chosen][m].median_us
+                base_us[(n, k, m)] = by_kernel[chosen][m].high_us  # a busy machine's samples, capped
             bar.update(1)
     bar.close()
     return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings,

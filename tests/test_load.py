@@ -115,3 +115,61 @@ def test_long_calls_need_fewer_clean_samples():
     assert long.reps == clock.LONG_MIN_CLEAN and long.reliable
     short = clock.time_cpu(lambda: time.sleep(0.001), reps=10, warmup=0, max_seconds=0.001)
     assert short.reps == clock.MIN_CLEAN and short.reliable
+
+
+def _t(median: float, *, reliable: bool = True, single: float | None = None, threads: int = 2) -> Timing:
+    return Timing(median, median, median, 5, reliable=reliable, single_us=single, threads=threads)
+
+
+def test_a_disturbed_cell_buys_only_the_speed_up_its_bounds_prove():
+    from autoao.cost import baseline_us, conservative_us
+
+    # both clean: the candidate's own time, faster or slower
+    assert conservative_us(_t(40.0), _t(100.0)) == 40.0
+    assert conservative_us(_t(300.0), _t(100.0)) == 300.0
+    # the baseline cell lost the CPU and nothing bounds it: no credit for a faster candidate
+    busy_base = _t(8000.0, reliable=False)
+    assert conservative_us(_t(40.0), busy_base) == 8000.0
+    # bounded by a clean single-thread time of 150 us on 2 threads: the baseline took 75-150 us;
+    # the baseline's own cost is capped at 150, and a 40 us candidate is credited only 75 - 40
+    base = _t(8000.0, reliable=False, single=150.0)
+    assert baseline_us(base) == 150.0
+    assert conservative_us(_t(40.0), base) == 150.0 - (75.0 - 40.0)
+    # a candidate inside the baseline's bounds buys nothing
+    assert conservative_us(_t(100.0), base) == 150.0
+    # both bounded: their single-thread times were measured alike, so their ratio carries over
+    assert conservative_us(_t(9000.0, reliable=False, single=50.0), base) == 150.0 * 50.0 / 150.0
+    # a candidate with a disturbed unbounded time: its least-disturbed median is the most it can take
+    assert conservative_us(_t(90.0, reliable=False), _t(100.0)) == 100.0 - (100.0 - 90.0)
+    assert conservative_us(_t(120.0, reliable=False), _t(100.0)) == 120.0
+
+
+def test_an_unreliable_multi_threaded_cell_is_timed_again_on_one_thread(monkeypatch):
+    from autoao.clock import CpuSamples
+
+    asked = []
+
+    def fake_time_cpu(calls, *, threads=None, **kwargs):
+        asked.append(threads)
+        if threads == 1:
+            return CpuSamples(150.0, 149.0, 151.0, 5, 0, True)
+        return CpuSamples(8000.0, 7990.0, 8010.0, 0, 40, False)
+
+    monkeypatch.setattr(timing, "time_cpu", fake_time_cpu)
+    module = timing.build_layer(search_space.get("bf16"), 64, 32, torch.bfloat16, torch.device("cpu"))
+    t = timing.time_module(module, 4, 64, torch.bfloat16, torch.device("cpu"), threads=2)
+    assert asked == [2, 1] and t.bounded and t.single_us == 150.0 and t.threads == 2
+    assert (t.low_us, t.high_us) == (75.0, 150.0)
+    # one thread to begin with, and clean: timed once, nothing to bound
+    asked.clear()
+    t = timing.time_module(module, 4, 64, torch.bfloat16, torch.device("cpu"), threads=1)
+    assert asked == [1] and t.reliable and not t.bounded and t.high_us == 150.0
+
+
+def test_the_cache_keeps_a_cells_single_thread_bound(tmp_path):
+    cache = TimingCache(tmp_path / "t.sqlite")
+    key = TimingKey(candidate="bf16", m=1, k=64, n=32, **timing.key_base(torch.device("cpu"), torch.bfloat16, "eager"))
+    cache.put(key, _t(8000.0, reliable=False, single=150.0))
+    assert cache.get(key) is None  # an unreliable cell is never served as clean
+    back = cache.get(key, unreliable=True)
+    assert back.single_us == 150.0 and back.threads == 2 and back.bounded
