@@ -243,7 +243,7 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
         cand = plan.layers.get(fqn)
         if cand is None or cand.module_cls is None:
             problems.append(f"  {fqn}: has a kernel ({kernel!r}) but no candidate in the plan")
-        elif problem := cand.module_cls.unknown_kernel(kernel):
+        elif problem := cand.module_cls.unknown_kernel(kernel, **cand._module_params()):
             problems.append(f"  {fqn}: {cand.name} has {problem}")
     problems += _fusion_problems(plan, specs)
     if problems:
@@ -347,7 +347,8 @@ def plan_of(model: nn.Module) -> Plan:
         cand = search_space.candidate_of(m)
         if cand is not None:
             layers[fqn] = cand
-            if isinstance(m, QuantizedLinear) and m.kernel != m.kernels[0]:  # the default needs no entry
+            if isinstance(m, QuantizedLinear) and m.kernel != m.default_kernel(m.device.type, **m.params()):
+                # the device's default needs no entry
                 kernels[fqn] = m.kernel
         if isinstance(m, QuantizedLinear) and m.fused is not None:
             fqn_of[id(m)] = fqn
