@@ -453,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "or ~/.cache/autoao)")
     k.add_argument("--csv", default=None, help="also write every timing to this CSV file")
     k.add_argument("--all-kernels", action="store_true",
-                   help="for candidates with several CUDA kernels, show (and write to --csv) every kernel "
+                   help="for candidates with several kernels on the device, show (and write to --csv) every kernel "
                         "timed, not only the one timing chose")
     k.add_argument("--quiet", action="store_true", help="no progress bar")
     k.set_defaults(func=cmd_kernels)

@@ -139,7 +139,7 @@ class LatencyTable:
     rows: list[LatencyRow]
     measured: int
     seconds: float
-    # (candidate, K, N) -> kernel -> M -> Timing, for candidates with several CUDA kernels: every
+    # (candidate, K, N) -> kernel -> M -> Timing, for candidates with several kernels on the device: every
     # kernel's timings (rows hold the chosen kernel's), for reports and benchmarks
     kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = dataclasses.field(default_factory=dict)
     # "candidate" or "candidate@kernel" -> wall seconds spent building, compiling and timing it
@@ -201,9 +201,8 @@ KERNEL_MARGIN = 0.02  # a kernel listed later must be this much faster to be cho
 
 def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, int] | None = None) -> str | None:
     """The kernel with the least total time over the workload: sum over M of calls[M] x median
-    (calls: how often the layer runs with M rows; default once each). One module serves every M
-    of the model; kernels that switch implementation by M, like int4's "tinygemm_dequant", are how
-    a layer gets one kernel at decode and another at prefill. The first-listed kernel within
+    (calls: how often the layer runs with M rows; default once each): pick_route's choice where the
+    kernels fastest at each M cannot share one module (their runtime layouts differ). The first-listed kernel within
     KERNEL_MARGIN of the fastest wins, so timing noise does not flip plans and the default (and
     leaner) kernels are kept on near ties. Failed timings count as inf."""
     totals = {kern: workload_us(times, calls) for kern, times in by_kernel.items()}

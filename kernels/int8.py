@@ -56,7 +56,11 @@ class Int8DynLinear(_Int8Weights):
     """int8 per-channel symmetric weights, int8 dynamic activations: symmetric per token
     (act="token") or asymmetric uint8 per tensor (act="tensor", torch's prepacked CPU kernels)."""
 
-    cpu_kernels = ("int_mm",)
+    # CPU, per token: "int_mm" (torch._int_mm) wins at a few rows; above them its CPU kernel is
+    # ~15x slower than "bf16_mm", the same int8 values (exact in bf16) in one bf16 matmul (AMX-BF16
+    # where present), its accumulator rounded to bf16 (~2^-9 relative). Both read w_q.
+    cpu_kernels = ("int_mm", "bf16_mm")
+    layouts = {"int_mm": "int8", "bf16_mm": "int8"}
     ACTS = ("token", "tensor")
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, act: str = "token"):
@@ -99,10 +103,12 @@ class Int8DynLinear(_Int8Weights):
             self._pack(self.device)
 
     def _int_matmul(self, xq: torch.Tensor) -> torch.Tensor:
-        """xq [M, K] int8 -> [M, N] int32 (exact)."""
+        """xq [M, K] int8 -> [M, N] int32 (exact), or fp32 (bf16-rounded: the "bf16_mm" kernel)."""
         m = xq.shape[0]
         if xq.is_cuda:
             xq = pad_rows(xq, 1, minimum=_INT_MM_MIN_ROWS_CUDA)
+        elif self.kernel_at(m) == "bf16_mm":  # [M, N] integer sums, rounded to bf16, as fp32
+            return torch.nn.functional.linear(xq.to(torch.bfloat16), self.w_q.to(torch.bfloat16)).float()
         return torch._int_mm(xq, self.w_q.t())[:m]
 
     def _forward(self, x):

@@ -29,7 +29,8 @@ class Int8Dyn(Candidate):
     summary: ClassVar[str] = "int8 per-channel weights x int8 dynamic activations (per token; act=tensor: one scale per call)"
     kernel_summary: ClassVar[dict[str, str]] = {
         "cuda": "torch._int_mm + fused Triton quantization",
-        "cpu": "per token: torch._int_mm (oneDNN, {onednn_int8}); act=tensor: torch's prepacked "
+        "cpu": "per token: torch._int_mm (oneDNN, {onednn_int8}) or the int8 values in one bf16 matmul "
+               "({bf16_mm}); act=tensor: torch's prepacked "
                "dynamic linear, fbgemm ({fbgemm}) or oneDNN ({onednn_int8}), timing picks per layer"}
     sqnr_bound_db: ClassVar[float] = 35
     variants: ClassVar[tuple[dict, ...]] = ({}, {"act": "tensor"})

@@ -23,6 +23,7 @@ from autoao.plan import Plan, PlanError
 # route over each shared layout; the rows tested (1 and 8) fall on both sides of the cut 4
 KERNELS = [
     ("int8_wo", "int8pack"), ("int8_wo", "dequant"), ("int8_wo", "int8pack<=4,dequant"),
+    ("int8_dyn", "int_mm"), ("int8_dyn", "bf16_mm"), ("int8_dyn", "int_mm<=4,bf16_mm"),
     ("int8_dyn(act=tensor)", "fbgemm"), ("int8_dyn(act=tensor)", "onednn"),
     ("fp32_compute", "fp32"), ("fp32_compute", "native"), ("fp32_compute", "fp32<=4,native"),
 ]
@@ -240,12 +241,12 @@ def test_cli_kernels_all_kernels_lists_every_cpu_kernel(monkeypatch, tmp_path, c
                "--candidates", "int8_wo,int8_dyn,int8_dyn(act=tensor),fp32_compute", "--cache-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
-    for kern in ("int8pack", "dequant", "fbgemm", "onednn", "fp32", "native"):
+    for kern in ("int8pack", "dequant", "int_mm", "bf16_mm", "fbgemm", "onednn", "fp32", "native"):
         assert f"  @{kern}" in out
     assert "kernel int8pack up to 8 rows, dequant above" in out
     assert "kernel fp32 up to 8 rows, native above" in out
     chosen = [line.split()[0] for line in out.splitlines() if line.strip().startswith("@") and line.endswith("chosen")]
-    assert chosen == ["@int8pack", "@dequant", "@fbgemm", "@fp32", "@native"]  # ties: the first listed
+    assert chosen == ["@int8pack", "@dequant", "@int_mm", "@fbgemm", "@fp32", "@native"]  # ties: the first listed
 
 
 ##### instruction sets ##########################################################################
