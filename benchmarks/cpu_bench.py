@@ -5,14 +5,19 @@
 In one process: the demo model (`autoao.models.load("smollm2-135m")`, bf16 as it comes), its
 workload as `autoao search` times it (one 256-token prefill, then 32 one-token forwards), and for
 each variant the wall time of that workload, variants run in turn (ABAB...) for several rounds
-after a warm-up round, so that a busy machine slows all of them alike. Variants: bf16, an fp32
+after a warm-up prefill and decode step each, so that a busy machine slows all of them alike. Variants: bf16, an fp32
 copy, `torch.ao.quantization.quantize_dynamic(fp32 copy, {nn.Linear}, torch.qint8)`, and uniform
 autoao plans on the kernels or routes that autoao's own timing (`measure_latencies`, the search's
 cost model input) chose per layer shape for this workload; plus the plan that takes, per layer, the
 candidate timing found fastest (speed only: no accuracy is checked here).
 
 Writes cpu_bench.json (everything) and cpu_bench.md (the table) to --out. Bounded: --seconds
-(default 330) covers loading, timing and rounds; rounds stop when the next would not fit.
+(default 330) covers loading, timing and rounds; rounds stop when the next would not fit (at least
+one runs). --cache reuses an autoao timing cache, e.g. one `autoao kernels` filled for these shapes:
+
+    autoao kernels --shapes 192x576,576x576,1536x576,576x1536,49152x576 --tokens 1,256 \
+        --candidates "bf16,fp32_compute,int8_dyn,int8_dyn(act=tensor),int8_wo,int4_wo(group_size=64)" \
+        --cache-dir /tmp/bc --all-kernels
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=330.0, help="wall-clock bound for the whole run")
     ap.add_argument("--timing-seconds", type=float, default=100.0, help="of which, for autoao's layer timing")
     ap.add_argument("--max-rounds", type=int, default=7)
+    ap.add_argument("--cache", type=Path, help="an autoao timing cache (sqlite) to read and fill")
     args = ap.parse_args()
     t_start = time.perf_counter()
     load_before = os.getloadavg()
@@ -107,11 +113,13 @@ def main() -> int:
     shapes = {fqn: (s.in_features, s.out_features) for fqn, s in specs.items()}  # fqn -> (K, N)
     calls = {PREFILL: 1, 1: DECODE}
 
-    # autoao's own layer timing, as the search runs it (fresh cache: this machine, now)
+    # autoao's own layer timing, as the search runs it (--cache: an autoao timing cache filled by an
+    # earlier run or by `autoao kernels`; default a fresh one: this machine, now)
     with tempfile.TemporaryDirectory() as tmp:
         unique = sorted({(n, k) for k, n in shapes.values()})
         table = measure_latencies(unique, [1, PREFILL], [search_space.get(c) for c in ["bf16", *PLANS]],
-                                  device="cpu", dtype=torch.bfloat16, cache=TimingCache(Path(tmp) / "t.sqlite"),
+                                  device="cpu", dtype=torch.bfloat16,
+                                  cache=TimingCache(args.cache or Path(tmp) / "t.sqlite"),
                                   progress=False, calls={s: calls for s in unique},
                                   deadline=time.perf_counter() + args.timing_seconds)
     say(f"timed {table.measured} cells in {table.seconds:.0f} s")
@@ -128,10 +136,14 @@ def main() -> int:
     plans["autoao fastest per layer (speed only)"] = fastest_plan(bf16, table, shapes, calls)
     for name, plan in plans.items():
         variants[f"autoao {name}" if not name.startswith("autoao") else name] = autoao.apply(copy.deepcopy(bf16), plan)
+        say(f"applied {name}")
 
     say(f"built {len(variants)} variants")
-    for m in variants.values():  # warm-up round (oneDNN primitive caches, first-call allocations)
-        workload(m, ids)
+    with torch.no_grad():  # warm-up: a prefill and a decode step each (oneDNN primitive caches, allocations)
+        for m in variants.values():
+            call_model(m, ids)
+            call_model(m, ids[:, :1])
+    say("warmed up")
     samples: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     rounds = 0
@@ -144,9 +156,8 @@ def main() -> int:
             cpu[v].append((time.process_time() - c0) * 1e3)
         rounds += 1
         say(f"round {rounds}: {time.perf_counter() - t_round:.1f} s")
-        spent = time.perf_counter() - t_start
-        if spent + (time.perf_counter() - t_round) > args.seconds:
-            break
+        if time.perf_counter() - t_start + (time.perf_counter() - t_round) > args.seconds:
+            break  # the next round would not fit
     load_after = os.getloadavg()
 
     base = statistics.median(samples["bf16 (as it came)"])
@@ -166,7 +177,8 @@ def main() -> int:
                      "transformers": __import__("transformers").__version__, "python": sys.version.split()[0]},
         "load_average_before": load_before, "load_average_after": load_after, "rounds": rounds,
         "workload": f"1 x {PREFILL}-token prefill + {DECODE} x 1-token forwards, eager, no KV cache",
-        "timing_seconds": table.seconds, "routes": routes, "layer_us": layer_us,
+        "timing_seconds": table.seconds, "timing_cells_measured": table.measured,
+        "timing_cells_not_timed": sum(not r.timing.ok and "not timed" in (r.timing.error or "") for r in table.rows), "routes": routes, "layer_us": layer_us,
         "plan_layers": {n: p.summary() for n, p in plans.items()}, "rows": rows,
         "wall_seconds": time.perf_counter() - t_start,
     }
@@ -182,11 +194,12 @@ def markdown(r: dict) -> str:
              f"- command: `{r['command']}`",
              f"- CPU: {r['cpu']}; features: {r['cpu_features']}",
              f"- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-             f"- workload: {r['workload']}; {r['rounds']} rounds after a warm-up round",
+             f"- workload: {r['workload']}; {r['rounds']} rounds after a warm-up prefill and decode step each",
              f"- load average (1/5/15 min) before {tuple(round(x, 2) for x in r['load_average_before'])}, after "
              f"{tuple(round(x, 2) for x in r['load_average_after'])} on 2 cores shared with other work: "
              "absolute times are noisy, compare within a round (paired columns)",
-             f"- layer timing (autoao's measure_latencies, fresh cache): {r['timing_seconds']:.0f} s", "",
+             f"- layer timing (autoao's measure_latencies): {r['timing_cells_measured']} cells measured in "
+             f"{r['timing_seconds']:.0f} s, the rest from the cache; {r['timing_cells_not_timed']} not timed", "",
              "| variant | median ms | min-max ms | speed-up vs bf16 (medians) | paired speed-up min-max |",
              "|---|---|---|---|---|"]
     for row in r["rows"]:

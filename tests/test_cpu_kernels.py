@@ -262,3 +262,12 @@ def test_isa_names_follow_each_librarys_dispatch_rule(monkeypatch):
     assert "(AVX2)" in search_space.get("int8_wo").describe("cpu")
     with pytest.raises(ValueError, match="unknown CPU kernel library"):
         cpu_isa.isa_of("mkl")
+
+
+def test_report_shows_a_route_in_words():
+    from autoao.reports.load import _kernel
+    from autoao.runfiles import KernelTimes
+
+    info = KernelTimes("int8pack<=16,dequant", {"int8pack": 200.0, "dequant": 150.0, "int8pack<=16,dequant": 100.0})
+    assert _kernel(info) == ("int8pack<=16,dequant",
+                             "int8pack up to 16 rows, dequant above; int8pack 2.00x slower; dequant 1.50x slower")
