@@ -20,6 +20,7 @@ from autoao.api import optimize
 from autoao.common import BASELINE, atomic_write, process_age
 from autoao.evaluators.cache import TimingCache, cache_dir
 from autoao.evaluators.timing import measure_latencies
+from autoao.kernels import describe_route, parse_route
 from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
 from autoao.search import Budget
@@ -149,7 +150,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 def format_kernel_table(table, shapes, tokens, candidates, all_kernels: bool = False) -> str:
     """One block per shape: median time per candidate and M, speed-up vs bf16, and a notes column
     with why a candidate is unsupported or emulated (emulated times are never shown as a speed-up)
-    and, for candidates with several CUDA kernels, which one timing chose. all_kernels: below such a
+    and, for candidates with several kernels, which one (or route of them) timing chose. all_kernels: below such a
     candidate, one row per kernel it timed ("  @kernel"; kernels not timed because another one
     outran them, or ran the same code, are absent or repeat its numbers)."""
     lines = []
@@ -177,19 +178,20 @@ def format_kernel_table(table, shapes, tokens, candidates, all_kernels: bool = F
         for cand in candidates:
             times = [table.get(cand.name, m, k, n) for m in tokens]
             lines.append(row(cand.name, times, bases, cand.family == BASELINE,
-                             {f"kernel {t.kernel}" for t in times if t.kernel is not None}))
+                             {f"kernel {describe_route(t.kernel)}" for t in times if t.kernel is not None}))
             by_kernel = table.kernel_timings.get((cand.name, k, n), {}) if all_kernels else {}
             chosen = table.kernel_for(cand.name, k, n)
+            in_route = {kern for kern, _ in parse_route(chosen)} if chosen else set()
             for kern, kern_times in by_kernel.items():
                 lines.append(row(f"  @{kern}", [kern_times[m] for m in tokens], bases, False,
-                                 {"chosen"} if kern == chosen else set()))
+                                 {"chosen"} if kern in in_route else set()))
     return "\n".join(lines)
 
 
 def write_kernel_csv(table, path: str, all_kernels: bool = False) -> None:
     """Every timing of `table` as CSV (times in us; empty when the kernel failed), atomically: one
     row per (candidate, M, shape) with the kernel timing chose, or with all_kernels one per kernel
-    timed for candidates that have several (column chosen: 1 for the chosen kernel's rows)."""
+    timed for candidates that have several (column chosen: 1 for the rows of the chosen kernel, or of the kernels of the chosen route)."""
     import csv
     import io
     from pathlib import Path
@@ -202,10 +204,11 @@ def write_kernel_csv(table, path: str, all_kernels: bool = False) -> None:
     for r in table.rows:
         by_kernel = table.kernel_timings.get((r.candidate, r.k, r.n), {}) if all_kernels else {}
         options = {kern: times[r.m] for kern, times in by_kernel.items()} or {r.timing.kernel: r.timing}
+        route = {kern for kern, _ in parse_route(r.timing.kernel)} if r.timing.kernel else set()
         for kern, t in options.items():
             w.writerow([table.device, table.dtype, table.mode, r.candidate, r.m, r.k, r.n,
                         *(v if math.isfinite(v) else "" for v in (t.median_us, t.p20_us, t.p80_us)),
-                        t.emulated or "", t.error or "", int(r.cached), kern or "", int(kern == r.timing.kernel)])
+                        t.emulated or "", t.error or "", int(r.cached), kern or "", int(kern == r.timing.kernel or kern in route)])
     atomic_write(Path(path), lambda f: f.write(buf.getvalue().encode()))
 
 
@@ -450,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "or ~/.cache/autoao)")
     k.add_argument("--csv", default=None, help="also write every timing to this CSV file")
     k.add_argument("--all-kernels", action="store_true",
-                   help="for candidates with several CUDA kernels, show (and write to --csv) every kernel "
+                   help="for candidates with several kernels on the device, show (and write to --csv) every kernel "
                         "timed, not only the one timing chose")
     k.add_argument("--quiet", action="store_true", help="no progress bar")
     k.set_defaults(func=cmd_kernels)

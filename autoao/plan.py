@@ -6,7 +6,8 @@ fingerprint of the model it was made for. It is data, never pickle:
     {"autoao_plan_version": 1,
      "model": {"fingerprint": "sha256:...", "class": "LlamaForCausalLM", "num_linears": 211},
      "layers": {"model.layers.0.mlp.up_proj": {"family": "int4_wo", "params": {"group_size": 64}}, ...},
-     "kernels": {"model.layers.0.mlp.up_proj": "triton", ...},   (optional: CUDA kernel per layer)
+     "kernels": {"model.layers.0.mlp.up_proj": "int8pack<=16,dequant", ...},   (optional: kernel or
+                route per layer, kernels._base.parse_route)
      "fusions": [["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"], ...],   (optional)
      "metadata": {...}}
 
@@ -87,8 +88,9 @@ class Plan:
     model_class: str | None = None
     num_linears: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form, JSON-serializable
-    # FQN -> which of the candidate module's CUDA kernels to run (QuantizedLinear.kernels), as timing
-    # chose it for the layer's shape; layers not named use the module's default kernel
+    # FQN -> which of the candidate module's kernels to run (QuantizedLinear.kernels_for), or a route
+    # of them by rows per call ("int8pack<=16,dequant"), as timing chose it for the layer's shape;
+    # layers not named use the module's default kernel for its device
     kernels: dict[str, str] = field(default_factory=dict)
     # groups of sibling layers (same input) run as one module, each group in call order
     fusions: list[tuple[str, ...]] = field(default_factory=list)
@@ -243,7 +245,7 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
         cand = plan.layers.get(fqn)
         if cand is None or cand.module_cls is None:
             problems.append(f"  {fqn}: has a kernel ({kernel!r}) but no candidate in the plan")
-        elif problem := cand.module_cls.unknown_kernel(kernel):
+        elif problem := cand.module_cls.unknown_kernel(kernel, **cand._module_params()):
             problems.append(f"  {fqn}: {cand.name} has {problem}")
     problems += _fusion_problems(plan, specs)
     if problems:
@@ -347,7 +349,8 @@ def plan_of(model: nn.Module) -> Plan:
         cand = search_space.candidate_of(m)
         if cand is not None:
             layers[fqn] = cand
-            if isinstance(m, QuantizedLinear) and m.kernel != m.kernels[0]:  # the default needs no entry
+            if isinstance(m, QuantizedLinear) and m.kernel != m.default_kernel(m.device.type, **m.params()):
+                # the device's default needs no entry
                 kernels[fqn] = m.kernel
         if isinstance(m, QuantizedLinear) and m.fused is not None:
             fqn_of[id(m)] = fqn

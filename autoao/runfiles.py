@@ -70,6 +70,7 @@ class DeviceInfo:
     type: str  # "cpu" / "cuda"
     name: str  # the device's model name (part of every timing key)
     timing_mode: str  # eager / graph / compile
+    features: str = ""  # the CPU's matrix / vector instruction sets, e.g. "AMX-BF16, AVX512-VNNI, AVX2"
 
 
 @dataclass

@@ -36,7 +36,8 @@ from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
                                            layer_errors)
 from autoao.evaluators.timing import (NOT_TIMED, LatencyTable, default_mode, measure_latencies, measure_model,
-                                      spot_check, workload_us)
+                                      route_timing, spot_check, workload_us)
+from autoao.kernels import cpu_isa
 from autoao.kernels._base import canonical_on_device
 from autoao.ledger import RunLedger
 from autoao.plan import Plan, apply, set_module
@@ -713,7 +714,8 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model=ModelInfo(type(model).__name__, sum(p.numel() for p in model.parameters()), weight_bytes(model),
                         str(work.dtype).removeprefix("torch."), len(work.prof.layers)),
-        device=DeviceInfo(work.device.type, meas.table.device, meas.table.mode),
+        device=DeviceInfo(work.device.type, meas.table.device, meas.table.mode,
+                          cpu_isa.describe_features() if work.device.type == "cpu" else ""),
         versions={"autoao": __version__, "torch": torch.__version__, "triton": triton_version(),
                   "optuna": optuna.__version__, "python": sys.version.split()[0]},
         budget=budget, max_accuracy_drop=config.max_accuracy_drop, seed=config.seed, command=command,
@@ -757,8 +759,12 @@ def _layer_record(lay: Any, calls: dict[int, int], cands: list[Candidate], meas:
     for c in cands:
         by_kernel = meas.table.kernel_timings.get((c.name, lay.in_features, lay.out_features))
         if by_kernel:
-            kernels[c.name] = KernelTimes(meas.table.kernel_for(c.name, lay.in_features, lay.out_features),
-                                          {kern: workload_us(ts, calls) for kern, ts in by_kernel.items()})
+            chosen = meas.table.kernel_for(c.name, lay.in_features, lay.out_features)
+            us = {kern: workload_us(ts, calls) for kern, ts in by_kernel.items()}
+            if chosen is not None and chosen not in us:  # a route: each M at its own kernel's time
+                us[chosen] = workload_us({m: route_timing(by_kernel, chosen, m) for m in next(iter(by_kernel.values()))},
+                                         calls)
+            kernels[c.name] = KernelTimes(chosen, us)
     return LayerRecord(lay.fqn, lay.in_features, lay.out_features, lay.tokens, calls, times, errors, kernels,
                        emulated, dict(meas.sqnr.get(lay.fqn, {})), list(meas.choices[lay.fqn]),
                        dict(meas.excluded[lay.fqn]), list(lay.tied))

@@ -19,6 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -27,7 +28,7 @@ from autoao import search_space
 from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
 from autoao.common import BASELINE, __version__, call_model, triton_version
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
-from autoao.kernels._base import canonical_on_device
+from autoao.kernels._base import canonical_on_device, parse_route, route_from_timings
 from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
@@ -146,7 +147,7 @@ class LatencyTable:
     rows: list[LatencyRow]
     measured: int
     seconds: float
-    # (candidate, K, N) -> kernel -> M -> Timing, for candidates with several CUDA kernels: every
+    # (candidate, K, N) -> kernel -> M -> Timing, for candidates with several kernels on the device: every
     # kernel's timings (rows hold the chosen kernel's), for reports and benchmarks
     kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = dataclasses.field(default_factory=dict)
     # "candidate" or "candidate@kernel" -> wall seconds spent building, compiling and timing it
@@ -191,10 +192,11 @@ class LatencyTable:
 
 
 def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...]:
-    """The kernels to time for `cand` on `device`: its module's CUDA kernels when it has several,
-    else (None,) (one implementation; the CPU always has one)."""
-    kernels = cand.module_cls.kernels if cand.module_cls is not None else ("default",)
-    return tuple(kernels) if device.type == "cuda" and len(kernels) > 1 else (None,)
+    """The kernels to time for `cand` on `device`: its module's kernels for that device type
+    (QuantizedLinear.kernels_for) when it has several, else (None,) (one implementation)."""
+    cls = cand.module_cls
+    kernels = cls.kernels_for(device.type, **cand._module_params()) if cls is not None else ()
+    return tuple(kernels) if len(kernels) > 1 else (None,)
 
 
 def workload_us(times: dict[int, Timing], calls: dict[int, int] | None = None) -> float:
@@ -207,14 +209,45 @@ KERNEL_MARGIN = 0.02  # a kernel listed later must be this much faster to be cho
 
 def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, int] | None = None) -> str | None:
     """The kernel with the least total time over the workload: sum over M of calls[M] x median
-    (calls: how often the layer runs with M rows; default once each). One module serves every M
-    of the model; kernels that switch implementation by M, like int4's "tinygemm_dequant", are how
-    a layer gets one kernel at decode and another at prefill. The first-listed kernel within
+    (calls: how often the layer runs with M rows; default once each): pick_route's choice where the
+    kernels fastest at each M cannot share one module (their runtime layouts differ). The first-listed kernel within
     KERNEL_MARGIN of the fastest wins, so timing noise does not flip plans and the default (and
     leaner) kernels are kept on near ties. Failed timings count as inf."""
     totals = {kern: workload_us(times, calls) for kern, times in by_kernel.items()}
     best = min(totals.values())
     return next(kern for kern, total in totals.items() if total <= best * (1 + KERNEL_MARGIN))
+
+
+def pick_route(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, int] | None = None,
+               layout_of: Callable[[str], str] | None = None) -> str | None:
+    """The kernel, or route of kernels (kernels._base.parse_route), that serves the workload fastest:
+    at each timed M the kernel fastest there (the first-listed within KERNEL_MARGIN of it), cut
+    between two timed M at their geometric mean (route_from_timings). Where those winners read
+    different runtime layouts (layout_of: QuantizedLinear.layout_of), one module cannot hold them
+    all, and the one kernel pick_kernel chooses serves every M. None: the candidate has one
+    implementation."""
+    if None in by_kernel:
+        return None
+    winners: dict[int, str] = {}
+    for m in sorted(next(iter(by_kernel.values()))):
+        at = {kern: (t[m].median_us if t[m].ok else math.inf) for kern, t in by_kernel.items()}
+        best = min(at.values())
+        if best == math.inf:  # nothing ran at this M: no per-M choice to make
+            return pick_kernel(by_kernel, calls)
+        winners[m] = next(kern for kern, us in at.items() if us <= best * (1 + KERNEL_MARGIN))  # type: ignore[misc]
+    if len(set(winners.values())) > 1 and layout_of is not None \
+            and len({layout_of(kern) for kern in winners.values()}) > 1:
+        return pick_kernel(by_kernel, calls)
+    return route_from_timings(winners)
+
+
+def route_timing(by_kernel: dict[str | None, dict[int, Timing]], route: str | None, m: int) -> Timing:
+    """The timing at M of `route` (pick_route's answer): its kernel for M rows, labelled with the route."""
+    if route is None:
+        return by_kernel[None][m]
+    steps = parse_route(route)
+    kern = next((k for k, upto in steps if upto is None or m <= upto), steps[-1][0])
+    return dataclasses.replace(by_kernel[kern][m], kernel=route)
 
 
 def device_name(device: torch.device) -> str:
@@ -260,8 +293,9 @@ def measure_latencies(
     layers, since it compiles one module per shape and candidate; on CUDA a cell whose forward is
     one opaque op, QuantizedLinear.single_op, is replayed uncompiled: single_op_tokens).
     Default: default_mode(device).
-    Candidates with several CUDA kernels (QuantizedLinear.kernels) have each timed; the rows hold
-    the kernel that pick_kernel chooses for the shape (Timing.kernel), kernel_timings all of them.
+    Candidates with several kernels on the device (QuantizedLinear.kernels_for) have each timed;
+    the rows hold the kernel or route that pick_route chooses for the shape (Timing.kernel: the
+    route's text, its kernel's time at each M), kernel_timings every kernel's.
     cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
     calls: (N, K) -> {M: calls per forward}, the workload's weights for choosing a kernel (default:
     each M once).
@@ -333,13 +367,15 @@ def measure_latencies(
                         cache.put(keys[m], t)
                     found[m] = t
             by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
-        chosen = pick_kernel(by_kernel, (calls or {}).get((n, k)))
+        chosen = pick_route(by_kernel, (calls or {}).get((n, k)),
+                            cand.module_cls.layout_of if cand.module_cls is not None else None)
         if chosen is not None:
             kernel_timings[(cand.name, k, n)] = by_kernel  # type: ignore[assignment]
         for m in tokens:
-            rows.append(LatencyRow(cand.name, m, k, n, by_kernel[chosen][m], cached=m not in measured_now))
-            if cand.family == BASELINE and by_kernel[chosen][m].ok:
-                base_us[(n, k, m)] = by_kernel[chosen][m].high_us  # a busy machine's samples, capped
+            timed = route_timing(by_kernel, chosen, m)
+            rows.append(LatencyRow(cand.name, m, k, n, timed, cached=m not in measured_now))
+            if cand.family == BASELINE and timed.ok:
+                base_us[(n, k, m)] = timed.high_us  # a busy machine's samples, capped
             bar.update(1)
     bar.close()
     return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings,

@@ -7,8 +7,9 @@ no fast kernel for it. Nothing here knows about search or reports.
 
 from __future__ import annotations
 
-from autoao.kernels._base import QuantizedLinear, as_linear, is_conv1d
-from autoao.kernels.dense import Bf16Linear
+from autoao.kernels import cpu_isa
+from autoao.kernels._base import QuantizedLinear, as_linear, describe_route, is_conv1d, parse_route, route_text
+from autoao.kernels.dense import Bf16Linear, Fp32ComputeLinear
 from autoao.kernels.fused import FusedRows, fuse_problem
 from autoao.kernels.fp8 import Fp8DynLinear, Fp8WeightOnlyLinear
 from autoao.kernels.int4 import Int4WeightOnlyLinear, link_prefetch
@@ -20,6 +21,11 @@ __all__ = [
     "is_conv1d",
     "QuantizedLinear",
     "Bf16Linear",
+    "Fp32ComputeLinear",
+    "cpu_isa",
+    "describe_route",
+    "parse_route",
+    "route_text",
     "Int8DynLinear",
     "Int8WeightOnlyLinear",
     "Int4WeightOnlyLinear",

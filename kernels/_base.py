@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from abc import abstractmethod
 from typing import Any, Iterator
 
@@ -33,6 +34,8 @@ from torch import nn
 from autoao.calibration import LayerStats
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+# A kernel per range of rows (tokens), in order: ((kernel, up to rows), ..., (last kernel, None)).
+Route = tuple[tuple[str, "int | None"], ...]
 # Rows (tokens) up to which the weight-only "triton" kernels run autoao's GEMV (triton_gemv.py;
 # int4's tensor-core kernel takes up to 16 where it fits: triton_gemv.int4_max_rows); beyond it they
 # fall back to a dequantized weight in one bf16 GEMM.
@@ -94,15 +97,23 @@ class QuantizedLinear(nn.Module):
     `quantize` reads when they are given.
 
     Class attribute `kernels` names alternative CUDA implementations of the same numbers (first =
-    default), e.g. int4 ("tinygemm", "triton"); `self.kernel` is the one forward uses and
-    `set_kernel()` switches it (re-packing the runtime layout). The timing harness times each and
-    the plan records the winner per layer (it is not part of the candidate: same numbers, other
-    speed). On CPU there is one kernel per family and `kernel` is ignored.
+    default), e.g. int4 ("tinygemm", "triton"), and `cpu_kernels` the CPU's (empty: one
+    implementation); `kernels_for(device_type, **params)` is the list for one device. `self.kernel`
+    is what forward uses: one kernel, or a route (`parse_route`: "int8pack<=16,dequant", a kernel per
+    range of rows, all reading one runtime layout: `layouts`); `set_kernel()` switches it (re-packing
+    the runtime layout). The timing harness times each kernel at each token count and the plan
+    records the winner per layer (it is not part of the candidate: same numbers, other speed). A
+    kernel of another device type is not an error: on a device it does not run on, the module runs
+    that device's default kernel (a plan made on a GPU applies on a CPU).
     """
 
     emulated_on: frozenset[str] = frozenset()
     calibration_uses: frozenset[str] = frozenset()
     kernels: tuple[str, ...] = ("default",)
+    cpu_kernels: tuple[str, ...] = ()
+    # kernel -> the runtime layout it reads; kernels of one layout can share a route (one packed
+    # weight serves every row count). A kernel not named here has a layout of its own.
+    layouts: dict[str, str] = {}
     # True where each output row's canonical numbers depend on that row of the float weight alone
     # (per-channel / group-wise scales, 2:4 within a row): sibling layers can then run as one module
     # on their row-concatenated canonical tensors with the same numbers (kernels/fused.py).
@@ -128,7 +139,8 @@ class QuantizedLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self._canon: dict[str, torch.Tensor] = {}
-        self.kernel = self.kernels[0]
+        self.kernel = ""  # one kernel or a route (parse_route); _init_canonical sets the default
+        self._route: Route = ()  # the route forward follows on this device (route_on)
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
         # siblings: (the group, this layer's index in it). Not a submodule (no state_dict entry).
         self.fused: tuple[Any, int] | None = None
@@ -136,10 +148,11 @@ class QuantizedLinear(nn.Module):
     def _init_canonical(self) -> None:
         """Subclasses call this at the end of __init__, once their parameters are set: zero
         canonical tensors of the right shapes (overwritten by quantize or load_state_dict)."""
+        self.kernel = self.kernel or self.default_kernel(self.device.type, **self.params())
         home = self._canonical_home()
         self._canon = {name: torch.zeros(shape, dtype=dt, device=home)
                        for name, (shape, dt) in self.canonical_spec().items()}
-        self._pack(self.device)
+        self._repack(self.device)
 
     def _canonical_home(self) -> torch.device:
         """Where new canonical tensors go: the host, or the module's device inside canonical_on_device()."""
@@ -228,27 +241,97 @@ class QuantizedLinear(nn.Module):
 
     # ---- shared machinery ----------------------------------------------------------------------
     @classmethod
-    def unknown_kernel(cls, kernel: str) -> str | None:
-        """None if `kernel` is one of `kernels`, else "no kernel 'x' (has: ...); did you mean ...?"."""
-        if kernel in cls.kernels:
-            return None
-        import difflib
+    def kernels_for(cls, device_type: str, **params: Any) -> tuple[str, ...]:
+        """The kernels that run this format on `device_type` with `params` (first = default; empty:
+        the module's only implementation). Default: `kernels` on CUDA, `cpu_kernels` on the CPU."""
+        if device_type == "cuda":
+            return cls.kernels
+        return cls.cpu_kernels if device_type == "cpu" else ()
 
-        close = difflib.get_close_matches(kernel, cls.kernels, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"no kernel {kernel!r} (has: {', '.join(cls.kernels)}){hint}"
+    @classmethod
+    def all_kernels(cls, **params: Any) -> tuple[str, ...]:
+        """Every kernel name of this format, CUDA's then the CPU's."""
+        return tuple(dict.fromkeys(cls.kernels_for("cuda", **params) + cls.kernels_for("cpu", **params)))
+
+    @classmethod
+    def default_kernel(cls, device_type: str, **params: Any) -> str:
+        names = cls.kernels_for(device_type, **params)
+        return names[0] if names else cls.kernels[0]
+
+    @classmethod
+    def layout_of(cls, kernel: str) -> str:
+        return cls.layouts.get(kernel, kernel)
+
+    @classmethod
+    def unknown_kernel(cls, kernel: str, **params: Any) -> str | None:
+        """None if `kernel` is a kernel of this format or a valid route of them (parse_route), else
+        what is wrong: "no kernel 'x' (has: ...); did you mean ...?", a bad cut, mixed layouts."""
+        try:
+            cls.check_route(parse_route(kernel), **params)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    @classmethod
+    def check_route(cls, route: Route, **params: Any) -> None:
+        """Raise ValueError unless every kernel of `route` is this format's, all run on one device
+        type and all read one runtime layout."""
+        names = cls.all_kernels(**params)
+        for kern, _ in route:
+            if kern not in names:
+                import difflib
+
+                close = difflib.get_close_matches(kern, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"no kernel {kern!r} (has: {', '.join(names)}){hint}")
+        if len(route) == 1:
+            return
+        kerns = [k for k, _ in route]
+        devices = [d for d in ("cuda", "cpu") if all(k in cls.kernels_for(d, **params) for k in kerns)]
+        if not devices:
+            raise ValueError(f"route {route_text(route)!r} mixes kernels of different devices")
+        layouts = list(dict.fromkeys(cls.layout_of(k) for k in kerns))
+        if len(layouts) > 1:
+            raise ValueError(f"route {route_text(route)!r} mixes runtime layouts ({', '.join(layouts)}); "
+                             "a route's kernels must read one packed weight")
+
+    def route_on(self, device_type: str) -> Route:
+        """The route forward follows on `device_type`: `self.kernel`'s, or the device's default
+        kernel where one of its kernels does not run there."""
+        route = parse_route(self.kernel)
+        here = self.kernels_for(device_type, **self.params())
+        if all(k in here for k, _ in route):
+            return route
+        return ((self.default_kernel(device_type, **self.params()), None),)
+
+    def kernel_at(self, rows: int) -> str:
+        """The kernel this module runs for a call with `rows` rows (tokens)."""
+        for kern, upto in self._route:
+            if upto is None or rows <= upto:
+                return kern
+        return self._route[-1][0]
+
+    def uses(self, kernel: str) -> bool:
+        """Whether any row count runs `kernel` on this device (what _pack must lay out)."""
+        return any(k == kernel for k, _ in self._route)
+
+    def _repack(self, device: torch.device) -> None:
+        self._route = self.route_on(device.type)
+        self._pack(device)
 
     def set_kernel(self, kernel: str) -> QuantizedLinear:
-        """Use the CUDA implementation `kernel` (one of `kernels`); re-packs the runtime tensors.
-        Raises ValueError naming the choices (and the closest one) for an unknown name."""
-        problem = self.unknown_kernel(kernel)
+        """Use `kernel` (one of `all_kernels()`, or a route of them: parse_route); re-packs the
+        runtime tensors. Raises ValueError naming the choices (and the closest one) for an unknown
+        name, a bad route, or a route over kernels that read different layouts."""
+        problem = self.unknown_kernel(kernel, **self.params())
         if problem:
             raise ValueError(f"{type(self).__name__} has {problem}")
+        kernel = route_text(parse_route(kernel))
         if self.fused is not None:
             self.fused[0].set_kernel(kernel)
         elif kernel != self.kernel:
             self.kernel = kernel
-            self._pack(self.device)
+            self._repack(self.device)
         return self
 
     @property
@@ -286,7 +369,7 @@ class QuantizedLinear(nn.Module):
         home = self._canonical_home()
         self._canon = {name: tensors[name].detach().to(home, copy=True).contiguous()
                        for name in self.canonical_spec()}
-        self._pack(self.device)
+        self._repack(self.device)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -301,7 +384,7 @@ class QuantizedLinear(nn.Module):
                 group.module._apply(fn, recurse)
             return self
         # Runtime layouts are device-specific (tinygemm, cuSPARSELt): rebuild them where we landed.
-        self._pack(self._device_anchor.device)
+        self._repack(self._device_anchor.device)
         return self
 
     def drop_runtime(self) -> None:
@@ -339,7 +422,7 @@ class QuantizedLinear(nn.Module):
         extra = "".join(f", {k}={v}" for k, v in self.params().items())
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, dtype={self.dtype}{extra}, emulated={self.emulated}"
-                + (f", kernel={self.kernel}" if len(self.kernels) > 1 else "")
+                + (f", kernel={self.kernel}" if len(self.all_kernels(**self.params())) > 1 else "")
                 + (f", fused={self.fused[1]}/{len(self.fused[0].splits)}" if self.fused is not None else ""))
 
 
@@ -390,3 +473,80 @@ def pad_rows(x: torch.Tensor, multiple: int, minimum: int = 0) -> torch.Tensor:
     target = max(m, minimum)
     target = -(-target // multiple) * multiple
     return x if target == m else torch.nn.functional.pad(x, (0, 0, 0, target - m))
+
+
+##### routes: a kernel per range of rows ########################################################
+
+def parse_route(text: str) -> Route:
+    """ "int8pack<=16,dequant" -> (("int8pack", 16), ("dequant", None)): int8pack for calls of up to
+    16 rows, dequant above. One kernel name is a route of one step. Cuts are positive integers in
+    increasing order, every step but the last has one and the last has none, and no kernel repeats.
+    Raises ValueError saying what is wrong (which kernels exist is the module's check:
+    QuantizedLinear.check_route)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"a kernel route must be a kernel name or 'kernel<=rows,...,kernel', got {text!r}")
+    steps: list[tuple[str, int | None]] = []
+    parts = [p.strip() for p in text.split(",")]
+    for i, part in enumerate(parts):
+        name, sep, cut = (p.strip() for p in part.partition("<="))
+        last = i == len(parts) - 1
+        if not name:
+            raise ValueError(f"kernel route {text!r}: step {i + 1} has no kernel name")
+        if last and sep:
+            raise ValueError(f"kernel route {text!r}: the last kernel ({name!r}) takes every row count "
+                             "above the cuts, so it has no '<=rows'")
+        if not last and not sep:
+            raise ValueError(f"kernel route {text!r}: {name!r} needs '<=rows' (only the last kernel has none)")
+        upto = None
+        if sep:
+            if not cut.isdigit() or int(cut) < 1:
+                raise ValueError(f"kernel route {text!r}: cut {cut!r} after {name!r} is not a positive row count")
+            upto = int(cut)
+            if steps and upto <= steps[-1][1]:  # type: ignore[operator]
+                raise ValueError(f"kernel route {text!r}: cuts must increase ({steps[-1][1]} then {upto})")
+        if any(name == k for k, _ in steps):
+            raise ValueError(f"kernel route {text!r}: {name!r} appears twice")
+        steps.append((name, upto))
+    return tuple(steps)
+
+
+def route_text(route: Route) -> str:
+    """The inverse of parse_route: (("int8pack", 16), ("dequant", None)) -> "int8pack<=16,dequant"."""
+    return ",".join(k if upto is None else f"{k}<={upto}" for k, upto in route)
+
+
+def describe_route(text: str) -> str:
+    """ "int8pack<=16,dequant" -> "int8pack up to 16 rows, dequant above"; one kernel -> its name."""
+    route = parse_route(text)
+    if len(route) == 1:
+        return route[0][0]
+    parts = []
+    for i, (kern, upto) in enumerate(route):
+        if upto is None:
+            parts.append(f"{kern} above")
+        elif i == 0:
+            parts.append(f"{kern} up to {upto} rows")
+        else:
+            parts.append(f"{kern} up to {upto}")
+    return ", ".join(parts)
+
+
+def route_from_timings(winners: dict[int, str]) -> str:
+    """The route that runs, at each timed token count M, the kernel that won there: {1: "int8pack",
+    256: "dequant"} -> "int8pack<=16,dequant". Neighbouring counts with one winner share a step; the
+    cut between two timed counts is their geometric mean (rounded down), halfway on the log scale
+    that kernel costs change on."""
+    ms = sorted(winners)
+    if not ms:
+        raise ValueError("route_from_timings needs at least one timed token count")
+    steps: list[tuple[str, int | None]] = []
+    for a, b in zip(ms, ms[1:] + [None]):
+        if b is not None and winners[a] == winners[b]:
+            continue
+        kern = winners[a]
+        if any(kern == k for k, _ in steps):  # a kernel winning two separate ranges: keep its first
+            continue
+        steps.append((kern, None if b is None else max(int(math.isqrt(a * b)), a)))
+    if steps[-1][1] is not None:  # the last winner repeated an earlier one: the earlier takes the rest
+        steps[-1] = (steps[-1][0], None)
+    return route_text(tuple(steps))

@@ -87,7 +87,7 @@ class FusedRows:
 
     def repack(self) -> None:
         """Rebuild the runtime tensors after a member wrote new canonical rows (load_state_dict)."""
-        self.module._pack(self.module.device)
+        self.module._repack(self.module.device)
 
 
 def fuse_problem(members: list[Any]) -> str | None:

@@ -1,18 +1,25 @@
-"""int8 linears: dynamic (int8 weights x int8 per-token activations) and weight-only.
+"""int8 linears: dynamic (int8 weights x int8 activations) and weight-only.
 
-Int8DynLinear: y = (q_x @ q_w^T) * s_x * s_w, the integer product by torch._int_mm (cuBLASLt int8
-on CUDA; oneDNN on CPU), the per-token activation quantization fused in one Triton kernel on CUDA.
-Int8WeightOnlyLinear: y = x @ (q_w * s_w)^T; CPU runs torch._weight_int8pack_mm; CUDA has two
-kernels (timing picks per layer): "triton", autoao's Triton GEMV for M <= 8 rows (1 byte per
-weight, kernels/triton_gemv.py) and the "dequant" path for more rows, and "dequant", which casts
-the weight inside F.linear (gpt-fast's one-liner, 5 bytes moved per weight unless max-autotune
-fuses the cast).
+Int8DynLinear: y = (q_x @ q_w^T) * s_x * s_w. With per-token activations (act="token") the integer
+product runs in torch._int_mm (cuBLASLt int8 on CUDA; oneDNN on CPU), the activation quantization
+fused in one Triton kernel on CUDA. With one activation scale per call (act="tensor", CPU only)
+it is torch's prepacked dynamic linear, the kernel quantize_dynamic uses: "fbgemm" or "onednn"
+(kernels/cpu_int8.py), one packed layout each.
+Int8WeightOnlyLinear: y = x @ (q_w * s_w)^T. CUDA has two kernels (timing picks per layer):
+"triton", autoao's Triton GEMV for M <= 8 rows (1 byte per weight, kernels/triton_gemv.py) and the
+"dequant" path for more rows, and "dequant", which casts the weight inside F.linear (gpt-fast's
+one-liner, 5 bytes moved per weight unless max-autotune fuses the cast). The CPU has two:
+"int8pack", torch._weight_int8pack_mm (fastest for a few rows: ~1 byte read per weight), and
+"dequant", the weight cast to the activation dtype for one bf16 matmul (AMX-BF16 where the CPU has
+it: ~5x faster than int8pack at 256 rows). All four read one layout (q_w, s_w), so a route
+("int8pack<=16,dequant") serves decode and prefill from one packed weight.
 """
 
 from __future__ import annotations
 
 import torch
 
+from autoao.kernels import cpu_int8
 from autoao.kernels._base import (
     GEMV_MAX_ROWS,
     PerChannelWeights,
@@ -21,6 +28,7 @@ from autoao.kernels._base import (
     per_channel_weight_only,
     unflatten_tokens,
 )
+from autoao.kernels.cpu_isa import fbgemm_reduce_range
 from autoao.kernels.quant import (
     dequantize_output,
     load_triton_ops,
@@ -45,28 +53,81 @@ class _Int8Weights(PerChannelWeights):
 
 
 class Int8DynLinear(_Int8Weights):
-    """int8 per-channel symmetric weights, int8 per-token dynamic activations."""
+    """int8 per-channel symmetric weights, int8 dynamic activations: symmetric per token
+    (act="token") or asymmetric uint8 per tensor (act="tensor", torch's prepacked CPU kernels)."""
+
+    # CPU, per token: "int_mm" (torch._int_mm) wins at a few rows; above them its CPU kernel is
+    # ~15x slower than "bf16_mm", the same int8 values (exact in bf16) in one bf16 matmul (AMX-BF16
+    # where present), its accumulator rounded to bf16 (~2^-9 relative). Both read w_q.
+    cpu_kernels = ("int_mm", "bf16_mm")
+    layouts = {"int_mm": "int8", "bf16_mm": "int8"}
+    ACTS = ("token", "tensor")
+
+    def __init__(self, in_features, out_features, bias, dtype, device=None, act: str = "token"):
+        if act not in self.ACTS:
+            raise ValueError(f"act must be one of {', '.join(self.ACTS)}, got {act!r}")
+        self.act = act
+        self._handle: int | None = None  # act="tensor": the packed weight (cpu_int8.prepack)
+        super().__init__(in_features, out_features, bias, dtype, device)
+
+    def params(self):
+        return {"act": self.act}
+
+    @classmethod
+    def kernels_for(cls, device_type, **params):
+        if params.get("act", "token") == "tensor":
+            return cpu_int8.ENGINES if device_type == "cpu" else ()
+        return super().kernels_for(device_type, **params)
+
+    @classmethod
+    def fusable(cls, **params):
+        return params.get("act", "token") == "token"  # one activation scale: numbers span rows
 
     def _pack(self, device):
         if device.type == "cuda":
             load_triton_ops()
         self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
         self.register_buffer("w_scale", self._canon["scale"].to(device), persistent=False)  # [N]
+        cpu_int8.release(self._handle)
+        self._handle = None
+        if self.act == "tensor" and device.type == "cpu":
+            engine = self._route[0][0]
+            self._reduce_range = engine == "fbgemm" and fbgemm_reduce_range()
+            self._handle = cpu_int8.prepack(self, self._canon["qweight"], self._canon["scale"], engine)
+
+    def __setstate__(self, state):
+        # a deep copy (timing's streaming copies) gets a packed weight of its own
+        super().__setstate__(state)
+        if getattr(self, "_handle", None) is not None:
+            self._handle = None
+            self._pack(self.device)
 
     def _int_matmul(self, xq: torch.Tensor) -> torch.Tensor:
-        """xq [M, K] int8 -> [M, N] int32 (exact)."""
+        """xq [M, K] int8 -> [M, N] int32 (exact), or fp32 (bf16-rounded: the "bf16_mm" kernel)."""
         m = xq.shape[0]
         if xq.is_cuda:
             xq = pad_rows(xq, 1, minimum=_INT_MM_MIN_ROWS_CUDA)
+        elif self.kernel_at(m) == "bf16_mm":  # [M, N] integer sums, rounded to bf16, as fp32
+            return torch.nn.functional.linear(xq.to(torch.bfloat16), self.w_q.to(torch.bfloat16)).float()
         return torch._int_mm(xq, self.w_q.t())[:m]
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
+        if self.act == "tensor":
+            if self._handle is None:
+                raise RuntimeError("int8_dyn(act=tensor) runs on the CPU only (torch's fbgemm / oneDNN kernels)")
+            y = cpu_int8.dynamic_qlinear(x2.float().contiguous(), self._handle, self.out_features,
+                                         self._reduce_range)
+            return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
         xq, xs = quantize_per_token(x2, torch.int8)  # [M, K] int8, [M, 1] fp32
         y = dequantize_output(self._int_matmul(xq), xs, self.w_scale, self.bias, x.dtype)  # [M, N]
         return unflatten_tokens(y, x)
 
     def reference(self, x):
+        if self.act == "tensor":
+            y = cpu_int8.reference_per_tensor(flatten_tokens(x), self._canon["qweight"], self._canon["scale"],
+                                              getattr(self, "_reduce_range", False))
+            return unflatten_tokens(self._add_bias(y), x)
         xq, xs = quantize_int8_per_token(flatten_tokens(x).float())
         w = self._canon["qweight"].to(x.device, torch.float64)
         y = (xq.double() @ w.t()) * xs.double() * self._canon["scale"].to(x.device, torch.float64)
@@ -78,6 +139,8 @@ class Int8WeightOnlyLinear(_Int8Weights):
     """int8 per-channel symmetric weights; activations stay in the model's dtype."""
 
     kernels = ("triton", "dequant")  # measured: the GEMV is 2.2-4.8x faster at M=1 on the H200
+    cpu_kernels = ("int8pack", "dequant")
+    layouts = {"triton": "int8", "dequant": "int8", "int8pack": "int8"}  # all read w_q, w_scale
 
     @classmethod
     def same_code(cls, kernel, m, n, k, **params):
@@ -92,15 +155,18 @@ class Int8WeightOnlyLinear(_Int8Weights):
         return kernel == "triton" and m <= GEMV_MAX_ROWS and load_triton_ops()  # the Triton GEMV
 
     def _pack(self, device):
-        self._gemv = device.type == "cuda" and self.kernel == "triton" and load_triton_ops()
+        self._gemv = device.type == "cuda" and self.uses("triton") and load_triton_ops()
         self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
         # Both kernels take the scales in the activation dtype.
         self.register_buffer("w_scale", self._canon["scale"].to(device, self.dtype), persistent=False)
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
+        kern = self.kernel_at(x2.shape[0])
         if x2.is_cuda or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
-            y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)
+            y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv and kern == "triton")
+        elif kern == "dequant":  # [N, K] weight in x's dtype, made per call, then one matmul
+            y = torch.nn.functional.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
         else:
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, self.w_scale.to(x.dtype))
         return unflatten_tokens(self._add_bias(y), x)

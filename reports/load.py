@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autoao.common import BASELINE
+from autoao.kernels import describe_route
 from autoao.plan import Plan, PlanError
 from autoao.profile import GRID_CANDIDATE
 from autoao.reports.fmt import fmt_db, fmt_us
@@ -412,9 +413,9 @@ def _kernel(info: KernelTimes | None) -> tuple[str | None, str]:
     others = []
     for kern, t in us.items():
         if kern != chosen:
-            ratio = t / us[chosen] if us[chosen] and math.isfinite(t) else math.inf
+            ratio = t / us[chosen] if us.get(chosen) and math.isfinite(t) else math.inf
             others.append(f"{kern} {'failed' if not math.isfinite(ratio) else f'{ratio:.2f}x slower'}")
-    return chosen, "; ".join([chosen, *others])
+    return chosen, "; ".join([describe_route(chosen), *others])  # a route: "a up to 16 rows, b above"
 
 
 def _why_chosen(chosen: str, lay: LayerRecord, members: list[str], fusion: str = "") -> str:

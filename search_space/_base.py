@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from autoao.calibration import LayerStats
-from autoao.kernels import QuantizedLinear, as_linear, is_conv1d
+from autoao.kernels import QuantizedLinear, as_linear, cpu_isa, is_conv1d
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEVICE_TYPES = ("cpu", "cuda")
@@ -121,7 +121,10 @@ class Candidate(ABC):
 
     def describe(self, device: torch.device | str) -> str:
         """One line for tables: what the candidate stores and computes, and its kernels on `device`."""
-        kern = self.kernel_summary.get(torch.device(device).type)
+        kind = torch.device(device).type
+        kern = self.kernel_summary.get(kind)
+        if kern and kind == "cpu":  # name the instructions the kernels use on this CPU
+            kern = cpu_isa.annotate(kern)
         return f"{self.summary}; {kern}" if kern else self.summary
 
     def emulated(self, device: torch.device | str) -> str | None:

@@ -1,4 +1,5 @@
-"""`bf16`: the baseline. A bf16 layer is left untouched; an fp32/fp16 layer is computed in bf16."""
+"""`bf16`: the baseline. A bf16 layer is left untouched; an fp32/fp16 layer is computed in bf16.
+`fp32_compute`: a bf16/fp16 layer's own weights, multiplied in fp32 where that is faster (CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from autoao.calibration import LayerStats
-from autoao.kernels import Bf16Linear
+from autoao.kernels import Bf16Linear, Fp32ComputeLinear
 from autoao.search_space._base import Candidate, LayerSpec
 from autoao.search_space._registry import register
 
@@ -20,7 +21,7 @@ class Bf16(Candidate):
     family: ClassVar[str] = "bf16"
     module_cls: ClassVar = Bf16Linear
     summary: ClassVar[str] = "the layer as it came (the baseline)"
-    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuBLAS", "cpu": "torch's CPU matmul (oneDNN / MKL)"}
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuBLAS", "cpu": "torch's CPU matmul (oneDNN / MKL: bf16 {bf16_mm}, fp32 {fp32_mm})"}
     sqnr_bound_db: ClassVar[float] = 40
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
@@ -39,3 +40,22 @@ class Bf16(Candidate):
         if layer.dtype == torch.bfloat16:
             return nn.Linear(layer.in_features, layer.out_features, layer.bias, device=device, dtype=layer.dtype)
         return super().empty(layer, device)
+
+
+@register
+@dataclass(frozen=True)
+class Fp32Compute(Candidate):
+    family: ClassVar[str] = "fp32_compute"
+    module_cls: ClassVar = Fp32ComputeLinear
+    summary: ClassVar[str] = "the layer's own weights, multiplied in fp32 where that is faster"
+    kernel_summary: ClassVar[dict[str, str]] = {
+        "cpu": "fp32 matmul on an fp32 copy of the weight ({fp32_mm}) or the layer's own ({bf16_mm}); "
+               "timing picks per layer and token count"}
+    sqnr_bound_db: ClassVar[float] = 40
+
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        if layer.dtype == torch.float32:
+            return "the layer already computes in float32"
+        if device.type != "cpu":
+            return "on a GPU bf16/fp16 tensor cores beat fp32; a CPU-only candidate"
+        return None

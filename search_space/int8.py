@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from autoao.kernels import Int8DynLinear, Int8WeightOnlyLinear
+from autoao.kernels.cpu_int8 import engine_missing
 from autoao.search_space._base import Candidate, LayerSpec, multiple_reason
 from autoao.search_space._registry import register
 
@@ -25,11 +26,33 @@ def int_mm_reason(layer: LayerSpec, device: torch.device) -> str | None:
 class Int8Dyn(Candidate):
     family: ClassVar[str] = "int8_dyn"
     module_cls: ClassVar = Int8DynLinear
-    summary: ClassVar[str] = "int8 per-channel weights x int8 per-token dynamic activations"
-    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "torch._int_mm + fused Triton quantization", "cpu": "torch._int_mm"}
+    summary: ClassVar[str] = "int8 per-channel weights x int8 dynamic activations (per token; act=tensor: one scale per call)"
+    kernel_summary: ClassVar[dict[str, str]] = {
+        "cuda": "torch._int_mm + fused Triton quantization",
+        "cpu": "per token: torch._int_mm (oneDNN, {onednn_int8}) or the int8 values in one bf16 matmul "
+               "({bf16_mm}); act=tensor: torch's prepacked "
+               "dynamic linear, fbgemm ({fbgemm}) or oneDNN ({onednn_int8}), timing picks per layer"}
     sqnr_bound_db: ClassVar[float] = 35
+    variants: ClassVar[tuple[dict, ...]] = ({}, {"act": "tensor"})
+
+    act: str = "token"  # activation scales: "token" (one per row) or "tensor" (one per call, CPU only)
+
+    def __post_init__(self) -> None:
+        if self.act not in Int8DynLinear.ACTS:
+            raise ValueError(f"int8_dyn: act must be one of {', '.join(Int8DynLinear.ACTS)}, got {self.act!r}")
+
+    def params(self) -> dict:
+        # the per-token default keeps the family's plain name ("int8_dyn"), as plans and caches know it
+        return {} if self.act == "token" else {"act": self.act}
+
+    def _module_params(self) -> dict:
+        return {"act": self.act}
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
+        if self.act == "tensor":
+            if device.type != "cpu":
+                return "per-tensor activations run on torch's CPU kernels (fbgemm / oneDNN) only"
+            return engine_missing("fbgemm") and engine_missing("onednn")
         return int_mm_reason(layer, device)
 
 
@@ -39,7 +62,10 @@ class Int8WO(Candidate):
     family: ClassVar[str] = "int8_wo"
     module_cls: ClassVar = Int8WeightOnlyLinear
     summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype"
-    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "Triton GEMV (M <= 8), else dequantize + matmul", "cpu": "torch._weight_int8pack_mm"}
+    kernel_summary: ClassVar[dict[str, str]] = {
+        "cuda": "Triton GEMV (M <= 8), else dequantize + matmul",
+        "cpu": "torch._weight_int8pack_mm ({aten}) or the weight cast to bf16 for one matmul ({bf16_mm}); "
+               "timing picks per layer and token count"}
     sqnr_bound_db: ClassVar[float] = 38
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:

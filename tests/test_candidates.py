@@ -5,7 +5,7 @@ Error bounds, stated once (SQNR in dB of the candidate's output against the *ide
 for 2:4 families the ideal is the float32 product with the same pruned weight, since pruning error
 is the candidate's accuracy cost, measured by the sensitivity tiers, not a kernel error):
 
-    bf16 40 | int8_dyn 35 | int8_wo 38 | int4_wo 18 | fp8_dyn 25 | fp8_wo 25 | sparse24 40 |
+    bf16 40 | fp32_compute 40 | int8_dyn 35 | int8_wo 38 | int4_wo 18 | fp8_dyn 25 | fp8_wo 25 | sparse24 40 |
     sparse24_int8_dyn 35 | sparse24_fp8 25   (each candidate's `sqnr_bound_db`)
 
 (measured on these shapes with nn.Linear's init and Gaussian inputs: bf16 ~51-55, int8_dyn ~42,
@@ -28,7 +28,7 @@ from autoao.calibration import LayerStats
 from autoao.kernels.quant import is_24_sparse, prune_24_mask
 from autoao.search_space import LayerSpec
 
-FAMILIES = {"bf16", "int8_dyn", "int8_wo", "int4_wo", "fp8_dyn", "fp8_wo", "sparse24", "sparse24_int8_dyn",
+FAMILIES = {"bf16", "fp32_compute", "int8_dyn", "int8_wo", "int4_wo", "fp8_dyn", "fp8_wo", "sparse24", "sparse24_int8_dyn",
             "sparse24_fp8"}
 KERNEL_VS_REFERENCE_DB = 40
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}

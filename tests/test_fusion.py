@@ -166,7 +166,7 @@ def test_fuse_problem_names_what_differs():
     assert "not row-wise" in fuse_problem(tensor)
     assert "only autoao's quantized layers" in fuse_problem([int8[0], nn.Linear(16, 16)])
     int8[1].set_kernel("dequant")
-    assert "differ in kernel: triton, dequant" in fuse_problem(int8)
+    assert "differ in kernel: int8pack, dequant" in fuse_problem(int8)
     with pytest.raises(ValueError, match="cannot fuse"):
         FusedRows([int8[0], int4])
 

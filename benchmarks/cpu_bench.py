@@ -1,0 +1,218 @@
+"""The CPU's answer to `quantize_dynamic`: SmolLM2-135M on the demo's workload, variants interleaved.
+
+    python benchmarks/cpu_bench.py --out benchmarks/results/2026-12-01-cpu/cpu-kernels
+
+In one process: the demo model (`autoao.models.load("smollm2-135m")`, bf16 as it comes), its
+workload as `autoao search` times it (one 256-token prefill, then 32 one-token forwards), and for
+each variant the wall time of that workload, variants run in turn (ABAB...) for several rounds
+after a warm-up prefill and decode step each, so that a busy machine slows all of them alike. Variants: bf16, an fp32
+copy, `torch.ao.quantization.quantize_dynamic(fp32 copy, {nn.Linear}, torch.qint8)`, and uniform
+autoao plans on the kernels or routes that autoao's own timing (`measure_latencies`, the search's
+cost model input) chose per layer shape for this workload; plus the plan that takes, per layer, the
+candidate timing found fastest (speed only: no accuracy is checked here).
+
+Writes cpu_bench.json (everything) and cpu_bench.md (the table) to --out. Bounded: --seconds
+(default 330) covers loading, timing and rounds; rounds stop when the next would not fit (at least
+one runs). --cache reuses an autoao timing cache, e.g. one `autoao kernels` filled for these shapes:
+
+    autoao kernels --shapes 192x576,576x576,1536x576,576x1536,49152x576 --tokens 1,256 \
+        --candidates "bf16,fp32_compute,int8_dyn,int8_dyn(act=tensor),int8_wo,int4_wo(group_size=64)" \
+        --cache-dir /tmp/bc --all-kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import autoao
+import autoao.models
+from autoao import search_space
+from autoao.common import call_model
+from autoao.evaluators.cache import TimingCache
+from autoao.evaluators.timing import device_name, measure_latencies, workload_us
+from autoao.kernels import cpu_isa, describe_route
+from autoao.plan import Plan, layer_specs
+
+PLANS = ["fp32_compute", "int8_dyn", "int8_dyn(act=tensor)", "int8_wo", "int4_wo(group_size=64)"]
+PREFILL, DECODE = 256, 32
+
+
+def workload(model: nn.Module, ids: torch.Tensor) -> None:
+    """One prefill of PREFILL tokens, then DECODE one-token forwards (the demo's timed examples)."""
+    with torch.no_grad():
+        call_model(model, ids)
+        for i in range(DECODE):
+            call_model(model, ids[:, i:i + 1])
+
+
+def timed_plan(model: nn.Module, name: str, table, shapes: dict[str, tuple[int, int]]) -> Plan:
+    plan = Plan.uniform(model, name)
+    plan.kernels = {}
+    for fqn in plan.layers:
+        kern = table.kernel_for(name, *shapes[fqn])
+        if kern is not None:
+            plan.kernels[fqn] = kern
+    return plan
+
+
+def fastest_plan(model: nn.Module, table, shapes, calls) -> Plan:
+    """Per layer, the non-emulated candidate with the least workload time (bf16 where none beats it)."""
+    layers, kernels = {}, {}
+    owner: dict[int, str] = {}
+    for fqn, (k, n) in shapes.items():
+        w = id(model.get_submodule(fqn).weight)
+        if w in owner:
+            continue
+        owner[w] = fqn
+        best, best_us = "bf16", workload_us({m: table.get("bf16", m, k, n) for m in calls}, calls)
+        for name in PLANS:
+            ts = {m: table.find(name, m, k, n) for m in calls}
+            if any(t is None or not t.ok or t.emulated for t in ts.values()):
+                continue
+            us = workload_us(ts, calls)  # type: ignore[arg-type]
+            if us < best_us:
+                best, best_us = name, us
+        if best != "bf16":
+            layers[fqn] = search_space.get(best)
+            kern = table.kernel_for(best, k, n)
+            if kern is not None:
+                kernels[fqn] = kern
+    return Plan.for_model(model, layers, kernels)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--seconds", type=float, default=330.0, help="wall-clock bound for the whole run")
+    ap.add_argument("--timing-seconds", type=float, default=100.0, help="of which, for autoao's layer timing")
+    ap.add_argument("--max-rounds", type=int, default=7)
+    ap.add_argument("--cache", type=Path, help="an autoao timing cache (sqlite) to read and fill")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    load_before = os.getloadavg()
+
+    def say(what: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {what}", file=sys.stderr, flush=True)
+    torch.manual_seed(0)
+
+    bf16, tok = autoao.models.load("smollm2-135m")
+    ids = autoao.models.text_inputs(tok, seq_len=PREFILL, n_seqs=1)[0]
+    specs = layer_specs(bf16)
+    shapes = {fqn: (s.in_features, s.out_features) for fqn, s in specs.items()}  # fqn -> (K, N)
+    calls = {PREFILL: 1, 1: DECODE}
+
+    # autoao's own layer timing, as the search runs it (--cache: an autoao timing cache filled by an
+    # earlier run or by `autoao kernels`; default a fresh one: this machine, now)
+    with tempfile.TemporaryDirectory() as tmp:
+        unique = sorted({(n, k) for k, n in shapes.values()})
+        table = measure_latencies(unique, [1, PREFILL], [search_space.get(c) for c in ["bf16", *PLANS]],
+                                  device="cpu", dtype=torch.bfloat16,
+                                  cache=TimingCache(args.cache or Path(tmp) / "t.sqlite"),
+                                  progress=False, calls={s: calls for s in unique},
+                                  deadline=time.perf_counter() + args.timing_seconds)
+    say(f"timed {table.measured} cells in {table.seconds:.0f} s")
+    routes = {name: {f"{n}x{k}": table.kernel_for(name, k, n) for n, k in unique} for name in PLANS}
+    layer_us = {name: {f"{n}x{k}": {m: table.get(name, m, k, n).median_us for m in calls} for n, k in unique}
+                for name in ["bf16", *PLANS]}
+
+    variants: dict[str, nn.Module] = {"bf16 (as it came)": bf16}
+    fp32 = copy.deepcopy(bf16).float()
+    variants["fp32"] = fp32
+    variants["quantize_dynamic (fp32, qint8)"] = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(fp32), {nn.Linear}, dtype=torch.qint8)
+    plans = {name: timed_plan(bf16, name, table, shapes) for name in PLANS}
+    plans["autoao fastest per layer (speed only)"] = fastest_plan(bf16, table, shapes, calls)
+    for name, plan in plans.items():
+        variants[f"autoao {name}" if not name.startswith("autoao") else name] = autoao.apply(copy.deepcopy(bf16), plan)
+        say(f"applied {name}")
+
+    say(f"built {len(variants)} variants")
+    with torch.no_grad():  # warm-up: a prefill and a decode step each (oneDNN primitive caches, allocations)
+        for m in variants.values():
+            call_model(m, ids)
+            call_model(m, ids[:, :1])
+    say("warmed up")
+    samples: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    rounds = 0
+    while rounds < args.max_rounds:
+        t_round = time.perf_counter()
+        for v, m in variants.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            workload(m, ids)
+            samples[v].append((time.perf_counter() - w0) * 1e3)
+            cpu[v].append((time.process_time() - c0) * 1e3)
+        rounds += 1
+        say(f"round {rounds}: {time.perf_counter() - t_round:.1f} s")
+        if time.perf_counter() - t_start + (time.perf_counter() - t_round) > args.seconds:
+            break  # the next round would not fit
+    load_after = os.getloadavg()
+
+    base = statistics.median(samples["bf16 (as it came)"])
+    rows = []
+    for v in variants:
+        s = samples[v]
+        paired = [b / x for b, x in zip(samples["bf16 (as it came)"], s)]  # same round, bf16 / variant
+        rows.append({"variant": v, "median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s),
+                     "cpu_ms_median": statistics.median(cpu[v]), "speedup_vs_bf16": base / statistics.median(s),
+                     "paired_speedup_min": min(paired), "paired_speedup_max": max(paired), "samples_ms": s})
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": device_name(torch.device("cpu")), "cpu_features": cpu_isa.describe_features(),
+        "isa": {lib: cpu_isa.isa_of(lib) for lib in ("bf16_mm", "fp32_mm", "fbgemm", "onednn_int8", "aten")},
+        "versions": {"torch": torch.__version__, "autoao": autoao.__version__,
+                     "transformers": __import__("transformers").__version__, "python": sys.version.split()[0]},
+        "load_average_before": load_before, "load_average_after": load_after, "rounds": rounds,
+        "workload": f"1 x {PREFILL}-token prefill + {DECODE} x 1-token forwards, eager, no KV cache",
+        "timing_seconds": table.seconds, "timing_cells_measured": table.measured,
+        "timing_cells_not_timed": sum(not r.timing.ok and "not timed" in (r.timing.error or "") for r in table.rows), "routes": routes, "layer_us": layer_us,
+        "plan_layers": {n: p.summary() for n, p in plans.items()}, "rows": rows,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu_bench.json").write_text(json.dumps(result, indent=1))
+    (args.out / "cpu_bench.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# SmolLM2-135M on the CPU: demo workload, variants interleaved ({r['date']})", "",
+             f"- command: `{r['command']}`",
+             f"- CPU: {r['cpu']}; features: {r['cpu_features']}",
+             f"- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+             f"- workload: {r['workload']}; {r['rounds']} rounds after a warm-up prefill and decode step each",
+             f"- load average (1/5/15 min) before {tuple(round(x, 2) for x in r['load_average_before'])}, after "
+             f"{tuple(round(x, 2) for x in r['load_average_after'])} on 2 cores shared with other work: "
+             "absolute times are noisy, compare within a round (paired columns)",
+             f"- layer timing (autoao's measure_latencies): {r['timing_cells_measured']} cells measured in "
+             f"{r['timing_seconds']:.0f} s, the rest from the cache; {r['timing_cells_not_timed']} not timed", "",
+             "| variant | median ms | min-max ms | speed-up vs bf16 (medians) | paired speed-up min-max |",
+             "|---|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['variant']} | {row['median_ms']:.0f} | {row['min_ms']:.0f}-{row['max_ms']:.0f} | "
+                     f"{row['speedup_vs_bf16']:.2f}x | {row['paired_speedup_min']:.2f}-{row['paired_speedup_max']:.2f}x |")
+    lines += ["", "Kernels timing chose per shape (N x K) for this workload:", "",
+              "| candidate | " + " | ".join(next(iter(r["routes"].values()))) + " |",
+              "|---|" + "---|" * len(next(iter(r["routes"].values())))]
+    for name, by_shape in r["routes"].items():
+        lines.append(f"| {name} | " + " | ".join(describe_route(k) if k else "(one kernel)" for k in by_shape.values()) + " |")
+    lines += ["", "Plans' layers: " + "; ".join(f"{n}: {s}" for n, s in r["plan_layers"].items()), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
