@@ -421,12 +421,17 @@ def spot_check(shapes: list[tuple[int, int]], tokens: list[int], *, device: torc
             if t is not None and t.ok:
                 cached.append((t.median_us, m, n, k))
     cells = []
+    stale = False
     for us, m, n, k in sorted(cached)[:n_cells]:
         now = _time_missing(bf16, None, n, k, [m], dtype, device, mode)[m]
         if now.ok and now.reliable:
             cells.append((f"bf16 {n}x{k} at M={m}", us, now.median_us))
-    stale = any(not 1 / SPOT_CHECK_TOLERANCE <= cached_us / now_us <= SPOT_CHECK_TOLERANCE
-                for _, cached_us, now_us in cells)
+            stale |= not 1 / SPOT_CHECK_TOLERANCE <= us / now.median_us <= SPOT_CHECK_TOLERANCE
+        elif now.ok and now.bounded:
+            # a busy machine now: the one-thread time still caps the cell, so a cached time far
+            # above that cap was measured while the machine was busy
+            cells.append((f"bf16 {n}x{k} at M={m}", us, now.high_us))
+            stale |= us > SPOT_CHECK_TOLERANCE * now.high_us
     cleared = cache.clear_matching(base) if stale else 0
     return SpotCheck(cells, stale, cleared)
 

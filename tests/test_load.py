@@ -32,15 +32,23 @@ def _hogs(n: int) -> list[subprocess.Popen]:
 
 
 def _cached(path, served: bool = False) -> dict[tuple[str, int, int], Timing | None]:
-    """Every cell's stored record (served=True: what the cache hands a later run, None if nothing)."""
+    """Every cell's stored record, by (timing label, N, K): a candidate with several kernels on this
+    device stores one per kernel it timed ("int8_dyn@int_mm"). served=True: what the cache hands a
+    later run (None if nothing)."""
     cache = TimingCache(path)
     base = timing.key_base(torch.device("cpu"), torch.bfloat16, "eager")
     out = {}
     for n, k in SHAPES:
         for c in CANDIDATES:
-            t = cache.get(TimingKey(candidate=c.name, m=1, k=k, n=n, **base), unreliable=not served)
-            assert served or t is not None, f"{c.name} {n}x{k} was not stored"
-            out[(c.name, n, k)] = t
+            labels = [c.name if kern is None else f"{c.name}@{kern}"
+                      for kern in timing.kernel_names(c, torch.device("cpu"))]
+            stored = {label: cache.get(TimingKey(candidate=label, m=1, k=k, n=n, **base), unreliable=True)
+                      for label in labels}
+            assert any(t is not None for t in stored.values()), f"{c.name} {n}x{k} was not stored"
+            for label, t in stored.items():
+                if t is not None:
+                    out[(label, n, k)] = (cache.get(TimingKey(candidate=label, m=1, k=k, n=n, **base))
+                                          if served else t)
     return out
 
 
@@ -61,7 +69,7 @@ def test_a_busy_machine_does_not_poison_the_cache(tmp_path):
     # what the cache serves a later run is within 3x of the quiet machine's time; a cell that could
     # not be measured cleanly is stored, marked unreliable, and not served (the next run re-times it)
     for cell, t in served.items():
-        assert t is None or t.median_us <= 3 * quiet[cell].median_us, (cell, t, quiet[cell])
+        assert t is None or cell not in quiet or t.median_us <= 3 * quiet[cell].median_us, (cell, t, quiet.get(cell))
     assert all((served[cell] is None) == (not t.reliable) for cell, t in busy.items())
     # the stored records show the samples dropped because the process lost the CPU
     assert sum(t.discarded for t in busy.values()) > 0
@@ -79,9 +87,12 @@ def test_the_start_up_check_replaces_a_poisoned_cache(tmp_path):
     assert check.stale and check.cleared == len(clean) and check.cells
     assert "8000.0 us cached" in check.message() and "measured again" in check.message()
     again = measure_latencies(SHAPES, TOKENS, CANDIDATES, cache=cache, progress=False)
-    assert again.measured == len(clean)  # every cell of this device measured anew
+    # every cell of this device measured anew (at least one kernel per candidate and shape)
+    assert again.measured >= len(SHAPES) * len(CANDIDATES)
     healed = _cached(tmp_path / "t.sqlite")
-    assert all(t.median_us < 8000.0 / 3 for t in healed.values())
+    # each re-timed cell, or on a busy machine its one-thread cap, is far below the poisoned value
+    known = [t for t in healed.values() if t.reliable or t.bounded]
+    assert known and all(t.high_us < 8000.0 / 3 for t in known)
     # a cache that agrees is left alone
     assert not spot_check(SHAPES, TOKENS, device="cpu", dtype=torch.bfloat16, cache=cache).stale
 
