@@ -80,9 +80,9 @@ class AccuracySpec:
     tasks: list[str] | None = None
     metric: str | None = None  # the user callable's name
     baseline_tier1: dict[str, float] = field(default_factory=dict)  # proxy metrics of the unchanged model
-    proxy: str = ""  # what the proxy's accuracy and drop mean (the budget's unit on tier 1)
     baseline_tier2: float | None = None  # the unchanged model's tier-2 accuracy (mean headline metric)
     baseline_tier2_metrics: dict[str, float] = field(default_factory=dict)  # "task/metric" -> value (lm-eval)
+    proxy: str = ""  # what the proxy's accuracy and drop mean (the budget's unit on tier 1)
 
 
 @dataclass
