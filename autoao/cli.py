@@ -470,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "Built-in: smollm2-135m (causal LM, lm-eval autoao_facts) and minilm-l6 (sentence embeddings, "
                    "its autoao_pairs task). Default: %(default)s")
     s.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks for the accuracy budget (tier 2); "
-                   "'none' uses the tier-1 proxy only. Default: autoao_facts for the demo model, else none")
+                   "'none' uses the tier-1 proxy only. Default: autoao_facts for the demo model, the model's own "
+                   "task for minilm-l6 (autoao_pairs) or a factory's 'accuracy', else none")
     s.add_argument("--budget", default="5m", help="wall time (90s, 10m, 1h) or a number of trials (200); "
                    "default %(default)s")
     s.add_argument("--max-accuracy-drop", default="1%", help="allowed accuracy drop: 0.01 or 1%% (default %(default)s)")
