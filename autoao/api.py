@@ -22,6 +22,7 @@ from autoao.common import atomic_write, cache_dir
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.sensitivity import CallableEvaluator
 from autoao.ledger import RunLedger
+from autoao.models import text_inputs
 from autoao.plan import Plan, save
 from autoao.runfiles import RunSummary
 from autoao.search import Budget, SearchConfig
@@ -123,6 +124,9 @@ def optimize(
     with ledger.stage("profile and baselines"):
         ledger.say("profiling")
         work = stages.profile_workload(model, example_inputs, eval_inputs, fuse_groups)
+        if eval_inputs is None:
+            stages.check_proxy_inputs(work, None if tokenizer is None else lambda: text_inputs(
+                tokenizer, seq_len=128, n_seqs=2, held_out=True), ledger)
         ledger.say(f"{len(work.prof.layers)} linear layers, token counts {work.tokens}")
         grid = stages.int4_grid_check(model, work, cands, ledger)
         base = stages.measure_baselines(model, work, tier2, cache=rcache, ledger=ledger)

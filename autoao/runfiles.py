@@ -83,6 +83,7 @@ class AccuracySpec:
     baseline_tier1: dict[str, float] = field(default_factory=dict)  # proxy metrics of the unchanged model
     baseline_tier2: float | None = None  # the unchanged model's tier-2 accuracy (mean headline metric)
     baseline_tier2_metrics: dict[str, float] = field(default_factory=dict)  # "task/metric" -> value (lm-eval)
+    proxy: str = ""  # what the proxy's accuracy and drop mean (the budget's unit on tier 1)
 
 
 @dataclass
@@ -195,6 +196,9 @@ class Decision:
       nothing_to_try        no layer had a candidate but bf16 to pick (numbers["not_timed"]: cells
                             the time budget left untimed)
       out_of_time           the time budget left no room for `reason` (more tier-2 checks, the re-rank)
+      small_inputs          the proxy's inputs held numbers["tokens"] token positions, too few to judge a
+                            plan; numbers["held_out"] > 0: it scored that many tokens of held-out text
+                            instead
       note                  free text (reason), from run files written before decisions were typed
     """
 
@@ -247,6 +251,12 @@ def describe(d: Decision) -> str:
         verdict = ("no measurable change" if n.get("high", 0.0) > 1.0 else "not faster")
         return (f"the chosen plan (trial {d.trial}) measured {n['plan_ms']:.3f} ms end to end, bf16 "
                 f"{n['baseline_ms']:.3f} ms{where}: {verdict}, so the model stays in bf16")
+    if d.kind == "small_inputs":
+        lead = f"the example inputs hold {int(n['tokens'])} token positions, too few to judge accuracy"
+        if n.get("held_out"):
+            return lead + f": the proxy scored {int(n['held_out'])} tokens of held-out text in the model's tokenizer"
+        return (lead + ": the proxy judged on them (no tokenizer known; pass tokenizer= or eval_inputs= for "
+                "held-out text)")
     return d.reason
 
 

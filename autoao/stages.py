@@ -34,7 +34,7 @@ from autoao.common import BASELINE, __version__, call_model, model_device, trito
 from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
-                                           layer_errors)
+                                           layer_errors, token_ids)
 from autoao.evaluators.timing import (NOT_TIMED, LatencyTable, default_mode, measure_latencies, measure_model,
                                       route_timing, spot_check, workload_us)
 from autoao.kernels import cpu_isa
@@ -66,6 +66,9 @@ TIER2_EVALS = 3
 PROBE_DOCS = 24
 FULL_TASK_DOCS = 10_000
 WRITE_SECONDS = 5.0  # saving the model and rendering the report, for the budget's reserve
+# Fewer token positions than this cannot judge a plan on the proxy: top-1 agreement moves in steps
+# of 1/n (a decode step's one token: all or nothing)
+MIN_PROXY_TOKENS = 64
 
 
 ##### profile ###################################################################################
@@ -81,6 +84,7 @@ class Workload:
     device: torch.device
     dtype: torch.dtype  # the layers' dtype (bf16 if any layer is)
     tokens: list[int]  # every M (rows per call) any layer saw
+    notes: list[Decision] = field(default_factory=list)  # said about the inputs, shown with the final decisions
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -99,6 +103,26 @@ def profile_workload(model: nn.Module, example_inputs: Any, eval_inputs: Any = N
     return Workload(prof, example_inputs if isinstance(example_inputs, list) else [example_inputs],
                     eval_inputs if eval_inputs is not None else example_inputs,
                     prof.siblings if fuse_groups else [], model_device(model), layer_dtype(prof), token_counts(prof))
+
+
+def check_proxy_inputs(work: Workload, held_out: Callable[[], list[torch.Tensor]] | None,
+                       ledger: RunLedger) -> None:
+    """When the proxy would score the example inputs (no eval_inputs given) and they are token ids
+    with fewer than MIN_PROXY_TOKENS positions in all (a decode step has one), too few to judge a
+    plan: with `held_out` (held-out text in the model's tokenizer) the proxy scores that instead;
+    either way a decision (`small_inputs`) says so."""
+    inputs = work.eval_inputs if isinstance(work.eval_inputs, list) else [work.eval_inputs]
+    ids = [token_ids(ex) for ex in inputs]
+    if not ids or any(t is None for t in ids):
+        return
+    n = sum(t.numel() for t in ids)  # type: ignore[union-attr]
+    if n >= MIN_PROXY_TOKENS:
+        return
+    text = held_out() if held_out is not None else None
+    if text:
+        work.eval_inputs = [t.to(work.device) for t in text]
+    work.notes.append(Decision("small_inputs", numbers={"tokens": n, "held_out": sum(t.numel() for t in text or [])}))
+    ledger.say(describe(work.notes[-1]))
 
 
 def int4_grid_check(model: nn.Module, work: Workload, cands: list[Candidate], ledger: RunLedger) -> int:
@@ -217,6 +241,9 @@ def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator |
     t0 = ledger.elapsed()
     # a plan that changes no layer is the reference: its proxy score is the baseline, not run again
     proxy = ProxyEvaluator(model, work.eval_inputs, cache=cache, reference_key=f"{weights_key}:{plan_key(Plan())}")
+    proxy.calibrate(model)  # a plan within the model's own numerical noise is never rejected
+    if proxy.noise:
+        ledger.say(f"the proxy's floor: {proxy.floor:.4f} top-1 agreement ({proxy.noise} of the unchanged model)")
     proxy_seconds = ledger.elapsed() - t0
     if tier2 is not None and tier2.baseline is None:  # a user callable was scored up front
         ledger.say("baseline accuracy (tier 2)")
@@ -621,7 +648,7 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
     does not deliver: SmolLM2 at M=2048 on the H200, 2:4 everywhere predicted 1.03x, measured
     0.87x). An empty plan is the unchanged model: 1.00x by definition, not measured again."""
     model, meas = bench.model, bench.meas
-    decisions, rows = list(choice.decisions), list(choice.measured_plans)
+    decisions, rows = list(bench.work.notes) + list(choice.decisions), list(choice.measured_plans)
     bench.restore()
     trial = choice.trial
     plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
@@ -723,7 +750,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
             tier=2 if tier2 is not None else 1,
             tasks=tier2.tasks if isinstance(tier2, LmEvalEvaluator) else None,
             metric=getattr(accuracy, "__name__", None) if callable(accuracy) else None,
-            baseline_tier1=dict(meas.base.proxy.baseline),
+            baseline_tier1=dict(meas.base.proxy.baseline), proxy=meas.base.proxy.describe(),
             baseline_tier2=(base2["accuracy"] if isinstance(base2, dict) else base2),
             baseline_tier2_metrics=({f"{t}/{k}": v for t, m in base2["metrics"].items() for k, v in m.items()
                                      if not k.endswith("_stderr")} if isinstance(base2, dict) else {})),

@@ -37,7 +37,10 @@ PROXY_METRICS = {
     "accuracy": "proxy accuracy",  # relabelled by mode in _accuracy_rows
     "agreement": "top-1 agreement with bf16",
     "kl": "KL divergence from bf16 (nats/token)",
+    "next_token": "next-token accuracy on held-out tokens",
     "loss": "loss on held-out tokens (nats/token)",
+    "cosine_min": "least cosine similarity to bf16's embedding",
+    "nn_agreement": "nearest-neighbour agreement with bf16",
     "rel_error": "relative output error vs bf16",
 }
 # Above this a speed-up says more about the measurement than the plan: int4 weights are 4x fewer
@@ -459,15 +462,19 @@ def _accuracy_rows(data: ReportData) -> list[AccuracyRow]:
     chosen = data.trial(data.chosen_trial)
     all_bf16 = all(c == BASELINE for c in data.plan.values())
     base1 = acc.baseline_tier1
-    lm = "kl" in base1  # LM mode: next-token metrics; otherwise the relative error of the outputs
-    proxy_source = "next-token accuracy on held-out tokens" if lm else "1 - relative output error on held-out inputs"
+    # the proxy's mode, from its metrics: LM (agreement, KL), embedding (cosine), or output error
+    mode = "lm" if "kl" in base1 else "embedding" if "cosine" in base1 else "output"
+    proxy_source = acc.proxy or {"lm": "top-1 agreement with the unmodified model",
+                                 "embedding": "mean cosine similarity to the unmodified model's embeddings",
+                                 "output": "1 - relative output error on held-out inputs"}[mode]
     for key, label in PROXY_METRICS.items():
-        if key not in base1:
+        if key not in base1 or (key == "agreement" and mode == "lm"):  # the LM's accuracy is its agreement
             continue
         if key == "accuracy":
-            label = "next-token accuracy" if lm else "1 − relative output error"
+            label = {"lm": "top-1 agreement with bf16", "embedding": "mean cosine similarity to bf16's embedding",
+                     "output": "1 − relative output error"}[mode]
         plan_value = base1[key] if all_bf16 else (chosen.metrics.get(key) if chosen else None)
-        higher = {"accuracy": True, "agreement": True, "kl": False, "loss": False, "rel_error": False}[key]
+        higher = key not in ("kl", "loss", "rel_error")
         rows.append(AccuracyRow(label, 1, f"proxy: {proxy_source}", base1[key], plan_value, higher))
     if acc.tier == 2:
         rows += _tier2_rows(data.context, data.summary, all_bf16)

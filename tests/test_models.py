@@ -15,7 +15,7 @@ import autoao.models as models
 
 
 def test_available():
-    assert models.available() == ["smollm2-135m"]
+    assert models.available() == ["minilm-l6", "smollm2-135m"]
 
 
 def test_unknown_name_suggests_the_closest():

@@ -53,13 +53,14 @@ def test_unsupported_candidates_are_absent(tiny):
 def test_proxy_lm_mode_measures_drop_against_the_reference(tiny, tmp_path):
     model, held = tiny["model"], tiny["eval_inputs"]
     proxy = ProxyEvaluator(model, held, cache=ResultCache(tmp_path / "c.sqlite"))
-    assert proxy.lm and proxy.ntokens == 2 * 31
+    assert proxy.lm and proxy.ntokens == 2 * 32 and proxy.nlabels == 2 * 31
     same = proxy(model)
     assert same.tier == 1 and same.drop == 0 and same.metrics["kl"] == pytest.approx(0, abs=1e-6)
     q = copy.deepcopy(model)
     autoao.apply(q, autoao.Plan.uniform(q, "int4_wo(group_size=32)"))
     a = proxy(q, key="int4")
-    assert a.metrics["kl"] > 0 and "held-out tokens" in a.source
+    assert a.metrics["kl"] > 0 and "top-1 agreement with the unmodified model on 64 tokens" in a.source
+    assert a.accuracy == a.metrics["agreement"] and "next_token" in a.metrics
     assert a.drop == pytest.approx(proxy.baseline["accuracy"] - a.accuracy)
     assert proxy(model, key="int4").metrics == a.metrics  # same key: served from the cache
 
@@ -91,9 +92,11 @@ def test_the_unchanged_model_scores_as_the_baseline_without_running(tiny):
     assert proxy(Counted(), key="another plan").drop == 0 and Counted.calls > 0  # any other key runs
 
 
-def test_one_token_inputs_use_output_error(tiny):
-    proxy = ProxyEvaluator(tiny["model"], [torch.randint(0, 128, (1, 1))])
-    assert not proxy.lm  # no next token to score with T=1
+def test_one_token_inputs_are_judged_by_agreement_without_labels(tiny):
+    """T=1 has no next token to score, but top-1 agreement and KL need none."""
+    proxy = ProxyEvaluator(tiny["model"], [torch.randint(0, 128, (4, 1))])
+    assert proxy.lm and proxy.ntokens == 4 and proxy.nlabels == 0
+    assert proxy.baseline == {"accuracy": 1.0, "agreement": 1.0, "kl": pytest.approx(0, abs=1e-6)}
 
 
 def test_a_plan_that_fails_scores_as_useless(tiny):
