@@ -1,4 +1,5 @@
-"""`int8_dyn` (int8 weights x int8 per-token activations) and `int8_wo` (int8 weight-only)."""
+"""`int8_dyn(algorithm)` (int8 weights x int8 per-token activations; rtn | smoothquant) and
+`int8_wo(algorithm)` (int8 weight-only; rtn | gptq)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from autoao.kernels import Int8DynLinear, Int8WeightOnlyLinear
-from autoao.search_space._base import Candidate, LayerSpec, multiple_reason
+from autoao.search_space._base import Candidate, LayerSpec, algorithm_field, multiple_reason
 from autoao.search_space._registry import register
 
 
@@ -29,6 +30,11 @@ class Int8Dyn(Candidate):
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "torch._int_mm + fused Triton quantization", "cpu": "torch._int_mm"}
     sqnr_bound_db: ClassVar[float] = 35
 
+    algorithm: str = algorithm_field()  # rtn | smoothquant
+
+    def __post_init__(self) -> None:
+        self._check_algorithm()
+
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return int_mm_reason(layer, device)
 
@@ -41,6 +47,11 @@ class Int8WO(Candidate):
     summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "Triton GEMV (M <= 8), else dequantize + matmul", "cpu": "torch._weight_int8pack_mm"}
     sqnr_bound_db: ClassVar[float] = 38
+
+    algorithm: str = algorithm_field()  # rtn | gptq
+
+    def __post_init__(self) -> None:
+        self._check_algorithm()
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         if device.type == "cpu" and layer.dtype == torch.bfloat16:
