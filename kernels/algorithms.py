@@ -82,12 +82,31 @@ def check_algorithm(algorithm: str, allowed: tuple[str, ...], what: str) -> None
     raise ValueError(f"{what}: algorithm must be one of {', '.join(allowed)}, got {algorithm!r}{hint}")
 
 
-def _memoized(stats: LayerStats | None, key: tuple, fit: Callable[[], tuple]) -> tuple:
-    """fit(), or its earlier result on the same statistics and key; its seconds go to FIT_SECONDS."""
+@contextlib.contextmanager
+def _one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """On the CPU, one intra-op thread for the block: the fits run thousands of small ops (GPTQ's
+    column loop on [N] vectors, AWQ's and HQQ's loops), which threads slow down on a shared machine
+    (a 1536 x 576 layer on a loaded 2-core CPU, 2 threads vs 1: GPTQ 5.9 vs 0.33 s, AWQ 4.9 vs 1.1 s,
+    HQQ 3.9 vs 0.7 s)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _memoized(stats: LayerStats | None, key: tuple, fit: Callable[[], tuple], device: torch.device) -> tuple:
+    """fit() (on one CPU thread on the CPU), or its earlier result on the same statistics and key;
+    its seconds go to FIT_SECONDS."""
     if stats is not None and key in stats.fits:
         return stats.fits[key]
     t0 = time.perf_counter()
-    out = fit()
+    with _one_cpu_thread(device):
+        out = fit()
     FIT_SECONDS[key[0]] = FIT_SECONDS.get(key[0], 0.0) + time.perf_counter() - t0
     if stats is not None:
         stats.fits[key] = out
@@ -107,22 +126,6 @@ def round_scale(s: torch.Tensor) -> torch.Tensor:
 
 
 ##### GPTQ ######################################################################################
-
-@contextlib.contextmanager
-def _one_cpu_thread(device: torch.device) -> Iterator[None]:
-    """On the CPU, torch's intra-op threads for the block: GPTQ's column loop runs thousands of ops
-    on [N] vectors, which threads only slow down (a 1536 x 576 layer on a loaded 2-core machine:
-    5.9 s with 2 threads, 0.33 s with 1)."""
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
 
 def gptq_damping(in_features: int, rows: int) -> float:
     """The damping for a Hessian from `rows` sample rows of `in_features` channels (GPTQ_DAMP)."""
@@ -149,24 +152,23 @@ def _gptq(w: torch.Tensor, hessian: torch.Tensor, group: int,
     del h
     params: list[tuple] = [fit(w)] if group >= k else []
     q = None
-    with _one_cpu_thread(w.device):
-        for i1 in range(0, k, GPTQ_BLOCK):
-            i2 = min(i1 + GPTQ_BLOCK, k)
-            w1 = w[:, i1:i2].clone()  # [N, B]: updated column by column
-            err = torch.zeros_like(w1)  # [N, B]: scaled errors, applied to the columns after the block at its end
-            hinv1 = hinv[i1:i2, i1:i2]
-            for i in range(i2 - i1):
-                col = i1 + i
-                if group < k and col % group == 0:  # a group starts: fit it on its updated weights
-                    params.append(fit(w1[:, i:i + group]))
-                qc, dq = rnd(w1[:, i], params[-1])
-                if q is None:
-                    q = torch.empty(n, k, dtype=qc.dtype, device=w.device)
-                q[:, col] = qc
-                e = (w1[:, i] - dq) / hinv1[i, i]  # [N]
-                w1[:, i:] -= e[:, None] * hinv1[i, i:][None, :]
-                err[:, i] = e
-            w[:, i2:] -= err @ hinv[i1:i2, i2:]
+    for i1 in range(0, k, GPTQ_BLOCK):
+        i2 = min(i1 + GPTQ_BLOCK, k)
+        w1 = w[:, i1:i2].clone()  # [N, B]: updated column by column
+        err = torch.zeros_like(w1)  # [N, B]: scaled errors, applied to the columns after the block at its end
+        hinv1 = hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            if group < k and col % group == 0:  # a group starts: fit it on its updated weights
+                params.append(fit(w1[:, i:i + group]))
+            qc, dq = rnd(w1[:, i], params[-1])
+            if q is None:
+                q = torch.empty(n, k, dtype=qc.dtype, device=w.device)
+            q[:, col] = qc
+            e = (w1[:, i] - dq) / hinv1[i, i]  # [N]
+            w1[:, i:] -= e[:, None] * hinv1[i, i:][None, :]
+            err[:, i] = e
+        w[:, i2:] -= err @ hinv[i1:i2, i2:]
     assert q is not None
     return q, params
 
@@ -304,17 +306,19 @@ def quantize_int4(weight: torch.Tensor, group_size: int, algorithm: str, stats: 
     statistics the algorithm needs."""
     ones = torch.ones(weight.shape[1], device=weight.device) if algorithm in INPUT_SCALED else None
     if algorithm == "hqq":
-        return (*_memoized(stats, ("hqq", group_size, _weight_key(weight)), lambda: hqq_int4(weight, group_size)), None)
+        return (*_memoized(stats, ("hqq", group_size, _weight_key(weight)), lambda: hqq_int4(weight, group_size),
+                           weight.device), None)
     if algorithm == "gptq" and stats is not None and stats.sample is not None and len(stats.sample):
         damp = gptq_damping(weight.shape[1], len(stats.sample))
         return (*_memoized(stats, ("gptq", "int4", group_size, damp, _weight_key(weight)),
-                           lambda: gptq_int4(weight, group_size, stats.hessian(device=weight.device), damp)), None)
+                           lambda: gptq_int4(weight, group_size, stats.hessian(device=weight.device), damp),
+                           weight.device), None)
     if algorithm == "awq" and stats is not None and stats.act_mean is not None \
             and stats.sample is not None and len(stats.sample):
         def fit() -> tuple:
             s = awq_scale(weight, group_size, stats.act_mean, stats.sample)
             return (*quantize_int4_groupwise(weight.float() * s, group_size), s)
-        return _memoized(stats, ("awq", group_size, _weight_key(weight)), fit)
+        return _memoized(stats, ("awq", group_size, _weight_key(weight)), fit, weight.device)
     return (*quantize_int4_groupwise(weight, group_size), ones)
 
 
@@ -326,7 +330,8 @@ def quantize_int8(weight: torch.Tensor, algorithm: str, stats: LayerStats | None
     if algorithm == "gptq" and stats is not None and stats.sample is not None and len(stats.sample):
         damp = gptq_damping(weight.shape[1], len(stats.sample))
         return (*_memoized(stats, ("gptq", "int8", damp, _weight_key(weight)),
-                           lambda: gptq_int8(weight, stats.hessian(device=weight.device), damp)), None)
+                           lambda: gptq_int8(weight, stats.hessian(device=weight.device), damp),
+                           weight.device), None)
     if algorithm == "smoothquant":
         if stats is None or stats.act_absmax is None:
             return (*quantize_int8_per_channel(weight), torch.ones(weight.shape[1], device=weight.device))
