@@ -292,6 +292,7 @@ def test_layer_errors_fit_on_some_rows_and_measure_on_the_others(monkeypatch):
 
 def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
     import autoao.kernels
+    import autoao.reports
     from autoao import api
     from autoao.evaluators import timing
     from autoao.evaluators.timing import Timing
@@ -320,3 +321,9 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
     assert set(result.summary.algorithm_seconds) >= {"gptq", "awq"}
     assert "of which calibrated fits" in (tmp_path / "out" / "report.html").read_text()
     assert autoao.Plan.load(tmp_path / "out" / "plan.json").layers == result.plan.layers
+    # every layer has a tier-0 error and a timing for each algorithm, and may pick any of them
+    layers = autoao.reports.load(tmp_path / "out").context.layers
+    assert len(layers) == 15
+    for lay in layers:
+        assert set(cands) <= set(lay.sqnr_db) and set(cands) <= set(lay.time_us) and set(cands) <= set(lay.choices)
+        assert lay.time_us[cands[1]] == lay.time_us[cands[0]] < lay.time_us[cands[2]]
