@@ -17,7 +17,7 @@ exist at once (GPTQ holds the Hessian and its Cholesky factor: 2 * 4 * K^2 bytes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 

@@ -77,10 +77,10 @@ def layer_errors(
 ) -> dict[str, dict[str, float]]:
     """Tier 0: FQN -> candidate name -> SQNR (dB) of the candidate's layer output vs the original,
     on the profiled sample rows held out from the calibrated algorithms' fits (heldout_split;
-    those fits use statistics of the other rows, LayerStats.subset); past `deadline` (a time.perf_counter()) only cached errors are
-    read (the search then starts from fewer greedy seeds, nothing else changes).
-    on the profiled sample rows. Unsupported or failing candidates are absent from a layer's dict;
-    NaN/Inf outputs give -inf. Runs on the layer's device; the model is not modified."""
+    those fits use statistics of the other rows, LayerStats.subset). Past `deadline` (a
+    time.perf_counter()) only cached errors are read (the search then starts from fewer greedy
+    seeds, nothing else changes). Unsupported or failing candidates are absent from a layer's
+    dict; NaN/Inf outputs give -inf. Runs on the layer's device; the model is not modified."""
     from tqdm.auto import tqdm
 
     out: dict[str, dict[str, float]] = {}

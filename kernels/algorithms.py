@@ -6,8 +6,9 @@ the same kernels; only the stored numbers differ:
 - GPTQ (Frantar et al. 2022): columns quantized left to right, each column's rounding error fed
   back into the columns not yet quantized through the Cholesky factor of the damped inverse input
   Hessian H = X^T X / S (damped more when the sample has few rows per channel: gptq_damping);
-  group-wise scales fitted on the error-updated weights as each group starts. No act-order (keeps groups aligned with the kernels' contiguous groups). int4 and
-  int8 weight-only (per-channel scales fitted once on the original rows).
+  group-wise scales fitted on the error-updated weights as each group starts. No act-order
+  (keeps groups aligned with the kernels' contiguous groups). int4, and int8 weight-only with
+  per-channel scales fitted once on the original rows.
 - AWQ (Lin et al. 2023): a per-input-channel scale s = mean|x|^alpha (alpha on a grid, alpha = 0
   is RTN), the weight quantized as W * s and the input divided by s inside the module, alpha chosen
   by the layer's output error on the calibration sample. No weight-clipping search.
@@ -23,9 +24,10 @@ its kernel, costing one elementwise op that timing measures); they are not folde
 normalization or linear layer. They are rounded to bfloat16 before the weight is scaled, so the
 division the module does in bf16, fp16 or fp32 uses exactly the fitted scale.
 
-Fits read the layer's `LayerStats` and fall back to RTN when what they need is absent; a fit is
-memoized in the statistics (`LayerStats.fits`), and every fit's wall seconds are added to
-`FIT_SECONDS` (algorithm -> seconds) for the run's accounting.
+Fits read the layer's `LayerStats` and fall back to RTN when what they need is absent. GPTQ's,
+AWQ's and HQQ's fits are memoized in the statistics (`LayerStats.fits`) and their wall seconds
+added to `FIT_SECONDS` (algorithm -> seconds) for the run's accounting; SmoothQuant's closed-form
+scale is neither.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from autoao.kernels.quant import (
     quantize_int8_per_channel,
 )
 
-ALGORITHMS = ("rtn", "gptq", "awq", "hqq", "smoothquant")
 # the algorithms whose module divides its input by a per-channel scale (a different runtime)
 INPUT_SCALED = frozenset({"awq", "smoothquant"})
 # the calibration statistics each algorithm reads (autoao.calibration.STATISTICS)
@@ -219,7 +220,8 @@ def gptq_int8(weight: torch.Tensor, hessian: torch.Tensor, damp: float = GPTQ_DA
     q, params = _gptq(weight, hessian, weight.shape[1], fit, rnd, damp)
     scale = params[0][0]
     rq, rs = quantize_int8_per_channel(weight)
-    if _output_error(weight, q.float() * scale[:, None], hessian) > _output_error(weight, rq.float() * rs[:, None], hessian):
+    if _output_error(weight, q.float() * scale[:, None], hessian) > \
+            _output_error(weight, rq.float() * rs[:, None], hessian):
         return rq, rs
     return q, scale
 
