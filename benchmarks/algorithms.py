@@ -9,11 +9,18 @@ tokens) and measured on rows of *other* text (256 rows per layer from 2 held-out
 model's weights are a Q4_1 grid of group 32, on which int4 g32 is lossless (autoao.models). Layers:
 every `--every`-th of the 30 blocks, all 7 linears of each. Writes results.json (per layer and
 summary) and prints the summary table as markdown.
+
+    python benchmarks/algorithms.py --uniform rtn,gptq,hqq --out ...   # ~4 min on 2 CPU cores
+
+instead applies uniform int4 g64 with each algorithm to every layer that takes it (fitted on 256
+rows per layer, as a default search profiles) and scores the model with the tier-1 proxy on 2 x 256
+held-out tokens (next-token accuracy, KL against bf16): uniform.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import platform
@@ -23,9 +30,10 @@ from pathlib import Path
 
 import torch
 
+import autoao
 import autoao.models
 from autoao import search_space
-from autoao.evaluators.sensitivity import sqnr_db
+from autoao.evaluators.sensitivity import ProxyEvaluator, sqnr_db
 from autoao.profile import profile
 
 ALGORITHMS = ("rtn", "gptq", "awq", "hqq")
@@ -38,7 +46,10 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=3, help="measure every n-th block (default 3: 10 of 30)")
     ap.add_argument("--fit-seqs", type=int, default=4, help="calibration sequences of 256 tokens (default 4)")
     ap.add_argument("--fit-rows", type=int, default=1024, help="input rows kept per layer to fit on (default 1024)")
+    ap.add_argument("--uniform", default=None, help="comma-separated algorithms: score uniform int4 g64 plans instead")
     args = ap.parse_args()
+    if args.uniform:
+        return uniform(args.uniform.split(","), Path(args.out))
     t_start = time.perf_counter()
     torch.manual_seed(0)
     model, tok = autoao.models.load("smollm2-135m")
@@ -97,6 +108,33 @@ def main() -> int:
         print(f"| {s['group_size']} | {s['algorithm']} | {s['layers']} | {s['median_sqnr_db']} | {s['worst_sqnr_db']} "
               f"| {s['median_gain_db']} | {s['worst_gain_db']} | {s['beats_rtn_pct']}% | {s['fit_s_per_layer']} |")
     print(json.dumps(meta))
+    return 0
+
+
+def uniform(algs: list[str], out: Path) -> int:
+    """Tier-1 proxy of uniform int4 g64 with each algorithm (module docstring)."""
+    t_start = time.perf_counter()
+    model, tok = autoao.models.load("smollm2-135m")
+    calib = autoao.models.text_inputs(tok, seq_len=256, n_seqs=4)
+    held = autoao.models.text_inputs(tok, seq_len=256, n_seqs=2, held_out=True)
+    prof = profile(model, calib)  # 256 rows per layer: the search's default
+    proxy = ProxyEvaluator(model, held)
+    rows = []
+    for alg in algs:
+        q = copy.deepcopy(model)
+        plan = autoao.Plan.uniform(q, search_space.get("int4_wo", group_size=64, algorithm=alg))
+        t0 = time.perf_counter()
+        autoao.apply(q, plan, calibration=prof.calibration)
+        apply_s = time.perf_counter() - t0
+        p = proxy(q)
+        rows.append({"algorithm": alg, "layers": len(plan.layers), "proxy_acc": round(p.accuracy, 4),
+                     "proxy_drop": round(p.drop, 4), "kl": round(p.metrics["kl"], 4), "apply_s": round(apply_s, 1)})
+        print(rows[-1], flush=True)
+        # after each plan: a run cut short keeps what it measured
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "held_out_tokens": 512,
+                "fit_rows": 256, "wall_s": round(time.perf_counter() - t_start, 1)}
+        (out / "uniform.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0
 
 
