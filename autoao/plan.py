@@ -312,7 +312,8 @@ def apply(
 
     calibration: the layers' input statistics (`profile(...).calibration`; a plain FQN -> [K]
     activation-norm dict also works), read by candidates that use them (2:4 prunes by Wanda with
-    the activation norms, by magnitude without). Validates first (PlanError lists every problem), so the
+    the activation norms, by magnitude without; GPTQ, AWQ and SmoothQuant fit on them, and are
+    round-to-nearest without them: a saved model keeps the fitted numbers, so load needs none). Validates first (PlanError lists every problem), so the
     model is unchanged if any layer cannot take its candidate. Re-applying to an already
     quantized layer is an error: apply plans to the original model.
     """

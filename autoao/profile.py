@@ -27,7 +27,8 @@ same co-members, and the input was not modified in place between their calls.
 
 Memory: per layer at most `max_sample_rows` rows of K values are kept, on CPU in the layer dtype,
 so the samples take sum over layers of max_sample_rows * K * itemsize bytes (256 rows of K=4096 in
-bf16: 2 MiB a layer), plus two [K] float32 vectors (sum of squares, abs max) a layer.
+bf16: 2 MiB a layer), plus three [K] float32 vectors (sum of squares, abs max, sum of |x|) a layer. GPTQ's Hessian
+is computed from the sample when a layer is quantized (LayerStats.hessian), never kept.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class LayerProfile:
     shapes: dict[tuple[int, ...], int]  # each distinct input shape [..., K] -> number of calls with it
     tokens: int  # rows seen (product of the leading dims), summed over calls; 0 if never called
     # act_norm [K] float32 CPU: per-input-channel L2 norm over every row seen; act_absmax [K]
-    # float32 CPU: per-input-channel max |x|; sample [S, K] layer dtype CPU, S = min(tokens,
+    # float32 CPU: per-input-channel max |x|; act_mean [K] float32 CPU: mean |x|; sample [S, K] layer dtype CPU, S = min(tokens,
     # max_sample_rows): real input rows
     stats: LayerStats
     tied: list[str]  # other Linear / Embedding FQNs holding the same weight Parameter
@@ -101,6 +102,7 @@ class _Recorder:
         self.tokens = 0
         self.sumsq = torch.zeros(k, dtype=torch.float32, device=device)  # [K]
         self.absmax = torch.zeros(k, dtype=torch.float32, device=device)  # [K]
+        self.sumabs = torch.zeros(k, dtype=torch.float32, device=device)  # [K]: mean |x| once divided
         self.sample = torch.empty(max_rows, k, dtype=linear.weight.dtype)  # [cap, K] CPU, reservoir
         self.generator = torch.Generator().manual_seed(0)  # per layer: deterministic sample
 
@@ -116,6 +118,7 @@ class _Recorder:
         f = rows.float()
         self.sumsq += f.square().sum(0)
         torch.maximum(self.absmax, f.abs().amax(0), out=self.absmax)
+        self.sumabs += f.abs().sum(0)
         self._keep(rows)
         self.tokens += rows.shape[0]
 
@@ -141,7 +144,8 @@ class _Recorder:
         spec = self.spec
         return LayerProfile(fqn, spec.in_features, spec.out_features, spec.bias,
                             linear.weight.dtype, linear.weight.device, self.shapes, self.tokens,
-                            LayerStats(self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone()), tied)
+                            LayerStats(self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone(),
+                                       (self.sumabs / max(self.tokens, 1)).cpu()), tied)
 
 
 class _Siblings:

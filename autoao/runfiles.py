@@ -319,6 +319,8 @@ class RunSummary:
     # [1, 1] and 0 rounds for an unchanged model (nothing to compare)
     speedup_range: list[float] = field(default_factory=lambda: [1.0, 1.0])
     rounds: int = 0
+    # wall seconds the calibrated algorithms spent fitting (GPTQ, AWQ, ...), within the stages above
+    algorithm_seconds: dict[str, float] = field(default_factory=dict)
     version: int = RUN_FILES_VERSION
 
     @property

@@ -39,6 +39,7 @@ from autoao.evaluators.timing import (NOT_TIMED, LatencyTable, default_mode, mea
                                       route_timing, spot_check, workload_us)
 from autoao.kernels import cpu_isa
 from autoao.kernels._base import canonical_on_device
+from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import RunLedger
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import GRID_CANDIDATE, ModelProfile, int4_grid_layers, profile
@@ -807,8 +808,10 @@ def _candidate_record(c: Candidate, layers: list[LayerRecord], device: torch.dev
 
 
 def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, context: RunContext,
-                model: nn.Module, ledger: RunLedger) -> RunSummary:
-    """What the finished run measured and decided (summary.json)."""
+                model: nn.Module, ledger: RunLedger, fits_at_start: dict[str, float] | None = None) -> RunSummary:
+    """What the finished run measured and decided (summary.json). fits_at_start: the calibrated
+    algorithms' fit seconds (algorithm_seconds()) when the run began."""
+    fits = {alg: round(sec - (fits_at_start or {}).get(alg, 0.0), 2) for alg, sec in algorithm_seconds().items()}
     plan = final.plan
     acc = final.accuracy
     return RunSummary(
@@ -830,6 +833,7 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
         # the timing stage by candidate (and kernel), largest first: cache misses only (0 when warm)
         timing_seconds={label: round(sec, 2) for label, sec in
                         sorted(meas.table.seconds_by_kernel.items(), key=lambda kv: -kv[1])},
+        algorithm_seconds={alg: sec for alg, sec in fits.items() if sec > 0},
     )
 
 

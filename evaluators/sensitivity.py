@@ -2,7 +2,9 @@
 
 - Tier 0, per (layer, candidate): SQNR (dB) of the layer's output against the original layer, on the
   real activations the profiler sampled. Cheap (one small matmul each), additive-ish, used to warm
-  start the search and to explain choices. Higher is better.
+  start the search and to explain choices. Higher is better. Calibrated algorithms (GPTQ, AWQ,
+  SmoothQuant, HQQ) are fitted on part of the sample and every candidate is measured on the rows
+  held out from that fit (heldout_split), so a fit is not scored on the rows it fitted.
 - Tier 1, per plan: a fast proxy on held-out inputs, against the unquantized model's outputs, with
   no labels. For a causal LM (integer token inputs, [B, T, V] logits): top-1 agreement per token
   (`accuracy`; the drop is in points of it, below the model's own numerical noise: "drops by at
@@ -54,6 +56,18 @@ def sqnr_db(ref: torch.Tensor, y: torch.Tensor) -> float:
 
 ##### tier 0 ####################################################################################
 
+MIN_HELD_OUT_ROWS = 8  # below 2x this many sample rows, fits and measurements share all rows
+
+
+def heldout_split(rows: int) -> int:
+    """Sample rows [0, split) fit the calibrated algorithms, rows [split, rows) measure every
+    candidate: the last quarter (at least MIN_HELD_OUT_ROWS); all rows for both on a small sample
+    (split == rows)."""
+    if rows < 2 * MIN_HELD_OUT_ROWS:
+        return rows
+    return rows - max(MIN_HELD_OUT_ROWS, rows // 4)
+
+
 def layer_errors(
     model: nn.Module,
     profile: ModelProfile,
@@ -64,10 +78,11 @@ def layer_errors(
     deadline: float | None = None,
 ) -> dict[str, dict[str, float]]:
     """Tier 0: FQN -> candidate name -> SQNR (dB) of the candidate's layer output vs the original,
-    on the profiled sample rows; past `deadline` (a time.perf_counter()) only cached errors are
-    read (the search then starts from fewer greedy seeds, nothing else changes).
-    on the profiled sample rows. Unsupported or failing candidates are absent from a layer's dict;
-    NaN/Inf outputs give -inf. Runs on the layer's device; the model is not modified."""
+    on the profiled sample rows held out from the calibrated algorithms' fits (heldout_split;
+    those fits use statistics of the other rows, LayerStats.subset). Past `deadline` (a
+    time.perf_counter()) only cached errors are read (the search then starts from fewer greedy
+    seeds, nothing else changes). Unsupported or failing candidates are absent from a layer's
+    dict; NaN/Inf outputs give -inf. Runs on the layer's device; the model is not modified."""
     from tqdm.auto import tqdm
 
     out: dict[str, dict[str, float]] = {}
@@ -77,9 +92,12 @@ def layer_errors(
     for lay in layers:
         linear = model.get_submodule(lay.fqn)
         device = linear.weight.device
-        x = lay.stats.sample.to(device)  # [S, K] real activations
-        key_base = digest("tier0", linear.weight, linear.bias if linear.bias is not None else 0, lay.stats.sample,
-                          lay.stats.act_norm)
+        rows = lay.stats.sample.shape[0]
+        split = heldout_split(rows)
+        x = lay.stats.sample[split if split < rows else 0:].to(device)  # [S', K] real activations, held out
+        fit_stats = lay.stats.subset(slice(0, split)) if split < rows else lay.stats
+        key_base = digest("tier0-heldout", linear.weight, linear.bias if linear.bias is not None else 0,
+                          lay.stats.sample, lay.stats.act_norm)
         with torch.no_grad():
             ref = None
             per: dict[str, float] = {}
@@ -98,7 +116,7 @@ def layer_errors(
                     ref = linear(x).float()
                 try:
                     with canonical_on_device():  # measured, then dropped: no host copy of its weights
-                        q = cand.build(linear, lay.stats, fqn=lay.fqn)
+                        q = cand.build(linear, lay.stats if cand.algorithm == "rtn" else fit_stats, fqn=lay.fqn)
                     value = sqnr_db(ref, q(x).float())
                 except Exception:  # noqa: BLE001 - a candidate that fails here is left out, as unsupported
                     continue

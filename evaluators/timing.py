@@ -341,7 +341,8 @@ def measure_latencies(
         for kern in kernel_names(cand, device):
             if kern is not None and _outrun(cand, kern, n, k, tokens, by_kernel):
                 continue  # slower at every M than a kernel that ran: never chosen, not timed
-            label = cand.name if kern is None else f"{cand.name}@{kern}"
+            # GPTQ / HQQ run round-to-nearest's kernels: one cached cell serves both (timing_name)
+            label = cand.timing_name if kern is None else f"{cand.timing_name}@{kern}"
             options = cand.module_cls.kernel_options(kern) if cand.module_cls is not None else ""
             keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, options=options, **base) for m in tokens}
             found = {m: cache.get(key) for m, key in keys.items()}

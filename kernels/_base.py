@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from autoao.calibration import LayerStats
+from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # A kernel per range of rows (tokens), in order: ((kernel, up to rows), ..., (last kernel, None)).
@@ -94,7 +95,12 @@ class QuantizedLinear(nn.Module):
     Class attribute `emulated_on` lists device types with no fast kernel (forward then runs a
     reference path that computes the same numbers, and is never reported as a speed-up).
     Class attribute `calibration_uses` names the calibration statistics (autoao.calibration)
-    `quantize` reads when they are given.
+    `quantize` reads when they are given (an instance adds its algorithm's).
+
+    Class attribute `algorithms` lists the quantization algorithms (kernels/algorithms.py) the
+    class takes as its `algorithm` parameter (first: "rtn", round-to-nearest). An algorithm changes
+    the stored numbers, not the kernels; those in algorithms.INPUT_SCALED also store an `act_scale`
+    [K] float32 canonical tensor and `forward` divides its input by it before the kernels run.
 
     Class attribute `kernels` names alternative CUDA implementations of the same numbers (first =
     default), e.g. int4 ("tinygemm", "triton"), and `cpu_kernels` the CPU's (empty: one
@@ -109,6 +115,7 @@ class QuantizedLinear(nn.Module):
 
     emulated_on: frozenset[str] = frozenset()
     calibration_uses: frozenset[str] = frozenset()
+    algorithms: tuple[str, ...] = ("rtn",)
     kernels: tuple[str, ...] = ("default",)
     cpu_kernels: tuple[str, ...] = ()
     # kernel -> the runtime layout it reads; kernels of one layout can share a route (one packed
@@ -141,9 +148,44 @@ class QuantizedLinear(nn.Module):
         self._canon: dict[str, torch.Tensor] = {}
         self.kernel = ""  # one kernel or a route (parse_route); _init_canonical sets the default
         self._route: Route = ()  # the route forward follows on this device (route_on)
+        self.algorithm = "rtn"  # subclasses taking an algorithm set it with _set_algorithm
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
         # siblings: (the group, this layer's index in it). Not a submodule (no state_dict entry).
         self.fused: tuple[Any, int] | None = None
+
+    def _set_algorithm(self, algorithm: str) -> None:
+        """Subclasses taking an `algorithm` parameter call this in __init__ (before
+        _init_canonical); raises ValueError naming the choices for one the class does not take."""
+        check_algorithm(algorithm, self.algorithms, type(self).__name__)
+        self.algorithm = algorithm
+        self.calibration_uses = type(self).calibration_uses | USES[algorithm]
+
+    @property
+    def input_scaled(self) -> bool:
+        """Whether forward divides its input by the canonical per-channel `act_scale` (AWQ, SmoothQuant)."""
+        return self.algorithm in INPUT_SCALED
+
+    def _input_scale_spec(self) -> CanonicalSpec:
+        """The `act_scale` entry of canonical_spec() for input-scaled algorithms, else nothing."""
+        return {"act_scale": ((self.in_features,), torch.float32)} if self.input_scaled else {}
+
+    def _scale_input(self, x: torch.Tensor) -> torch.Tensor:
+        """x / act_scale (x [..., K], in x.dtype) for input-scaled algorithms, else x."""
+        scale = self._buffers.get("act_scale_rt")
+        return x if scale is None else x / scale.to(x.dtype)
+
+    def _scale_input_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """x / act_scale in float32 for `reference`, else x.float()."""
+        if "act_scale" not in self._canon:
+            return x.float()
+        return x.float() / self._canon["act_scale"].to(x.device)
+
+    def _repack(self, device: torch.device) -> None:
+        """_pack, then the input scale's runtime copy (act_scale_rt [K] in the layer dtype: bf16
+        values, exact in it) where there is one."""
+        self._pack(device)
+        if "act_scale" in self._canon:
+            self.register_buffer("act_scale_rt", self._canon["act_scale"].to(device, self.dtype), persistent=False)
 
     def _init_canonical(self) -> None:
         """Subclasses call this at the end of __init__, once their parameters are set: zero
@@ -152,6 +194,8 @@ class QuantizedLinear(nn.Module):
         home = self._canonical_home()
         self._canon = {name: torch.zeros(shape, dtype=dt, device=home)
                        for name, (shape, dt) in self.canonical_spec().items()}
+        if "act_scale" in self._canon:
+            self._canon["act_scale"].fill_(1.0)  # an unloaded module must not divide by zeros
         self._repack(self.device)
 
     def _canonical_home(self) -> torch.device:
@@ -180,8 +224,9 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def fusable(cls, **params: Any) -> bool:
         """Whether modules of this class built with `params` can be fused with siblings (every
-        canonical tensor one row per output channel, each row independent of the others)."""
-        return cls.rows_independent
+        canonical tensor one row per output channel, each row independent of the others; an input
+        scale [K] is not)."""
+        return cls.rows_independent and params.get("algorithm", "rtn") not in INPUT_SCALED
 
     @classmethod
     def outrun_by(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> str | None:
@@ -222,11 +267,12 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype. A fused layer takes its columns of the group's output
-        (computed once per input by the first sibling called); otherwise its own kernels run."""
+        (computed once per input by the first sibling called); otherwise its own kernels run (on
+        x / act_scale for input-scaled algorithms: those never fuse)."""
         if self.fused is not None:
             group, index = self.fused
             return group.take(x, index)
-        return self._forward(x)
+        return self._forward(self._scale_input(x))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, stats: LayerStats | None = None, **params: Any):
@@ -428,19 +474,24 @@ class QuantizedLinear(nn.Module):
 
 class PerChannelWeights(QuantizedLinear):
     """Base of the formats whose canonical tensors are qweight [N, K] in `qdtype` and scale [N]
-    float32 (w ~ qweight * scale[:, None], symmetric per output channel: int8, fp8 weight-only).
-    Subclasses set `qdtype` and implement quantize, _pack and _forward."""
+    float32 (w ~ qweight * scale[:, None], symmetric per output channel: int8, fp8 weight-only),
+    plus act_scale [K] float32 for input-scaled algorithms. Subclasses set `qdtype` and implement
+    quantize, _pack and _forward."""
 
     rows_independent = True
     qdtype: torch.dtype
 
-    def __init__(self, in_features, out_features, bias, dtype, device=None):
+    def __init__(self, in_features, out_features, bias, dtype, device=None, algorithm: str = "rtn"):
         super().__init__(in_features, out_features, bias, dtype, device)
+        self._set_algorithm(algorithm)
         self._init_canonical()
+
+    def params(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm} if self.algorithm != "rtn" else {}
 
     def canonical_spec(self) -> CanonicalSpec:
         n, k = self.out_features, self.in_features
-        return {"qweight": ((n, k), self.qdtype), "scale": ((n,), torch.float32)}
+        return {"qweight": ((n, k), self.qdtype), "scale": ((n,), torch.float32), **self._input_scale_spec()}
 
 
 def flatten_tokens(x: torch.Tensor) -> torch.Tensor:

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from autoao.kernels import cuda_int4
+from autoao.kernels.algorithms import quantize_int4
 from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
 from autoao.kernels.quant import (
     dequantize_int4_groupwise,
     load_triton_ops,
     pack_int4,
-    quantize_int4_groupwise,
     unpack_int4,
 )
 
@@ -68,13 +68,17 @@ def inner_k_tiles(in_features: int) -> int | None:
 
 class Int4WeightOnlyLinear(QuantizedLinear):
     """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
-    with w ~ (q - 8) * scale + zero."""
+    with w ~ (q - 8) * scale + zero; for AWQ also act_scale [K] float32 (the layer computes
+    (x / act_scale) @ w^T, w quantized from W * act_scale)."""
 
     kernels = ("tinygemm", "cuda", "triton", "tinygemm_dequant")
+    algorithms = ("rtn", "awq", "gptq", "hqq")
     rows_independent = True  # scales and zeros per (row, group)
 
-    def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128):
+    def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128,
+                 algorithm: str = "rtn"):
         super().__init__(in_features, out_features, bias, dtype, device)
+        self._set_algorithm(algorithm)
         # The module whose GEMV runs after this one's (link_prefetch), or None. A plain attribute,
         # not a submodule: no state_dict entry, no cycle in the module tree.
         object.__setattr__(self, "prefetch_next", None)
@@ -86,7 +90,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         self._init_canonical()
 
     def params(self):
-        return {"group_size": self.group_size}
+        return {"group_size": self.group_size, **({"algorithm": self.algorithm} if self.algorithm != "rtn" else {})}
 
     @classmethod
     def outrun_by(cls, kernel, m, n, k, **params):
@@ -135,11 +139,13 @@ class Int4WeightOnlyLinear(QuantizedLinear):
             "qweight": ((n, k // 2), torch.uint8),
             "scales": ((n, k // g), torch.bfloat16),
             "zeros": ((n, k // g), torch.bfloat16),
+            **self._input_scale_spec(),
         }
 
     def quantize(self, weight, stats=None):
-        q, scales, zeros = quantize_int4_groupwise(weight, self.group_size)
-        return {"qweight": pack_int4(q), "scales": scales, "zeros": zeros}
+        q, scales, zeros, act_scale = quantize_int4(weight, self.group_size, self.algorithm, stats)
+        return {"qweight": pack_int4(q), "scales": scales, "zeros": zeros,
+                **({"act_scale": act_scale} if act_scale is not None else {})}
 
     def _pack(self, device):
         c = self._canon
@@ -213,7 +219,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     def reference(self, x):
         c = self._canon
         w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
-        y = flatten_tokens(x).float() @ w.to(x.device).t()
+        y = flatten_tokens(self._scale_input_reference(x)) @ w.to(x.device).t()
         return unflatten_tokens(self._add_bias(y), x)
 
 

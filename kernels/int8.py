@@ -29,10 +29,10 @@ from autoao.kernels._base import (
     unflatten_tokens,
 )
 from autoao.kernels.cpu_isa import fbgemm_reduce_range
+from autoao.kernels.algorithms import quantize_int8
 from autoao.kernels.quant import (
     dequantize_output,
     load_triton_ops,
-    quantize_int8_per_channel,
     quantize_int8_per_token,
     quantize_per_token,
 )
@@ -43,13 +43,14 @@ _INT_MM_MIN_ROWS_CUDA = 17
 
 class _Int8Weights(PerChannelWeights):
     """Canonical: qweight [N, K] int8, scale [N] float32 (w ~ qweight * scale[:, None]), symmetric
-    per output channel."""
+    per output channel; for SmoothQuant also act_scale [K] float32 (the layer computes
+    (x / act_scale) @ w^T, w quantized from W * act_scale)."""
 
     qdtype = torch.int8
 
     def quantize(self, weight, stats=None):
-        q, s = quantize_int8_per_channel(weight)
-        return {"qweight": q, "scale": s}
+        q, s, act_scale = quantize_int8(weight, self.algorithm, stats)
+        return {"qweight": q, "scale": s, **({"act_scale": act_scale} if act_scale is not None else {})}
 
 
 class Int8DynLinear(_Int8Weights):
@@ -62,16 +63,18 @@ class Int8DynLinear(_Int8Weights):
     cpu_kernels = ("int_mm", "bf16_mm")
     layouts = {"int_mm": "int8", "bf16_mm": "int8"}
     ACTS = ("token", "tensor")
+    algorithms = ("rtn", "smoothquant")
 
-    def __init__(self, in_features, out_features, bias, dtype, device=None, act: str = "token"):
+    def __init__(self, in_features, out_features, bias, dtype, device=None, act: str = "token",
+                 algorithm: str = "rtn"):
         if act not in self.ACTS:
             raise ValueError(f"act must be one of {', '.join(self.ACTS)}, got {act!r}")
         self.act = act
         self._handle: int | None = None  # act="tensor": the packed weight (cpu_int8.prepack)
-        super().__init__(in_features, out_features, bias, dtype, device)
+        super().__init__(in_features, out_features, bias, dtype, device, algorithm=algorithm)
 
     def params(self):
-        return {"act": self.act}
+        return {"act": self.act, **super().params()}
 
     @classmethod
     def kernels_for(cls, device_type, **params):
@@ -125,10 +128,10 @@ class Int8DynLinear(_Int8Weights):
 
     def reference(self, x):
         if self.act == "tensor":
-            y = cpu_int8.reference_per_tensor(flatten_tokens(x), self._canon["qweight"], self._canon["scale"],
-                                              getattr(self, "_reduce_range", False))
+            y = cpu_int8.reference_per_tensor(flatten_tokens(self._scale_input_reference(x)), self._canon["qweight"],
+                                              self._canon["scale"], getattr(self, "_reduce_range", False))
             return unflatten_tokens(self._add_bias(y), x)
-        xq, xs = quantize_int8_per_token(flatten_tokens(x).float())
+        xq, xs = quantize_int8_per_token(flatten_tokens(self._scale_input_reference(x)))
         w = self._canon["qweight"].to(x.device, torch.float64)
         y = (xq.double() @ w.t()) * xs.double() * self._canon["scale"].to(x.device, torch.float64)
         y = y.float()
@@ -141,6 +144,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
     kernels = ("triton", "dequant")  # measured: the GEMV is 2.2-4.8x faster at M=1 on the H200
     cpu_kernels = ("int8pack", "dequant")
     layouts = {"triton": "int8", "dequant": "int8", "int8pack": "int8"}  # all read w_q, w_scale
+    algorithms = ("rtn", "gptq")
 
     @classmethod
     def same_code(cls, kernel, m, n, k, **params):

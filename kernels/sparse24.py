@@ -168,8 +168,10 @@ class Sparse24Int8DynLinear(Int8DynLinear):
     prune_rule = "unknown"  # "wanda" or "magnitude" once quantized; informational
 
     def quantize(self, weight, stats=None):
+        # SmoothQuant scales whole input channels, which leaves every Wanda score |W_k| ||x_k|| as
+        # it was: pruning the unscaled weight keeps the same 2:4 mask
         w, self.prune_rule = _prune(weight, stats)
-        return super().quantize(w)
+        return super().quantize(w, stats)
 
     def _pack(self, device):
         super()._pack(device)
@@ -202,8 +204,10 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
         return {}
 
     def quantize(self, weight, stats=None):
+        # SmoothQuant scales whole input channels, which leaves every Wanda score |W_k| ||x_k|| as
+        # it was: pruning the unscaled weight keeps the same 2:4 mask
         w, self.prune_rule = _prune(weight, stats)
-        return super().quantize(w)
+        return super().quantize(w, stats)
 
     def _pack(self, device):
         super()._pack(device)

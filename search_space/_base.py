@@ -23,6 +23,7 @@ from torch import nn
 
 from autoao.calibration import LayerStats
 from autoao.kernels import QuantizedLinear, as_linear, cpu_isa, is_conv1d
+from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEVICE_TYPES = ("cpu", "cuda")
@@ -81,7 +82,28 @@ class Candidate(ABC):
 
     # ---- identity --------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Field -> value; an `algorithm` field (algorithm_field) only when it is not "rtn", so
+        round-to-nearest keeps the names, timing keys and plan entries it had before algorithms."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if not (f.metadata.get("omit_default") and getattr(self, f.name) == f.default)}
+
+    @property
+    def algorithm(self) -> str:
+        """The quantization algorithm (kernels/algorithms.py); "rtn" for families without one."""
+        return self.__dict__.get("algorithm", "rtn")
+
+    @property
+    def timing_name(self) -> str:
+        """The name under which this candidate's timings are cached: its own, or round-to-nearest's
+        where its algorithm runs the very same kernels on other numbers (GPTQ, HQQ)."""
+        if self.algorithm == "rtn" or self.algorithm in INPUT_SCALED:
+            return self.name
+        return dataclasses.replace(self, algorithm="rtn").name  # type: ignore[call-arg]
+
+    def _check_algorithm(self) -> None:
+        """For __post_init__ of families with an algorithm field: ValueError naming the choices."""
+        assert self.module_cls is not None
+        check_algorithm(self.algorithm, self.module_cls.algorithms, self.family)
 
     @property
     def name(self) -> str:
@@ -142,7 +164,9 @@ class Candidate(ABC):
     def calibration_uses(self) -> frozenset[str]:
         """The calibration statistics (autoao.calibration.STATISTICS) this candidate's quantization
         reads when they are given; empty for plain round-to-nearest."""
-        return self.module_cls.calibration_uses if self.module_cls is not None else frozenset()
+        if self.module_cls is None:
+            return frozenset()
+        return self.module_cls.calibration_uses | USES[self.algorithm]
 
     def build(self, linear: nn.Linear, stats: LayerStats | None = None, fqn: str = "") -> nn.Module:
         """The module replacing `linear` (an nn.Linear, or a GPT-2 Conv1D: kernels.as_linear; on
@@ -167,6 +191,12 @@ class Candidate(ABC):
 
     def _module_params(self) -> dict[str, Any]:
         return self.params()
+
+
+def algorithm_field() -> Any:
+    """The `algorithm` field of a candidate family: "rtn" (round-to-nearest) by default, and left
+    out of its name and plan entry then (Candidate.params)."""
+    return dataclasses.field(default="rtn", metadata={"omit_default": True})
 
 
 def multiple_reason(what: str, value: int, multiple: int, why: str) -> str | None:

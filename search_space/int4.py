@@ -1,4 +1,6 @@
-"""`int4_wo(group_size)`: int4 group-wise asymmetric weight-only (tinygemm or autoao's Triton GEMV on CUDA, timing picks; the CPU int4 kernel)."""
+"""`int4_wo(group_size, algorithm)`: int4 group-wise asymmetric weight-only (tinygemm or autoao's
+Triton GEMV on CUDA, timing picks; the CPU int4 kernel), its numbers by round-to-nearest, GPTQ,
+AWQ or HQQ (kernels/algorithms.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 
 from autoao.kernels import Int4WeightOnlyLinear
 from autoao.kernels.int4 import GROUP_SIZES
-from autoao.search_space._base import Candidate, LayerSpec, capability_reason, multiple_reason
+from autoao.search_space._base import Candidate, LayerSpec, algorithm_field, capability_reason, multiple_reason
 from autoao.search_space._registry import register
 
 
@@ -21,13 +23,19 @@ class Int4WO(Candidate):
     summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "tinygemm, autoao's CUDA and Triton GEMVs (timing picks per layer)", "cpu": "_weight_int4pack_mm_for_cpu ({aten})"}
     sqnr_bound_db: ClassVar[float] = 18
-    variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g} for g in GROUP_SIZES)
+    # GPTQ by default: the same kernels (and timings) as round-to-nearest, fitted in well under a
+    # second a layer on the CPU; AWQ and HQQ are there to be asked for (AWQ's input scale is a
+    # kernel of its own to time)
+    variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g, **alg} for g in GROUP_SIZES
+                                                 for alg in ({}, {"algorithm": "gptq"}))
 
     group_size: int = 128  # input channels sharing one scale and zero: 32, 64 or 128
+    algorithm: str = algorithm_field()  # rtn | awq | gptq | hqq
 
     def __post_init__(self) -> None:
         if self.group_size not in GROUP_SIZES:
             raise ValueError(f"int4_wo: group_size must be one of {list(GROUP_SIZES)}, got {self.group_size!r}")
+        self._check_algorithm()
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         if layer.in_features % self.group_size:

@@ -1,7 +1,9 @@
-"""`int8_dyn` (int8 weights x int8 per-token activations) and `int8_wo` (int8 weight-only)."""
+"""`int8_dyn(algorithm)` (int8 weights x int8 per-token activations; rtn | smoothquant) and
+`int8_wo(algorithm)` (int8 weight-only; rtn | gptq)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -9,7 +11,7 @@ import torch
 
 from autoao.kernels import Int8DynLinear, Int8WeightOnlyLinear
 from autoao.kernels.cpu_int8 import engine_missing
-from autoao.search_space._base import Candidate, LayerSpec, multiple_reason
+from autoao.search_space._base import Candidate, LayerSpec, algorithm_field, multiple_reason
 from autoao.search_space._registry import register
 
 
@@ -35,18 +37,18 @@ class Int8Dyn(Candidate):
     sqnr_bound_db: ClassVar[float] = 35
     variants: ClassVar[tuple[dict, ...]] = ({}, {"act": "tensor"})
 
-    act: str = "token"  # activation scales: "token" (one per row) or "tensor" (one per call, CPU only)
+    # activation scales: "token" (one per row) or "tensor" (one per call, CPU only); the per-token
+    # default is left out of the name ("int8_dyn"), as plans and caches know it
+    act: str = dataclasses.field(default="token", metadata={"omit_default": True})
+    algorithm: str = algorithm_field()  # rtn | smoothquant
 
     def __post_init__(self) -> None:
         if self.act not in Int8DynLinear.ACTS:
             raise ValueError(f"int8_dyn: act must be one of {', '.join(Int8DynLinear.ACTS)}, got {self.act!r}")
-
-    def params(self) -> dict:
-        # the per-token default keeps the family's plain name ("int8_dyn"), as plans and caches know it
-        return {} if self.act == "token" else {"act": self.act}
+        self._check_algorithm()
 
     def _module_params(self) -> dict:
-        return {"act": self.act}
+        return {**self.params(), "act": self.act}
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         if self.act == "tensor":
@@ -67,6 +69,11 @@ class Int8WO(Candidate):
         "cpu": "torch._weight_int8pack_mm ({aten}) or the weight cast to bf16 for one matmul ({bf16_mm}); "
                "timing picks per layer and token count"}
     sqnr_bound_db: ClassVar[float] = 38
+
+    algorithm: str = algorithm_field()  # rtn | gptq
+
+    def __post_init__(self) -> None:
+        self._check_algorithm()
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         if device.type == "cpu" and layer.dtype == torch.bfloat16:

@@ -1,4 +1,5 @@
-"""2:4 sparsity families: `sparse24`, `sparse24_int8_dyn`, `sparse24_fp8` (cuSPARSELt on CUDA)."""
+"""2:4 sparsity families: `sparse24`, `sparse24_int8_dyn(algorithm)` (rtn | smoothquant),
+`sparse24_fp8` (cuSPARSELt on CUDA)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from autoao.kernels import Sparse24Fp8DynLinear, Sparse24Int8DynLinear, Sparse24Linear
-from autoao.search_space._base import Candidate, LayerSpec, capability_reason, multiple_reason
+from autoao.search_space._base import Candidate, LayerSpec, algorithm_field, capability_reason, multiple_reason
 from autoao.search_space._registry import register
 from autoao.search_space.fp8 import fp8_reason
 from autoao.search_space.int8 import int_mm_reason
@@ -55,6 +56,11 @@ class Sparse24Int8Dyn(_Sparse):
     summary: ClassVar[str] = "2:4-pruned int8 weights x int8 per-token activations"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuSPARSELt int8", "cpu": "torch._int_mm on the pruned weight (emulated)"}
     sqnr_bound_db: ClassVar[float] = 35
+
+    algorithm: str = algorithm_field()  # rtn | smoothquant
+
+    def __post_init__(self) -> None:
+        self._check_algorithm()
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return sparse24_reason(layer, device) or int_mm_reason(layer, device)

@@ -33,7 +33,11 @@ FAMILIES = {"bf16", "fp32_compute", "int8_dyn", "int8_wo", "int4_wo", "fp8_dyn",
 KERNEL_VS_REFERENCE_DB = 40
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}
 
-CANDIDATES = search_space.all_candidates()
+# the default search space, and the calibrated algorithms it leaves out (kernels/algorithms.py)
+CANDIDATES = search_space.all_candidates() + [
+    search_space.get(name) for name in ("int4_wo(group_size=64, algorithm=awq)", "int4_wo(group_size=32, algorithm=hqq)",
+                                        "int8_dyn(algorithm=smoothquant)", "int8_wo(algorithm=gptq)",
+                                        "sparse24_int8_dyn(algorithm=smoothquant)")]
 # (K, N): plain; K not a multiple of 64/128 (int4 g64/g128 unsupported); K not a multiple of 32
 # and N not a multiple of 16 (int4 unsupported entirely).
 SHAPES = [(256, 128), (96, 48), (100, 24)]
@@ -82,7 +86,10 @@ def test_candidate_matches_reference(cand, shape, dtype):
             cand.build(lin, fqn="layer")
         return
     act_norm = torch.rand(k) + 0.1
-    m = cand.build(lin, LayerStats(act_norm=act_norm), fqn="layer")
+    sample = torch.randn(32, k) * act_norm  # calibration rows for the algorithms that fit on them
+    stats = LayerStats(act_norm=act_norm, act_absmax=sample.abs().amax(0), sample=sample.to(dtype),
+                       act_mean=sample.abs().mean(0))
+    m = cand.build(lin, stats, fqn="layer")
     x = torch.randn(2, 3, k).to(dtype)
     with torch.no_grad():
         y = m(x)
