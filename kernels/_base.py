@@ -180,13 +180,6 @@ class QuantizedLinear(nn.Module):
             return x.float()
         return x.float() / self._canon["act_scale"].to(x.device)
 
-    def _repack(self, device: torch.device) -> None:
-        """_pack, then the input scale's runtime copy (act_scale_rt [K] in the layer dtype: bf16
-        values, exact in it) where there is one."""
-        self._pack(device)
-        if "act_scale" in self._canon:
-            self.register_buffer("act_scale_rt", self._canon["act_scale"].to(device, self.dtype), persistent=False)
-
     def _init_canonical(self) -> None:
         """Subclasses call this at the end of __init__, once their parameters are set: zero
         canonical tensors of the right shapes (overwritten by quantize or load_state_dict)."""
@@ -362,8 +355,12 @@ class QuantizedLinear(nn.Module):
         return any(k == kernel for k, _ in self._route)
 
     def _repack(self, device: torch.device) -> None:
+        """The route this device follows, _pack, then the input scale's runtime copy (act_scale_rt
+        [K] in the layer dtype: bf16 values, exact in it) where there is one."""
         self._route = self.route_on(device.type)
         self._pack(device)
+        if "act_scale" in self._canon:
+            self.register_buffer("act_scale_rt", self._canon["act_scale"].to(device, self.dtype), persistent=False)
 
     def set_kernel(self, kernel: str) -> QuantizedLinear:
         """Use `kernel` (one of `all_kernels()`, or a route of them: parse_route); re-packs the
