@@ -6,7 +6,9 @@ model; only that forward is slowed (profiling, the proxy's reference and end-to-
 [1, 16] ids or the unchanged model, stay fast). Environment variables, read at each forward:
   AUTOAO_TEST_TRIAL_SLEEP  seconds each such forward sleeps (every process)
   AUTOAO_TEST_STALL_FILE   a path: the first `autoao worker` process to reach such a forward creates
-                           it, writes its pid there, and sleeps for good (a worker to SIGKILL mid-trial)
+                           it, writes its pid there, and sleeps for good (a worker to SIGKILL mid-trial);
+                           until it exists, the coordinator (`autoao search`) waits in its own first such
+                           forward, so it cannot spend the study's budget before a worker has stalled
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ class SlowTinyLM(TinyLM):
 
 def _stall_once() -> None:
     path = os.environ.get("AUTOAO_TEST_STALL_FILE")
-    if not path or sys.argv[1:2] != ["worker"]:  # only a worker stalls (python -m autoao.cli worker ...)
+    if not path:
+        return
+    if sys.argv[1:2] == ["search"]:  # the coordinator (python -m autoao.cli search ...)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
+    if sys.argv[1:2] != ["worker"]:
         return
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -55,10 +64,10 @@ def _inputs() -> dict:
 
 def build() -> dict:
     torch.manual_seed(0)
-    return {"model": SlowTinyLM().to(torch.bfloat16), **_inputs()}
+    return {"model": SlowTinyLM(n=1).to(torch.bfloat16), **_inputs()}
 
 
 def other() -> dict:
     """Another model (other weights), the same inputs: a worker started on it must be refused."""
     torch.manual_seed(7)
-    return {"model": SlowTinyLM().to(torch.bfloat16), **_inputs()}
+    return {"model": SlowTinyLM(n=1).to(torch.bfloat16), **_inputs()}
