@@ -357,9 +357,12 @@ def cmd_search(args: argparse.Namespace) -> int:
                           heartbeat=args.heartbeat,
                           on_study=lambda name: started.extend(start_workers(args, storage, name, device, out)))
     except ValueError as e:
+        stop_workers(started, grace=0.0)
         raise CLIError(str(e)) from None
-    finally:
-        stop_workers(started)
+    except BaseException:  # interrupted or failed: the local workers go too
+        stop_workers(started, grace=0.0)
+        raise
+    stop_workers(started)
     s = result.summary
     print(f"plan: {result.plan.summary() or 'all bf16'}")
     print(f"latency: bf16 {s.baseline_ms.measured:.2f} ms -> {s.plan_ms.measured:.2f} ms measured "

@@ -270,6 +270,20 @@ def join(storage: str, study_name: str, wait: float = 0.0) -> SharedInputs:
                      "(`autoao search --storage ...`) prints its name")
 
 
+def scorer(model: nn.Module, key: str, examples: Any, eval_inputs: Any, shared: SharedInputs) -> stages.ModelBench:
+    """A ModelBench that scores trials as the coordinator's does (`.proxy(plan)`): the model
+    profiled here (calibration), the proxy's reference outputs computed here, its baseline, the
+    cost model and the layer errors the coordinator's. key: the model's weights_key."""
+    device = model_device(model)
+    work = stages.profile_workload(model, examples, eval_inputs)
+    proxy = ProxyEvaluator(model, work.eval_inputs, cache=ResultCache(cache_dir() / "timings.sqlite"),
+                           reference_key=f"{key}:{stages.plan_key(Plan())}")
+    proxy.baseline = dict(shared.proxy_baseline)  # drops from the coordinator's baseline, as its trials
+    base = stages.Baselines(shared.bf16_us, 0.0, False, proxy, None, 0.0, key)
+    meas = stages.Measurements(base, LatencyTable(device.type, "", "", [], 0, 0.0), shared.cost, {}, {}, shared.sqnr)
+    return stages.ModelBench(model, work, meas, shared.groups)
+
+
 def run_worker(model: nn.Module, examples: Any, eval_inputs: Any, shared: SharedInputs, *, storage: str,
                study_name: str, budget: Budget | None = None, progress: bool = True) -> SearchOutcome:
     """Run trials of the study until its budget (or this worker's own `budget`) is spent. The model
@@ -277,18 +291,14 @@ def run_worker(model: nn.Module, examples: Any, eval_inputs: Any, shared: Shared
     sides otherwise, before any trial."""
     device = model_device(model)
     key = weights_key(model)
-    mine = fingerprint(model, key, examples, eval_inputs if eval_inputs is not None else examples, device)
+    # as the coordinator's Workload holds them: examples as a list, held-out inputs as given
+    mine = fingerprint(model, key, examples if isinstance(examples, list) else [examples],
+                       eval_inputs if eval_inputs is not None else examples, device)
     if mine != shared.fingerprint:
         raise ValueError(f"this worker's model is not the study's: here {mine.text()}, study {study_name!r} "
                          f"measured {shared.fingerprint.text()}; start the worker with the coordinator's --model "
                          "and --device type")
-    work = stages.profile_workload(model, examples, eval_inputs)
-    proxy = ProxyEvaluator(model, work.eval_inputs, cache=ResultCache(cache_dir() / "timings.sqlite"),
-                           reference_key=f"{key}:{stages.plan_key(Plan())}")
-    proxy.baseline = dict(shared.proxy_baseline)  # drops from the coordinator's baseline, as its trials
-    base = stages.Baselines(shared.bf16_us, 0.0, False, proxy, None, 0.0, key)
-    meas = stages.Measurements(base, LatencyTable(device.type, "", "", [], 0, 0.0), shared.cost, {}, {}, shared.sqnr)
-    bench = stages.ModelBench(model, work, meas, shared.groups)
+    bench = scorer(model, key, examples, eval_inputs, shared)
     config = SearchConfig(budget=budget or Budget(), max_accuracy_drop=shared.max_accuracy_drop, storage=storage,
                           study_name=study_name, role="worker", worker=label("worker"), deadline=shared.deadline,
                           heartbeat=shared.heartbeat or None, sampler_seed=None)
