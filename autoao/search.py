@@ -201,7 +201,7 @@ class SearchConfig:
     worker: str = ""
     deadline: float | None = None  # time.time() after which no process starts a trial (a shared time budget)
     heartbeat: int | None = None  # seconds between a running trial's heartbeats (RDB storage only)
-    sampler_seed: int | None = -1  # -1: `seed`; a worker passes None (fresh draws, not the coordinator's)
+    fresh_seed: bool = False  # sample unseeded (a worker: its draws must not repeat the coordinator's)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_accuracy_drop <= 1.0:
@@ -294,8 +294,8 @@ def run_search(
     n_trials = None if config.budget.trials is None else max(config.budget.trials - len(done_before), 0)
     stopped = "budget spent"
     if config.role is not None:
-        # the study's budget, whoever runs the trials: checked before the first and after each
-        # the coordinator stops at the study's budget; a worker also at its own (--budget), counted alone
+        # the study's budget, whoever runs the trials, checked before the first trial and after each;
+        # a worker also stops at its own budget (--budget), counted alone
         n_trials = None if config.role == "coordinator" else config.budget.trials
         if config.deadline is not None:
             timeout = min(timeout or math.inf, max(config.deadline - time.time(), 0.0))
@@ -331,8 +331,7 @@ def open_study(config: SearchConfig) -> optuna.Study:
     `config.heartbeat` on an RDB URL, a storage that fails silent trials and retries them once."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shared = config.role is not None
-    seed = config.seed if config.sampler_seed == -1 else config.sampler_seed
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, constant_liar=shared)
+    sampler = optuna.samplers.TPESampler(seed=None if config.fresh_seed else config.seed, multivariate=True, n_startup_trials=10, constant_liar=shared)
     storage: str | optuna.storages.BaseStorage | None = config.storage
     if config.storage and config.heartbeat:
         import warnings

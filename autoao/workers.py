@@ -189,8 +189,8 @@ def publish(config: SearchConfig, groups: list[Group], meas: stages.Measurements
 def close(outcome: SearchOutcome, config: SearchConfig, cost: CostModel, evaluate: Callable[[Plan], Accuracy],
           ledger: RunLedger, keep: float = 0.0) -> Decision:
     """End the study's trials: no process starts another; the running ones are waited for, up to
-    3x the median trial (at least the heartbeat's grace period, so a dead process's trial is found
-    and failed) within what a time budget has left after `keep` seconds; queued retries (trials
+    3x the median trial (at least the heartbeat's grace period and one beat, so a dead process's
+    trial is found and failed) within what a time budget has left after `keep` seconds; queued retries (trials
     of a lost process, failed and enqueued again) run here. Then `outcome` holds every process's
     finished trials. Returns what happened, as a decision."""
     study = outcome.study
@@ -225,8 +225,7 @@ def close(outcome: SearchOutcome, config: SearchConfig, cost: CostModel, evaluat
         except Exception:  # noqa: BLE001 - as Optuna's catch: the trial fails, the choice goes on
             study.tell(trial, state=states.FAIL)
         retried += 1
-    start = time.perf_counter() - outcome.seconds
-    outcome.trials = [_result(t, start) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    outcome.trials = [_result(t, 0.0) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     _refresh(outcome)
     per: dict[str, int] = {}
     for r in outcome.trials:
@@ -301,7 +300,7 @@ def run_worker(model: nn.Module, examples: Any, eval_inputs: Any, shared: Shared
     bench = scorer(model, key, examples, eval_inputs, shared)
     config = SearchConfig(budget=budget or Budget(), max_accuracy_drop=shared.max_accuracy_drop, storage=storage,
                           study_name=study_name, role="worker", worker=label("worker"), deadline=shared.deadline,
-                          heartbeat=shared.heartbeat or None, sampler_seed=None)
+                          heartbeat=shared.heartbeat or None, fresh_seed=True)
     try:
         return run_search(shared.groups, shared.cost, bench.proxy, config, progress=progress)
     finally:
