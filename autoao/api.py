@@ -11,13 +11,14 @@ in order and writes what they return.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from torch import nn
 
-from autoao import runfiles, stages
+from autoao import runfiles, stages, workers
 from autoao.common import atomic_write, cache_dir
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.sensitivity import CallableEvaluator
@@ -63,6 +64,9 @@ def optimize(
     progress: bool = True,
     command: str | None = None,
     spent: float = 0.0,
+    study_name: str | None = None,
+    heartbeat: int = workers.DEFAULT_HEARTBEAT,
+    on_study: Callable[[str], Any] | None = None,
 ) -> OptimizeResult:
     """Find the fastest per-layer plan whose accuracy drop stays within `max_accuracy_drop`, apply
     it to `model` in place, and write plan.json, pareto.json, the study and the saved model.
@@ -91,7 +95,15 @@ def optimize(
             always included (it is the baseline).
         eval_inputs: held-out inputs for the tier-1 proxy (default: example_inputs).
         storage: Optuna RDB URL (default: SQLite in out_dir). Same storage + same model continues
-            the earlier study.
+            the earlier study. A database server's URL (postgresql://user@host/db) publishes the
+            study for `autoao worker` processes, which run trials of it too (autoao.workers); this
+            call coordinates them and alone makes the final choice.
+        study_name: the study's name in `storage` (default: derived from the model's weights, the
+            search space and the accuracy budget, so the same run continues it).
+        heartbeat: with a database server, seconds between a running trial's heartbeats: a trial
+            silent for 3x this (its process died) is failed and retried once.
+        on_study: called with the study's name once it is published on a database server (the
+            command line starts its local workers here).
         out_dir: where everything is written.
         seed: sampler seed; the same seed on the same measurements gives the same plan.
         fuse_groups: sibling layers that read the same input (found by the profile: q/k/v and
@@ -115,8 +127,11 @@ def optimize(
     out_dir = Path(out_dir)
     stages.check_out_dir(out_dir)
     cands = stages.resolve_candidates(candidates)
-    config.storage = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    config.storage = workers.driver_url(storage) if storage else f"sqlite:///{(out_dir / 'study.db').resolve()}"
     stages.check_storage(config.storage)
+    shared = workers.is_server(config.storage)
+    if shared and (not isinstance(heartbeat, int) or heartbeat < 1):
+        raise ValueError(f"heartbeat must be a whole number of seconds >= 1, got {heartbeat!r}")
     rcache = ResultCache(cache_dir() / "timings.sqlite")
     tier2 = stages.tier2_evaluator(accuracy, tokenizer, lm_eval_limit, rcache)
     if isinstance(tier2, CallableEvaluator):
@@ -143,8 +158,8 @@ def optimize(
 
     # one study per (model weights, search space, budget constraint): the same run continues it,
     # a different model or constraint in the same storage starts its own
-    config.study_name = "autoao-" + digest([(g.name, g.choices) for g in groups], max_accuracy_drop,
-                                           meas.base.weights_key)[:12]
+    config.study_name = study_name or "autoao-" + digest([(g.name, g.choices) for g in groups], max_accuracy_drop,
+                                                         meas.base.weights_key)[:12]
     remaining = ledger.remaining()
     if remaining is None:
         config.budget = ledger.budget
@@ -156,10 +171,24 @@ def optimize(
                                  int4_grid_layers=grid)
     runfiles.write(out_dir / "context.json", context)
 
+    if shared:  # other processes may run trials: the budget is the study's, published with its inputs
+        config.role, config.worker, config.heartbeat = "coordinator", workers.label("coordinator"), heartbeat
+        if config.budget.seconds is not None:
+            config.deadline = time.time() + max(config.budget.seconds - config.reserve_seconds, 1.0)
+        workers.publish(config, groups, meas, model, work)
+        ledger.say(f"study {config.study_name} published on {workers.shown(config.storage)}: "
+                   f"autoao worker --storage URL --study {config.study_name} --model ... joins it")
+        if on_study is not None:
+            on_study(config.study_name)
     with ledger.stage("search trials"):
         outcome = stages.search(groups, bench, config, ledger, on_best=lambda p: p.save(out_dir / "best_plan.json"))
+        closed = (workers.close(outcome, config, meas.cost, bench.proxy, ledger, keep=stages.reserve_seconds(base))
+                  if shared else None)
     with ledger.stage("choice, re-rank and final measurement"):
         choice = stages.choose(outcome, bench, max_accuracy_drop, ledger)
+        if closed is not None:
+            ledger.say(runfiles.describe(closed))
+            choice.decisions.insert(0, closed)
         final = stages.finalize(bench, choice, ledger)
         summary = stages.run_summary(final, outcome, meas, context, model, ledger, fits_at_start)
 

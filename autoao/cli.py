@@ -3,6 +3,7 @@
     autoao search [--model NAME|module:factory] [--tasks T] [--budget 10m] [--max-accuracy-drop 1%] ...
     autoao apply --model ... --plan plan.json --save DIR
     autoao kernels --shapes 4096x4096,14336x4096 --tokens 1,128,2048 [--device cuda]
+    autoao worker --storage postgresql://... --study NAME [--model ...] [--device cuda:1]
 
 Bad input prints one line `autoao: error: ...` and exits with status 2 (no traceback).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from typing import Any, Sequence
 
 import autoao.models
@@ -25,6 +27,7 @@ from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
 from autoao.search import Budget
 from autoao.stages import check_out_dir, check_storage
+from autoao import workers
 
 
 class CLIError(Exception):
@@ -331,8 +334,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
     tasks = None if tasks in ("", "none", "proxy") else tasks
     checked("--out", check_out_dir, out)
-    if args.storage:
-        checked("--storage", check_storage, args.storage)
+    storage = workers.driver_url(args.storage) if args.storage else None
+    if args.workers < 0:
+        raise CLIError(f"bad --workers {args.workers}: expected 0 or more worker processes")
+    if args.heartbeat < 1:
+        raise CLIError(f"bad --heartbeat {args.heartbeat}: expected whole seconds >= 1")
+    if args.workers and not (storage and workers.is_server(storage)):
+        raise CLIError(f"--workers {args.workers} needs --storage on a database server (e.g. "
+                       "postgresql://user@host/db): SQLite serves one process")
+    if storage:
+        checked("--storage", check_storage, storage)
     if tasks:
         from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
 
@@ -341,26 +352,25 @@ def cmd_search(args: argparse.Namespace) -> int:
     candidates, left_out = provenance_filter(args.model, candidates, args.candidates is None)
     loaded = load_model(args.model, device)
     model, tok = loaded["model"], loaded.get("tokenizer")
-    examples, held_out = loaded.get("example_inputs"), loaded.get("eval_inputs")
-    if examples is None:
-        if tok is None:
-            raise CLIError(f"--model {args.model}: no tokenizer and no example_inputs; return a dict with "
-                           "'example_inputs' from the factory")
-        prefill = autoao.models.text_inputs(tok, seq_len=args.seq_len, n_seqs=1)[0].to(device)
-        # the workload timed: one prefill of --seq-len tokens, then --decode-steps one-token steps
-        examples = [prefill] + [prefill[:, i:i + 1] for i in range(args.decode_steps)]
-        held_out = [t.to(device) for t in autoao.models.text_inputs(tok, seq_len=args.seq_len,
-                                                                     n_seqs=args.eval_seqs, held_out=True)]
+    examples, held_out = workload_inputs(args, loaded, device)
     # a built-in encoder (or a factory) brings its own metric; --tasks still overrides it
     accuracy = loaded["accuracy"] if args.tasks is None and loaded.get("accuracy") is not None else tasks
+    started: list = []
     try:
         result = optimize(model, examples, budget=budget, accuracy=accuracy, tokenizer=tok, max_accuracy_drop=drop,
-                          candidates=candidates, eval_inputs=held_out, storage=args.storage, out_dir=out,
+                          candidates=candidates, eval_inputs=held_out, storage=storage, out_dir=out,
                           seed=args.seed, fuse_groups=not args.no_fuse, allow_emulated=args.allow_emulated,
                           lm_eval_limit=args.lm_eval_limit, left_out=left_out, progress=not args.quiet,
-                          command="autoao " + " ".join(args.argv), spent=process_age())
+                          command="autoao " + " ".join(args.argv), spent=process_age(), study_name=args.study,
+                          heartbeat=args.heartbeat,
+                          on_study=lambda name: started.extend(start_workers(args, storage, name, device, out)))
     except ValueError as e:
+        stop_workers(started, grace=0.0)
         raise CLIError(str(e)) from None
+    except BaseException:  # interrupted or failed: the local workers go too
+        stop_workers(started, grace=0.0)
+        raise
+    stop_workers(started)
     s = result.summary
     print(f"plan: {result.plan.summary() or 'all bf16'}")
     print(f"latency: bf16 {s.baseline_ms.measured:.2f} ms -> {s.plan_ms.measured:.2f} ms measured "
@@ -371,6 +381,99 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print(f"wrote {out}/plan.json, pareto.json, summary.json, study.db, model/"
           + (f", {result.report_path}" if result.report_path else ""))
+    return 0
+
+
+def workload_inputs(args: argparse.Namespace, loaded: dict, device) -> tuple[Any, Any]:
+    """The factory's example and held-out inputs, or for a model with a tokenizer only: one
+    prefill of --seq-len tokens then --decode-steps one-token steps, and --eval-seqs held-out
+    sequences (the same in the coordinator and its workers)."""
+    examples, held_out = loaded.get("example_inputs"), loaded.get("eval_inputs")
+    if examples is None:
+        tok = loaded.get("tokenizer")
+        if tok is None:
+            raise CLIError(f"--model {args.model}: no tokenizer and no example_inputs; return a dict with "
+                           "'example_inputs' from the factory")
+        prefill = autoao.models.text_inputs(tok, seq_len=args.seq_len, n_seqs=1)[0].to(device)
+        examples = [prefill] + [prefill[:, i:i + 1] for i in range(args.decode_steps)]
+        held_out = [t.to(device) for t in autoao.models.text_inputs(tok, seq_len=args.seq_len,
+                                                                     n_seqs=args.eval_seqs, held_out=True)]
+    return examples, held_out
+
+
+def start_workers(args: argparse.Namespace, storage: str, study: str, device, out) -> list:
+    """--workers N local `autoao worker` processes on the published study (on CUDA, one per GPU
+    after the coordinator's, round robin); each logs to OUT/worker-I.log."""
+    import subprocess
+    import torch
+
+    procs = []
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    base = device.index or 0
+    for i in range(args.workers):
+        dev = f"cuda:{(base + 1 + i) % gpus}" if gpus > 1 else str(device)
+        cmd = [sys.executable, "-m", "autoao.cli", "worker", "--storage", storage, "--study", study,
+               "--model", args.model, "--device", dev, "--seq-len", str(args.seq_len),
+               "--decode-steps", str(args.decode_steps), "--eval-seqs", str(args.eval_seqs), "--quiet"]
+        log = open(out / f"worker-{i}.log", "wb")
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    if procs:
+        print(f"autoao: started {len(procs)} local workers (logs: {out}/worker-*.log)", file=sys.stderr)
+    return procs
+
+
+def stop_workers(procs: list, grace: float = 60.0) -> None:
+    """The local workers end by themselves once the study is closed (after their running trial);
+    any still alive after `grace` seconds is killed."""
+    import subprocess
+
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def parse_seconds(text: str, flag: str) -> float:
+    """"0", "30", "30s", "10m" -> seconds."""
+    t = text.strip()
+    try:
+        return float(t) if t.replace(".", "", 1).isdigit() else float(Budget.parse(t).seconds or "x")
+    except ValueError:
+        raise CLIError(f"bad {flag} {text!r}: expected seconds (30) or a time (90s, 10m)") from None
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    # everything about the study is checked before the model is loaded
+    budget = None
+    if args.budget is not None:
+        try:
+            budget = Budget.parse(args.budget)
+        except ValueError as e:
+            raise CLIError(f"bad --budget: {e}") from None
+    wait = parse_seconds(args.wait, "--wait")
+    device = parse_device(args.device)
+    storage = workers.driver_url(args.storage)
+    if not workers.is_server(storage):
+        raise CLIError(f"--storage {args.storage!r} is SQLite, which serves one process: workers share a study on a "
+                       "database server (e.g. postgresql://user@host/db) that `autoao search --storage` published")
+    checked("--storage", check_storage, storage)
+    try:
+        shared = workers.join(storage, args.study, wait)
+    except ValueError as e:
+        raise CLIError(f"--study: {e}") from None
+    loaded = load_model(args.model, device)
+    examples, held_out = workload_inputs(args, loaded, device)
+    try:
+        outcome = workers.run_worker(loaded["model"], examples, held_out, shared, storage=storage,
+                                     study_name=args.study, budget=budget, progress=not args.quiet)
+    except ValueError as e:
+        raise CLIError(f"--model {args.model}: {e}") from None
+    done = sum(r.state == "COMPLETE" for r in outcome.trials if r.worker == workers.label("worker"))
+    print(f"{workers.label('worker')}: {done} trials of study {args.study} finished here; {outcome.stopped_because}")
     return 0
 
 
@@ -484,6 +587,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     s.add_argument("--storage", default=None, help="Optuna storage URL, e.g. postgresql://... "
                    "(default: SQLite in the output directory)")
+    s.add_argument("--study", default=None, help="the study's name in --storage (default: derived from the model, "
+                   "the search space and the accuracy budget)")
+    s.add_argument("--workers", type=int, default=0, help="local `autoao worker` processes to start on the study "
+                   "(needs --storage on a database server; default %(default)s: workers are started by hand)")
+    s.add_argument("--heartbeat", type=int, default=workers.DEFAULT_HEARTBEAT, help="with a database server: "
+                   "seconds between a running trial's heartbeats; a trial silent for 3x this is failed and retried "
+                   "once (default %(default)s)")
     s.add_argument("--seed", type=int, default=0, help="sampler seed (default %(default)s)")
     s.add_argument("--out", default="autoao-report", help="output directory (default %(default)s)")
     s.add_argument("--resume", action="store_true", help="continue the study in --out (fails if there is none); "
@@ -500,6 +610,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sibling layers (same input: q/k/v, gate/up) choose independently and never run as one fused kernel")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_search)
+
+    w = sub.add_parser("worker", help="run trials of a study that `autoao search --storage` published",
+                       description="Join a study on a database server and run its trials (each scored on this "
+                       "process's model and device) until the study's budget is spent. The coordinator "
+                       "(`autoao search --storage postgresql://...`) measures, publishes and makes the final "
+                       "choice; the worker needs the same --model (importable here) and candidates.")
+    w.add_argument("--storage", required=True, help="the study's database URL, e.g. postgresql://user@host/db")
+    w.add_argument("--study", required=True, help="the study's name (the coordinator prints it)")
+    w.add_argument("--model", default=DEMO_MODEL, help="the coordinator's --model (default %(default)s)")
+    w.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available); the device "
+                   "type must be the coordinator's")
+    w.add_argument("--budget", default=None, help="this worker's own limit, a time (10m) or a number of trials "
+                   "(default: none; it stops when the study's budget is spent)")
+    w.add_argument("--wait", default="0", help="seconds (or 10m) to wait for the study to be published "
+                   "(default %(default)s)")
+    w.add_argument("--seq-len", type=int, default=256, help="as for search, for built-in models")
+    w.add_argument("--decode-steps", type=int, default=32, help="as for search, for built-in models")
+    w.add_argument("--eval-seqs", type=int, default=2, help="as for search, for built-in models")
+    w.add_argument("--quiet", action="store_true", help="no progress bar")
+    w.set_defaults(func=cmd_worker)
 
     a = sub.add_parser("apply", help="apply a plan.json to a model and save it",
                        description="Apply a saved plan to a model (validated first: every mismatched layer is "

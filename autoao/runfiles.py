@@ -199,6 +199,10 @@ class Decision:
       small_inputs          the proxy's inputs held numbers["tokens"] token positions, too few to judge a
                             plan; numbers["held_out"] > 0: it scored that many tokens of held-out text
                             instead
+      study_closed          several processes ran the trials (reason: "process count, ..." of finished
+                            trials); at the close the coordinator waited numbers["waited_s"], ran
+                            numbers["retried"] retried trials itself, and numbers["running"] were
+                            still running (left out of the choice)
       note                  free text (reason), from run files written before decisions were typed
     """
 
@@ -243,6 +247,14 @@ def describe(d: Decision) -> str:
                     f"timed ({int(n['not_timed'])} cells not timed), so no plan could be tried; a larger budget "
                     "lets the search try plans")
         return "no layer has a candidate other than bf16 that runs here, so no plan could be tried"
+    if d.kind == "study_closed":
+        text = (f"{int(n['processes'])} processes ran the trials ({d.reason}); at the close the coordinator "
+                f"waited {n['waited_s']:.1f} s for running trials")
+        if n.get("retried"):
+            text += f" and ran {int(n['retried'])} retried trial(s) of a lost process itself"
+        if n.get("running"):
+            text += f"; {int(n['running'])} trial(s) still running were left out of the choice"
+        return text
     if d.kind == "out_of_time":
         return f"the time budget left no room for {d.reason} (after trial {d.trial})"
     if d.kind == "kept_unchanged":

@@ -16,6 +16,13 @@ committed by Optuna as it ends, so a crash or kill loses at most the running tri
 with the same storage and study name continues the study (enqueued seeds are not repeated). After
 every trial the best feasible plan so far is written to disk (`on_best`).
 
+Several processes (`SearchConfig.role`: a coordinator and workers, autoao.workers) can run trials
+of one study on a server database. Then the budget is the study's, not the process's
+(`budget_spent`: trials started by any process, a shared deadline, or the coordinator's close),
+the sampler is TPE with the constant liar (running trials count as taken, so processes do not
+sample the same plan), and with `heartbeat` a trial whose process died is failed by the next
+process that starts a trial and retried once (Optuna's RetryHeartbeatStaleTrialCallback).
+
 This module knows nothing about models: plans are built from group choices, and the caller passes
 the cost model and the accuracy evaluator (so tests drive it with fakes).
 """
@@ -187,10 +194,20 @@ class SearchConfig:
     storage: str | None = None  # Optuna RDB URL; None = in memory (the API passes SQLite in out_dir)
     study_name: str = "autoao"
     reserve_seconds: float = 0.0  # of a time budget, kept for what runs after the trials (final checks)
+    # Several processes on one study (autoao.workers): None = this process alone (the default);
+    # "coordinator" or "worker": the trial budget and `deadline` are the study's, every trial
+    # records `worker` (this process's label) as a user attribute.
+    role: str | None = None
+    worker: str = ""
+    deadline: float | None = None  # time.time() after which no process starts a trial (a shared time budget)
+    heartbeat: int | None = None  # seconds between a running trial's heartbeats (RDB storage only)
+    fresh_seed: bool = False  # sample unseeded (a worker: its draws must not repeat the coordinator's)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_accuracy_drop <= 1.0:
             raise ValueError(f"max_accuracy_drop must be in [0, 1] (0.01 = 1%), got {self.max_accuracy_drop}")
+        if self.role not in (None, "coordinator", "worker"):
+            raise ValueError(f"role must be None, 'coordinator' or 'worker', got {self.role!r}")
 
 
 @dataclass
@@ -208,6 +225,7 @@ class TrialResult:
     state: str  # COMPLETE / FAIL
     error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # the proxy's metrics (kl, loss, ...)
+    worker: str = ""  # the process that ran it (several processes on one study), else ""
 
     @property
     def proxy_error(self) -> float | None:
@@ -242,32 +260,16 @@ def run_search(
     evaluate(plan) -> Accuracy must not raise for a bad plan (score it inf/-inf instead); if it does
     raise, the trial fails and the search goes on (Optuna's `catch`).
     """
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=config.seed, multivariate=True, n_startup_trials=10)
-    study = optuna.create_study(study_name=config.study_name, storage=config.storage, sampler=sampler,
-                                directions=["minimize", "minimize"], load_if_exists=True)
-    study.set_user_attr("groups", [[g.name, list(g.fqns), list(g.choices)] for g in groups])
-    study.set_user_attr("max_accuracy_drop", config.max_accuracy_drop)
+    study = open_study(config)
+    if config.role != "worker":  # a worker scores the coordinator's search space; it never redefines it
+        study.set_user_attr("groups", [[g.name, list(g.fqns), list(g.choices)] for g in groups])
+        study.set_user_attr("max_accuracy_drop", config.max_accuracy_drop)
     done_before = [t for t in study.trials if t.state.is_finished()]
-    if not study.trials:
-        for params in warm_start(groups, cost, layer_sqnr):
-            study.enqueue_trial(params, user_attrs={"seed": "warm start"})
+    if config.role != "worker":
+        seed_study(study, groups, cost, layer_sqnr)
     start = time.perf_counter()
     results = [_result(t, start) for t in done_before]
-
-    def objective(trial: optuna.Trial) -> tuple[float, float]:
-        params = {g.name: trial.suggest_categorical(g.name, list(g.choices)) for g in groups}
-        plan = plan_from_params(groups, params, fuse=cost.fusion_pays)
-        predicted = cost.predict(plan)
-        acc = evaluate(plan)
-        drop = acc.drop if math.isfinite(acc.drop) else math.inf
-        trial.set_constraint("max_accuracy_drop", drop - config.max_accuracy_drop)
-        trial.set_user_attr("constraint", drop - config.max_accuracy_drop)
-        trial.set_user_attr("accuracy", acc.accuracy if math.isfinite(acc.accuracy) else None)
-        trial.set_user_attr("tier", acc.tier)
-        trial.set_user_attr("metrics", {k: v for k, v in acc.metrics.items() if math.isfinite(v)})
-        trial.set_user_attr("elapsed", time.perf_counter() - start)
-        return predicted, drop if math.isfinite(drop) else 1e9
+    objective = make_objective(groups, cost, evaluate, config, start)
 
     from tqdm.auto import tqdm
 
@@ -285,16 +287,26 @@ def run_search(
         if on_trial:
             on_trial(r, outcome)
 
+    callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [callback]
     timeout = None
     if config.budget.seconds is not None:
         timeout = max(config.budget.seconds - config.reserve_seconds, 1.0)
     n_trials = None if config.budget.trials is None else max(config.budget.trials - len(done_before), 0)
     stopped = "budget spent"
+    if config.role is not None:
+        # the study's budget, whoever runs the trials, checked before the first trial and after each;
+        # a worker also stops at its own budget (--budget), counted alone
+        n_trials = None if config.role == "coordinator" else config.budget.trials
+        if config.deadline is not None:
+            timeout = min(timeout or math.inf, max(config.deadline - time.time(), 0.0))
+        callbacks.append(lambda st, ft: st.stop() if budget_spent(st, config) else None)
+        if budget_spent(study, config):
+            n_trials = 0
     if all(len(g.choices) == 1 for g in groups):  # one plan in the space: scored once
         n_trials, stopped = (0 if done_before else 1), "the search space has one plan"
     try:
-        if n_trials != 0:
-            study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=[callback],
+        if n_trials != 0 and (timeout is None or timeout > 0):
+            study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks,
                            catch=(Exception,), gc_after_trial=False)
     except KeyboardInterrupt:
         stopped = "interrupted (finished trials are in the storage; run again to continue)"
@@ -304,6 +316,86 @@ def run_search(
     outcome.stopped_because = stopped
     _refresh(outcome)
     return outcome
+
+
+def seed_study(study: optuna.Study, groups: list[Group], cost: CostModel,
+               layer_sqnr: dict[str, dict[str, float]] | None) -> None:
+    """Enqueue the warm start in a study that has no trials yet (a continued study keeps its own)."""
+    if not study.trials:
+        for params in warm_start(groups, cost, layer_sqnr):
+            study.enqueue_trial(params, user_attrs={"seed": "warm start"})
+
+
+def open_study(config: SearchConfig) -> optuna.Study:
+    """The study in `config.storage` (created if missing), with the search's sampler; with
+    `config.heartbeat` on an RDB URL, a storage that fails silent trials and retries them once."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shared = config.role is not None
+    sampler = optuna.samplers.TPESampler(seed=None if config.fresh_seed else config.seed, multivariate=True, n_startup_trials=10, constant_liar=shared)
+    storage: str | optuna.storages.BaseStorage | None = config.storage
+    if config.storage and config.heartbeat:
+        import warnings
+
+        with warnings.catch_warnings():  # the heartbeat is marked experimental in some Optuna versions
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(
+                config.storage, heartbeat_interval=config.heartbeat, grace_period=3 * config.heartbeat,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+    return optuna.create_study(study_name=config.study_name, storage=storage, sampler=sampler,
+                               directions=["minimize", "minimize"], load_if_exists=True)
+
+
+def make_objective(groups: list[Group], cost: CostModel, evaluate: Callable[[Plan], Accuracy],
+                   config: SearchConfig, start: float) -> Callable[[optuna.Trial], tuple[float, float]]:
+    """The trial: params -> plan -> (predicted us, accuracy drop), with the constraint and the
+    accuracy's details as user attributes (the same in every process of a shared study)."""
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        if config.worker:  # first: a trial whose process dies mid-way still says whose it was
+            trial.set_user_attr("worker", config.worker)
+        params = {g.name: trial.suggest_categorical(g.name, list(g.choices)) for g in groups}
+        plan = plan_from_params(groups, params, fuse=cost.fusion_pays)
+        predicted = cost.predict(plan)
+        acc = evaluate(plan)
+        drop = acc.drop if math.isfinite(acc.drop) else math.inf
+        trial.set_constraint("max_accuracy_drop", drop - config.max_accuracy_drop)
+        trial.set_user_attr("constraint", drop - config.max_accuracy_drop)
+        trial.set_user_attr("accuracy", acc.accuracy if math.isfinite(acc.accuracy) else None)
+        trial.set_user_attr("tier", acc.tier)
+        trial.set_user_attr("metrics", {k: v for k, v in acc.metrics.items() if math.isfinite(v)})
+        trial.set_user_attr("elapsed", time.perf_counter() - start)
+        return predicted, drop if math.isfinite(drop) else 1e9
+
+    return objective
+
+
+##### a study shared by several processes #######################################################
+
+# study user attributes: the coordinator took its final trials (start no more); the study's trial budget
+CLOSED, TRIALS = "autoao.closed", "autoao.trials"
+
+
+def trials_toward_budget(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """Trials a shared trial budget has spent: every trial started by any process, a failed trial
+    and its retry counting once (the retry, WAITING until a process takes it, stands for both);
+    the warm start's enqueued seeds count once taken."""
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    waiting = optuna.trial.TrialState.WAITING
+    return sum(1 for t in trials if t.number not in retried
+               and (t.state != waiting or "failed_trial" in t.system_attrs))
+
+
+def budget_spent(study: optuna.Study, config: SearchConfig) -> bool:
+    """The study's budget, as every process of it reads it: closed by the coordinator, past the
+    shared deadline, or the trial budget taken (trials_toward_budget). Trials already running
+    when it is spent finish; so processes that start a trial together can take one trial each
+    past a trial budget."""
+    if study.user_attrs.get(CLOSED):
+        return True
+    if config.deadline is not None and time.time() >= config.deadline:
+        return True
+    trials = config.budget.trials if config.role == "coordinator" else study.user_attrs.get(TRIALS)
+    return trials is not None and trials_toward_budget(study.get_trials(deepcopy=False)) >= trials
 
 
 def _result(t: optuna.trial.FrozenTrial, start: float) -> TrialResult:
@@ -317,7 +409,7 @@ def _result(t: optuna.trial.FrozenTrial, start: float) -> TrialResult:
         feasible=ok and t.user_attrs.get("constraint", math.inf) <= 0, tier=t.user_attrs.get("tier", 1),
         seconds=t.user_attrs.get("elapsed", math.nan), state=t.state.name,
         error=str(t.system_attrs.get("fail_reason", "")) if not ok else "",
-        metrics=dict(t.user_attrs.get("metrics") or {}),
+        metrics=dict(t.user_attrs.get("metrics") or {}), worker=str(t.user_attrs.get("worker", "")),
     )
 
 

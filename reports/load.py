@@ -69,6 +69,7 @@ class Trial:
     params: dict[str, str]  # group name -> candidate name
     metrics: dict[str, float]  # tier-1 metrics of this plan (accuracy, kl, loss, ...)
     error: str = ""  # why a FAIL trial failed, when Optuna recorded it
+    worker: str = ""  # the process that ran it, when several shared the study ("worker@host:pid")
 
 
 @dataclass
@@ -192,6 +193,14 @@ class ReportData:
             counts[t.state] = counts.get(t.state, 0) + 1
         return counts
 
+    def worker_counts(self) -> dict[str, int]:
+        """Process label -> finished trials it ran; empty when one process ran the study alone."""
+        counts: dict[str, int] = {}
+        for t in self.completed:
+            if t.worker:
+                counts[t.worker] = counts.get(t.worker, 0) + 1
+        return counts
+
 
 ##### loading ###################################################################################
 
@@ -305,7 +314,7 @@ def _trial(t: Any, finished: float | None, max_drop: float) -> Trial:
         feasible=done and attrs.get("constraint", drop - max_drop) <= 0,
         finished_s=finished, warm_start=attrs.get("seed") == "warm start", params=dict(t.params),
         metrics={k: float(v) for k, v in (attrs.get("metrics") or {}).items()},
-        error=str(t.system_attrs.get("fail_reason", "")),
+        error=str(t.system_attrs.get("fail_reason", "")), worker=str(attrs.get("worker", "")),
     )
 
 

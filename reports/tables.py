@@ -42,10 +42,11 @@ def build(data: ReportData) -> dict[str, pd.DataFrame]:
             [{"trial": t.number, "state": t.state, "predicted_ms": t.predicted_ms, "drop": t.drop,
               "accuracy": t.accuracy, "tier": t.tier, "feasible": t.feasible, "pareto": t.number in data.pareto,
               "shown_plan": t.number == data.chosen_trial, "warm_start": t.warm_start,
-              "finished_s": t.finished_s, "plan": plan_text(data, t.params), "error": t.error}
+              "finished_s": t.finished_s, "plan": plan_text(data, t.params), "error": t.error,
+              "worker": t.worker}
              for t in sorted(data.trials, key=lambda t: t.number)],
             columns=["trial", "state", "predicted_ms", "drop", "accuracy", "tier", "feasible", "pareto",
-                     "shown_plan", "warm_start", "finished_s", "plan", "error"]),
+                     "shown_plan", "warm_start", "finished_s", "plan", "error", "worker"]),
         "candidates": pd.DataFrame(
             [{"candidate": c.name, "status": c.status, "layers_allowed": c.layers, "layers_in_plan": c.in_plan,
               "emulated": c.emulated or "", "reasons": "; ".join(c.reasons), "summary": c.summary}

@@ -26,7 +26,7 @@ LAYERS = [
     ["autoao.evaluators"],
     ["autoao.cost"],
     ["autoao.search"],
-    ["autoao.ledger", "autoao.stages"],
+    ["autoao.ledger", "autoao.stages", "autoao.workers"],
     ["autoao.reports"],
     ["autoao.api", "autoao.models"],
     ["autoao.cli", "autoao"],  # the package's __init__ re-exports the API

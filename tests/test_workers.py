@@ -1,0 +1,193 @@
+"""A coordinator and `autoao worker` processes sharing one study on a real PostgreSQL (a private
+cluster: tests/pg_cluster.py), one of them SIGKILLed mid-trial; and the bad inputs of both commands.
+
+One distributed search and one single-process search (the same published inputs, the same number
+of trials) run once for the module; the tests read what they left in the study and the run files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+
+import slow_models
+from autoao import cli
+from autoao.cost import CostModel
+from autoao.search import Budget, Group, SearchConfig, run_search, trials_toward_budget
+from autoao.workers import SHARED, Fingerprint, SharedInputs, scorer, weights_key
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from pg_cluster import PgCluster, why_missing
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = str(ROOT / "tests" / "slow_models.py") + ":build"
+CANDIDATES = "int8_dyn,int4_wo(group_size=32)"
+BUDGET = 16  # trials
+STUDY = "shared"
+
+@pytest.fixture(scope="module")
+def pg():
+    if why_missing() is not None:
+        pytest.skip(str(why_missing()))
+    cluster = PgCluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def _search(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "autoao.cli", "search", "--model", MODEL, "--tasks", "none",
+           "--candidates", CANDIDATES, "--quiet", *args]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def runs(pg, tmp_path_factory):
+    """(the distributed run's out dir, a single-process search's outcome, the killed worker's pid)."""
+    tmp = tmp_path_factory.mktemp("workers")
+    env = {**os.environ, "AUTOAO_CACHE_DIR": str(tmp / "cache"), "AUTOAO_TEST_TRIAL_SLEEP": "0.2",
+           "AUTOAO_TEST_STALL_FILE": str(tmp / "stall")}
+    dist = tmp / "dist"
+    proc = _search(["--budget", str(BUDGET), "--storage", pg.url, "--study", STUDY, "--workers", "3",
+                    "--heartbeat", "1", "--out", str(dist)], env)
+    stall = tmp / "stall"
+    deadline = time.monotonic() + 150
+    while not (stall.is_file() and stall.read_text()):
+        assert proc.poll() is None, "the search ended before a worker stalled:\n" + proc.stdout.read()
+        assert time.monotonic() < deadline, "no worker stalled mid-trial"
+        time.sleep(0.05)
+    victim = int(stall.read_text())
+    os.kill(victim, signal.SIGKILL)  # mid-trial: it sleeps inside the proxy's forward
+    text, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, text
+    complete = sum(t.state.name == "COMPLETE" for t in _study(pg).trials)
+    # the same number of trials in one process, scored and costed as the coordinator's (its published
+    # inputs): the search alone, so the comparison is of the searches, not of two measurements
+    shared = SharedInputs.from_json(_study(pg).user_attrs[SHARED])
+    made = slow_models.build()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOAO_CACHE_DIR", env["AUTOAO_CACHE_DIR"])
+        bench = scorer(made["model"], weights_key(made["model"]), made["example_inputs"], made["eval_inputs"], shared)
+        single = run_search(shared.groups, shared.cost, bench.proxy,
+                            SearchConfig(budget=Budget(trials=complete), max_accuracy_drop=shared.max_accuracy_drop),
+                            layer_sqnr=shared.sqnr, progress=False)
+    return dist, single, victim
+
+
+def _study(pg) -> optuna.Study:
+    return optuna.load_study(study_name=STUDY, storage=pg.url)
+
+
+def test_every_trial_is_accounted_for_once(pg, runs):
+    dist, _, _ = runs
+    trials = _study(pg).trials
+    states = [t.state.name for t in trials]
+    assert "RUNNING" not in states and "WAITING" not in states, states
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    # the study's budget: a failed trial and its retry count once; processes starting a trial at
+    # the same moment may each take one past it
+    assert BUDGET <= len(complete) <= BUDGET + 3
+    per = {}
+    for t in complete:
+        per[t.user_attrs["worker"]] = per.get(t.user_attrs["worker"], 0) + 1
+    assert sum(per.values()) == len(complete)
+    roles = {w.split("@")[0] for w in per}
+    assert roles == {"coordinator", "worker"} and len(per) >= 3, per  # the coordinator and 2 surviving workers
+    summary = json.loads((dist / "summary.json").read_text())
+    assert summary["trials"] == len(complete)
+    closed = [d for d in summary["decisions"] if d["kind"] == "study_closed"]
+    assert len(closed) == 1 and closed[0]["numbers"]["processes"] == len(per)
+    assert closed[0]["reason"] == ", ".join(f"{w} {n}" for w, n in sorted(per.items()))
+    with open(dist / "report_trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(trials)
+    by_worker = {}
+    for r in rows:
+        if r["state"] == "COMPLETE":
+            by_worker[r["worker"]] = by_worker.get(r["worker"], 0) + 1
+    assert by_worker == per
+
+
+def test_a_killed_workers_trial_fails_and_its_retry_completes(pg, runs):
+    _, _, victim = runs
+    trials = _study(pg).trials
+    lost = [t for t in trials if t.user_attrs.get("worker") == f"worker@{socket.gethostname()}:{victim}"
+            and t.state.name == "FAIL"]
+    assert len(lost) == 1, [(t.number, t.state.name, t.user_attrs.get("worker")) for t in trials]
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == lost[0].number]
+    assert [t.state.name for t in retries] == ["COMPLETE"]
+    assert retries[0].params == lost[0].params
+    assert retries[0].user_attrs["worker"] != lost[0].user_attrs["worker"]
+
+
+def test_the_shared_search_finds_a_plan_at_least_as_good_as_one_process(pg, runs):
+    _, single, _ = runs
+    study = _study(pg)
+    dist = min(t.values[0] for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs["constraint"] <= 0)
+    assert single.best is not None and len(single.trials) == sum(t.state.name == "COMPLETE" for t in study.trials)
+    assert dist <= single.best.predicted_us + 1e-6  # predicted us, one cost model for both
+    # one process (role None) is the search as it always was: its trials carry no process label
+    assert {r.worker for r in single.trials} == {""}
+
+
+def _error(argv: list[str], capsys) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autoao: error: ") and "\n" not in err, err
+    return err
+
+
+def test_bad_input_is_one_line_and_exit_2(pg, runs, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    dead = "postgresql://postgres@127.0.0.1:1/postgres"
+    assert "cannot be reached" in _error(["worker", "--storage", dead, "--study", STUDY, "--model", MODEL], capsys)
+    err = _error(["worker", "--storage", pg.url, "--study", "nope", "--model", MODEL], capsys)
+    assert "'nope' does not exist" in err and STUDY in err
+    err = _error(["worker", "--storage", pg.url, "--study", STUDY, "--model", MODEL.replace(":build", ":other"),
+                  "--device", "cpu"], capsys)
+    assert "not the study's" in err and err.count("SlowTinyLM on cpu (weights") == 2
+    err = _error(["worker", "--storage", f"sqlite:///{tmp_path}/s.db", "--study", STUDY, "--model", MODEL], capsys)
+    assert "SQLite" in err and "--storage" in err
+    err = _error(["search", "--model", MODEL, "--workers", "2", "--out", str(tmp_path / "o")], capsys)
+    assert "--workers 2 needs --storage" in err
+    err = _error(["search", "--model", MODEL, "--storage", dead, "--out", str(tmp_path / "o")], capsys)
+    assert "--storage" in err and "cannot be reached" in err
+
+
+def test_a_retried_trial_counts_once_toward_the_study_budget():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    for _ in range(3):
+        study.enqueue_trial({"x": "a"})
+    study.optimize(lambda t: (0.0, float(t.suggest_categorical("x", ["a", "b"]) == "b")), n_trials=1)
+    trial = study.ask()
+    assert trials_toward_budget(study.trials) == 2  # finished and running count; the seeds still queued do not
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)  # as the heartbeat fails a dead process's trial
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study.trials[trial.number])
+    retry = study.trials[-1]
+    assert retry.state.name == "WAITING" and retry.system_attrs["failed_trial"] == trial.number
+    assert trials_toward_budget(study.trials) == 2  # the failed trial and its queued retry: one
+    study.tell(study.ask(), (0.0, 0.0))  # takes the next seed
+    assert trials_toward_budget(study.trials) == 3
+
+
+def test_shared_inputs_survive_json():
+    cost = CostModel({"a": {"bf16": 2.0, "int8_dyn": math.inf}}, {"a": {"fp8_wo"}}, 5.0,
+                     {("a", "b"): {"int8_dyn": 1.5}})
+    shared = SharedInputs(Fingerprint("M", "w" * 64, "i" * 64, "cpu"), [Group("a", ("a",), ("bf16", "int8_dyn"))],
+                          cost, {"a": {"int8_dyn": 40.0}}, {"accuracy": 0.5}, 7.0, 0.01, 24, None, 1)
+    back = SharedInputs.from_json(shared.to_json())
+    assert back == shared
+    with pytest.raises(ValueError, match="format"):
+        SharedInputs.from_json(shared.to_json().replace('"format": 1', '"format": 99'))
