@@ -19,7 +19,7 @@ class Int4WO(Candidate):
     family: ClassVar[str] = "int4_wo"
     module_cls: ClassVar = Int4WeightOnlyLinear
     summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations"
-    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "tinygemm, autoao's CUDA and Triton GEMVs (timing picks per layer)", "cpu": "_weight_int4pack_mm_for_cpu ({aten})"}
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "tinygemm, autoao's CUDA and Triton GEMVs (timing picks per layer)", "cpu": "_weight_int4pack_mm_for_cpu ({aten}) or dequantize + bf16 matmul ({bf16_mm}); timing picks per layer and token count"}
     sqnr_bound_db: ClassVar[float] = 18
     variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g} for g in GROUP_SIZES)
 
