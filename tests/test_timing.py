@@ -32,18 +32,24 @@ def test_second_measurement_runs_no_kernel(tmp_path, monkeypatch):
     cells the first could not measure cleanly, which are measured again: never reused as clean)."""
     cache = TimingCache(tmp_path / "t.sqlite")
     first = measure_latencies([(32, 64)], [1, 4], SMALL, cache=cache, progress=False)
-    assert first.measured == 2 * len(SMALL)  # every candidate supports N=32, K=64 on CPU
-    disturbed = [r for r in first.rows if not r.timing.reliable]
-    for r in disturbed:  # a busy machine: make them clean, as a quiet re-measurement would
-        cache.put(TimingKey(candidate=r.candidate, m=r.m, k=r.k, n=r.n, **timing.key_base(
-            torch.device("cpu"), torch.bfloat16, "eager")), dataclasses.replace(r.timing, reliable=True))
+    kernels = {c.name: timing.kernel_names(c, torch.device("cpu")) for c in SMALL}  # each kernel is timed
+    # every candidate supports N=32, K=64 on CPU
+    assert first.measured == 2 * sum(len(k) for k in kernels.values())
+    cells = [(r.candidate, r.m, r.k, r.n, r.timing) for r in first.rows if r.timing.kernel is None]
+    cells += [(f"{cand}@{kern}", m, k, n, t) for (cand, k, n), by_kernel in first.kernel_timings.items()
+              for kern, times in by_kernel.items() for m, t in times.items()]
+    for label, m, k, n, t in cells:  # a busy machine: make them clean, as a quiet re-measurement would
+        if not t.reliable:
+            cache.put(TimingKey(candidate=label, m=m, k=k, n=n, **timing.key_base(
+                torch.device("cpu"), torch.bfloat16, "eager")), dataclasses.replace(t, reliable=True, kernel=None))
     calls = []
     monkeypatch.setattr(timing, "time_module", lambda *a, **k: calls.append(a) or Timing.failed("should not run"))
     again = measure_latencies([(32, 64)], [1, 4], SMALL, cache=TimingCache(tmp_path / "t.sqlite"), progress=False)
     assert again.measured == 0 and calls == []
     assert all(r.cached for r in again.rows)
     # where the time went: every candidate measured the first time, nothing the second
-    assert set(first.seconds_by_kernel) == {c.name for c in SMALL}
+    assert set(first.seconds_by_kernel) == {name if kern is None else f"{name}@{kern}"
+                                            for name, ks in kernels.items() for kern in ks}
     assert all(sec > 0 for sec in first.seconds_by_kernel.values()) and again.seconds_by_kernel == {}
     merged = first.merged(first)
     assert merged.seconds_by_kernel == {k: 2 * v for k, v in first.seconds_by_kernel.items()}
@@ -68,7 +74,7 @@ def test_unsupported_emulated_and_failing_candidates_are_data(tmp_path, monkeypa
     assert math.isinf(t.median_us) and "kernel exploded" in t.error
     # the failure is cached too (a failing kernel is not retried on every run)
     assert TimingCache(tmp_path / "t.sqlite").get(
-        next(k for k in [_key_for(failed, "int8_dyn", 3, 64, 48)])).error == t.error
+        _key_for(failed, "int8_dyn@int_mm", 3, 64, 48)).error == t.error
 
 
 def _key_for(table, cand, m, k, n) -> TimingKey:
@@ -167,7 +173,7 @@ def test_cli_kernels_table(tmp_path, capsys):
     assert rc == 0
     assert "32x64 (N x K)" in out and "bf16" in out  # the baseline is always added
     assert "emulated: 2:4 has no CPU kernel" in out
-    assert "8 kernel timings measured" in out
+    assert "12 kernel timings measured" in out  # bf16, int8_dyn x2 kernels, int4 x2 kernels, sparse24; M 1 and 4
     assert (tmp_path / "k.csv").read_text().count("\n") == 1 + 8
     rc = main(["kernels", "--shapes", "32x64", "--tokens", "1,4", "--device", "cpu", "--quiet",
                "--candidates", "int8_dyn,int4_wo(group_size=32),sparse24", "--cache-dir", str(tmp_path)])
