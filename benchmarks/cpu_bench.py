@@ -5,7 +5,7 @@
 In one process: the demo model (`autoao.models.load("smollm2-135m")`, bf16 as it comes), its
 workload as `autoao search` times it (one 256-token prefill, then 32 one-token forwards), and for
 each variant the wall time of that workload, variants run in turn (ABAB...) for several rounds
-after a warm-up prefill and decode step each, so that a busy machine slows all of them alike. Variants: bf16, an fp32
+after a warm-up decode step each, so that a busy machine slows all of them alike. Variants: bf16, an fp32
 copy, `torch.ao.quantization.quantize_dynamic(fp32 copy, {nn.Linear}, torch.qint8)`, and uniform
 autoao plans on the kernels or routes that autoao's own timing (`measure_latencies`, the search's
 cost model input) chose per layer shape for this workload; plus the plan that takes, per layer, the
@@ -13,7 +13,7 @@ candidate timing found fastest (speed only: no accuracy is checked here).
 
 Writes cpu_bench.json (everything) and cpu_bench.md (the table) to --out. Bounded: --seconds
 (default 330) covers loading, timing and rounds; rounds stop when the next would not fit (at least
-one runs). --cache reuses an autoao timing cache, e.g. one `autoao kernels` filled for these shapes:
+one runs); the files are rewritten after every round. --cache reuses an autoao timing cache, e.g. one `autoao kernels` filled for these shapes:
 
     autoao kernels --shapes 192x576,576x576,1536x576,576x1536,49152x576 --tokens 1,256 \
         --candidates "bf16,fp32_compute,int8_dyn,int8_dyn(act=tensor),int8_wo,int4_wo(group_size=64)" \
@@ -99,7 +99,12 @@ def main() -> int:
     ap.add_argument("--timing-seconds", type=float, default=100.0, help="of which, for autoao's layer timing")
     ap.add_argument("--max-rounds", type=int, default=7)
     ap.add_argument("--cache", type=Path, help="an autoao timing cache (sqlite) to read and fill")
+    ap.add_argument("--threads", type=int, help="torch threads (default torch's). On a 2-core machine shared "
+                    "with other jobs, 2 threads spin at each parallel region's barrier for a descheduled peer: "
+                    "a bf16 workload measured 87 s instead of ~1.5 s there")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     load_before = os.getloadavg()
 
@@ -139,13 +144,25 @@ def main() -> int:
         say(f"applied {name}")
 
     say(f"built {len(variants)} variants")
-    with torch.no_grad():  # warm-up: a prefill and a decode step each (oneDNN primitive caches, allocations)
+    with torch.no_grad():  # warm-up: a decode step each (oneDNN primitive caches, allocations)
         for m in variants.values():
-            call_model(m, ids)
             call_model(m, ids[:, :1])
     say("warmed up")
     samples: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
+    info = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": device_name(torch.device("cpu")), "cpu_features": cpu_isa.describe_features(),
+        "isa": {lib: cpu_isa.isa_of(lib) for lib in ("bf16_mm", "fp32_mm", "fbgemm", "onednn_int8", "aten")},
+        "versions": {"torch": torch.__version__, "autoao": autoao.__version__,
+                     "transformers": __import__("transformers").__version__, "python": sys.version.split()[0]},
+        "load_average_before": load_before, "threads": torch.get_num_threads(),
+        "workload": f"1 x {PREFILL}-token prefill + {DECODE} x 1-token forwards, eager, no KV cache",
+        "timing_seconds": table.seconds, "timing_cells_measured": table.measured,
+        "timing_cells_not_timed": sum(not r.timing.ok and "not timed" in (r.timing.error or "") for r in table.rows),
+        "routes": routes, "layer_us": layer_us, "plan_layers": {n: p.summary() for n, p in plans.items()},
+    }
     rounds = 0
     while rounds < args.max_rounds:
         t_round = time.perf_counter()
@@ -154,39 +171,30 @@ def main() -> int:
             workload(m, ids)
             samples[v].append((time.perf_counter() - w0) * 1e3)
             cpu[v].append((time.process_time() - c0) * 1e3)
+            say(f"  {v}: {samples[v][-1]:.0f} ms")
         rounds += 1
         say(f"round {rounds}: {time.perf_counter() - t_round:.1f} s")
+        write(args.out, info, samples, cpu, rounds, time.perf_counter() - t_start)  # kept if a later round is cut off
         if time.perf_counter() - t_start + (time.perf_counter() - t_round) > args.seconds:
             break  # the next round would not fit
-    load_after = os.getloadavg()
+    print(markdown(json.loads((args.out / "cpu_bench.json").read_text())))
+    return 0
 
-    base = statistics.median(samples["bf16 (as it came)"])
+
+def write(out: Path, info: dict, samples: dict[str, list[float]], cpu: dict[str, list[float]], rounds: int,
+          wall: float) -> None:
+    base_name = next(iter(samples))  # bf16, the model as it came
+    base = statistics.median(samples[base_name])
     rows = []
-    for v in variants:
-        s = samples[v]
-        paired = [b / x for b, x in zip(samples["bf16 (as it came)"], s)]  # same round, bf16 / variant
+    for v, s in samples.items():
+        paired = [b / x for b, x in zip(samples[base_name], s)]  # same round: bf16 / variant
         rows.append({"variant": v, "median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s),
                      "cpu_ms_median": statistics.median(cpu[v]), "speedup_vs_bf16": base / statistics.median(s),
                      "paired_speedup_min": min(paired), "paired_speedup_max": max(paired), "samples_ms": s})
-    result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": device_name(torch.device("cpu")), "cpu_features": cpu_isa.describe_features(),
-        "isa": {lib: cpu_isa.isa_of(lib) for lib in ("bf16_mm", "fp32_mm", "fbgemm", "onednn_int8", "aten")},
-        "versions": {"torch": torch.__version__, "autoao": autoao.__version__,
-                     "transformers": __import__("transformers").__version__, "python": sys.version.split()[0]},
-        "load_average_before": load_before, "load_average_after": load_after, "rounds": rounds,
-        "workload": f"1 x {PREFILL}-token prefill + {DECODE} x 1-token forwards, eager, no KV cache",
-        "timing_seconds": table.seconds, "timing_cells_measured": table.measured,
-        "timing_cells_not_timed": sum(not r.timing.ok and "not timed" in (r.timing.error or "") for r in table.rows), "routes": routes, "layer_us": layer_us,
-        "plan_layers": {n: p.summary() for n, p in plans.items()}, "rows": rows,
-        "wall_seconds": time.perf_counter() - t_start,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu_bench.json").write_text(json.dumps(result, indent=1))
-    (args.out / "cpu_bench.md").write_text(markdown(result))
-    print(markdown(result))
-    return 0
+    result = {**info, "load_average_after": os.getloadavg(), "rounds": rounds, "rows": rows, "wall_seconds": wall}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu_bench.json").write_text(json.dumps(result, indent=1))
+    (out / "cpu_bench.md").write_text(markdown(result))
 
 
 def markdown(r: dict) -> str:
@@ -194,7 +202,8 @@ def markdown(r: dict) -> str:
              f"- command: `{r['command']}`",
              f"- CPU: {r['cpu']}; features: {r['cpu_features']}",
              f"- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-             f"- workload: {r['workload']}; {r['rounds']} rounds after a warm-up prefill and decode step each",
+             f"- workload: {r['workload']}; {r['rounds']} round(s) after a warm-up decode step each; "
+             f"{r['wall_seconds']:.0f} s wall in all",
              f"- load average (1/5/15 min) before {tuple(round(x, 2) for x in r['load_average_before'])}, after "
              f"{tuple(round(x, 2) for x in r['load_average_after'])} on 2 cores shared with other work: "
              "absolute times are noisy, compare within a round (paired columns)",

@@ -12,7 +12,11 @@ CUDA has four kernels (timing picks per layer; `kernels` order):
   M=2048);
 - "tinygemm_dequant": tinygemm for M <= 8 rows and the dequantizing F.linear above, for workloads
   with both decode and prefill; it keeps both layouts (1 byte per weight instead of 0.5).
-The CPU runs torch._weight_int4pack_mm_for_cpu on its own tiled layout.
+The CPU has two: "tinygemm_cpu", torch._weight_int4pack_mm_for_cpu on its own tiled layout (fast
+for a few rows, ~15-20x slower than bf16 at 256 rows), and "dequant", the canonical tensors
+dequantized to bf16 per call for one bf16 matmul (AMX-BF16 where present). A CPU module holds its
+canonical tensors in host memory anyway, so a route of the two ("tinygemm_cpu<=16,dequant") costs
+no memory beyond the tiled layout.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     (x / act_scale) @ w^T, w quantized from W * act_scale)."""
 
     kernels = ("tinygemm", "cuda", "triton", "tinygemm_dequant")
+    cpu_kernels = ("tinygemm_cpu", "dequant")
+    # on the CPU "dequant" reads the canonical tensors, which live in host memory beside the tiled layout
+    layouts = {"tinygemm_cpu": "int4_cpu", "dequant": "int4_cpu"}
     algorithms = ("rtn", "awq", "gptq", "hqq")
     rows_independent = True  # scales and zeros per (row, group)
 
@@ -211,6 +218,10 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         elif x2.is_cuda:
             y = torch._weight_int4pack_mm(x2.to(torch.bfloat16).contiguous(), self.w_packed,
                                           self.group_size, self.scales_and_zeros)
+        elif self.kernel_at(x2.shape[0]) == "dequant":  # [N, K] bf16 weight made per call, one bf16 matmul
+            c = self._canon
+            w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
+            y = F.linear(x2.to(torch.bfloat16), w.to(torch.bfloat16))
         else:
             y = torch._weight_int4pack_mm_for_cpu(x2.contiguous(), self.w_packed, self.group_size,
                                                   self.scales_and_zeros.to(x2.dtype))

@@ -21,7 +21,7 @@ class Int4WO(Candidate):
     family: ClassVar[str] = "int4_wo"
     module_cls: ClassVar = Int4WeightOnlyLinear
     summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations"
-    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "tinygemm, autoao's CUDA and Triton GEMVs (timing picks per layer)", "cpu": "_weight_int4pack_mm_for_cpu ({aten})"}
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "tinygemm, autoao's CUDA and Triton GEMVs (timing picks per layer)", "cpu": "_weight_int4pack_mm_for_cpu ({aten}) or dequantize + bf16 matmul ({bf16_mm}); timing picks per layer and token count"}
     sqnr_bound_db: ClassVar[float] = 18
     # GPTQ by default: the same kernels (and timings) as round-to-nearest, fitted in well under a
     # second a layer on the CPU; AWQ and HQQ are there to be asked for (AWQ's input scale is a

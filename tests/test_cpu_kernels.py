@@ -25,6 +25,8 @@ KERNELS = [
     ("int8_wo", "int8pack"), ("int8_wo", "dequant"), ("int8_wo", "int8pack<=4,dequant"),
     ("int8_dyn", "int_mm"), ("int8_dyn", "bf16_mm"), ("int8_dyn", "int_mm<=4,bf16_mm"),
     ("int8_dyn(act=tensor)", "fbgemm"), ("int8_dyn(act=tensor)", "onednn"),
+    ("int4_wo(group_size=64)", "tinygemm_cpu"), ("int4_wo(group_size=64)", "dequant"),
+    ("int4_wo(group_size=64)", "tinygemm_cpu<=4,dequant"),
     ("fp32_compute", "fp32"), ("fp32_compute", "native"), ("fp32_compute", "fp32<=4,native"),
 ]
 KERNEL_VS_REFERENCE_DB = 40

@@ -243,9 +243,11 @@ def test_pick_kernel_minimises_total_time_over_the_workload():
     assert timing.pick_kernel({None: {1: t(3)}}) is None
 
 
-def test_kernel_names_only_on_cuda_and_only_with_a_choice():
+def test_kernel_names_are_the_devices_and_only_with_a_choice():
     int4 = search_space.get("int4_wo", group_size=128)
     assert timing.kernel_names(int4, torch.device("cpu")) == ("tinygemm_cpu", "dequant")
+    assert timing.kernel_names(search_space.get("int8_dyn(act=tensor)"), torch.device("cpu")) == ("fbgemm", "onednn")
+    assert timing.kernel_names(search_space.get("fp8_wo"), torch.device("cpu")) == (None,)
     assert timing.kernel_names(int4, torch.device("cuda")) == ("tinygemm", "cuda", "triton", "tinygemm_dequant")
     assert timing.kernel_names(search_space.get("fp8_wo"), torch.device("cuda")) == (None,)
     assert timing.kernel_names(search_space.get("bf16"), torch.device("cuda")) == (None,)
