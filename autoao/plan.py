@@ -312,13 +312,22 @@ def apply(
 
     calibration: the layers' input statistics (`profile(...).calibration`; a plain FQN -> [K]
     activation-norm dict also works), read by candidates that use them (2:4 prunes by Wanda with
-    the activation norms, by magnitude without; GPTQ, AWQ and SmoothQuant fit on them, and are
-    round-to-nearest without them: a saved model keeps the fitted numbers, so load needs none). Validates first (PlanError lists every problem), so the
+    the activation norms, by magnitude without; GPTQ, AWQ and SmoothQuant fit on them, and a plan
+    naming them without the statistics they need is refused: a saved model keeps the fitted
+    numbers, so load needs none). Validates first (PlanError lists every problem), so the
     model is unchanged if any layer cannot take its candidate. Re-applying to an already
     quantized layer is an error: apply plans to the original model.
     """
     validate(model, plan)
     calib = Calibration.of(calibration)
+    unfitted = [f"  {fqn}: {cand.name} fits on {', '.join(sorted(need))}"
+                for fqn, cand in plan.layers.items() if (need := cand.fit_uses() - calib[fqn].present())]
+    if unfitted:
+        raise PlanError("these layers' calibrated algorithms need calibration statistics this apply was not "
+                        "given (without them the weights would be round-to-nearest, not the plan's): pass "
+                        "calibration= (autoao.profile.profile(model, inputs).calibration), or save the "
+                        "optimized model and load it (autoao.save / autoao.load keep the fitted weights):\n"
+                        + "\n".join(unfitted))
     modules = dict(model.named_modules())
     already = [fqn for fqn in plan.layers if isinstance(modules[fqn], QuantizedLinear)]
     if already:

@@ -168,6 +168,12 @@ class Candidate(ABC):
             return frozenset()
         return self.module_cls.calibration_uses | USES[self.algorithm]
 
+    def fit_uses(self) -> frozenset[str]:
+        """The statistics without which this candidate's algorithm is not itself (it would fall back
+        to round-to-nearest); empty for algorithms that fit on nothing (RTN, HQQ). 2:4's activation
+        norms are not among them: pruning by magnitude without them is its documented rule."""
+        return frozenset(USES[self.algorithm])
+
     def build(self, linear: nn.Linear, stats: LayerStats | None = None, fqn: str = "") -> nn.Module:
         """The module replacing `linear` (an nn.Linear, or a GPT-2 Conv1D: kernels.as_linear; on
         linear's device), quantized with the layer's calibration statistics where the candidate

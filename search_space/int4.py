@@ -23,11 +23,12 @@ class Int4WO(Candidate):
     summary: ClassVar[str] = "int4 group-wise asymmetric weights, bf16 activations"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "tinygemm, autoao's CUDA and Triton GEMVs (timing picks per layer)", "cpu": "_weight_int4pack_mm_for_cpu ({aten}) or dequantize + bf16 matmul ({bf16_mm}); timing picks per layer and token count"}
     sqnr_bound_db: ClassVar[float] = 18
-    # GPTQ by default: the same kernels (and timings) as round-to-nearest, fitted in well under a
-    # second a layer on the CPU; AWQ and HQQ are there to be asked for (AWQ's input scale is a
-    # kernel of its own to time)
-    variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g, **alg} for g in GROUP_SIZES
-                                                 for alg in ({}, {"algorithm": "gptq"}))
+    # Round-to-nearest by default; GPTQ, AWQ and HQQ are asked for by name (candidates=, --candidates):
+    # a calibrated plan re-applies only with the same calibration statistics (apply's calibration=;
+    # a saved model keeps the fitted numbers), and its fits take budget (0.3-0.6 s a layer on a
+    # 2-core CPU, 0.7-3.4 s for Llama-3-8B's layers on an H200:
+    # benchmarks/results/2026-12-01-h200/algorithms-cost/)
+    variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g} for g in GROUP_SIZES)
 
     group_size: int = 128  # input channels sharing one scale and zero: 32, 64 or 128
     algorithm: str = algorithm_field()  # rtn | awq | gptq | hqq

@@ -327,3 +327,22 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
     for lay in layers:
         assert set(cands) <= set(lay.sqnr_db) and set(cands) <= set(lay.time_us) and set(cands) <= set(lay.choices)
         assert lay.time_us[cands[1]] == lay.time_us[cands[0]] < lay.time_us[cands[2]]
+
+
+@pytest.mark.parametrize("name", ["int4_wo(group_size=32, algorithm=gptq)", "int4_wo(group_size=32, algorithm=awq)",
+                                  "int8_dyn(algorithm=smoothquant)"])
+def test_a_calibrated_plan_is_refused_without_its_statistics(name):
+    """Without the statistics its algorithm fits on, apply would quietly build round-to-nearest
+    weights: it refuses, naming the layer and what is missing, and changes nothing."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32)).to(torch.bfloat16)
+    plan = autoao.Plan.uniform(model, name)
+    with pytest.raises(autoao.PlanError, match=r"(?s)calibration=.*  0: .*fits on"):
+        autoao.apply(model, plan)
+    assert isinstance(model[0], nn.Linear)  # untouched
+    x = torch.randn(1, 64, 64).to(torch.bfloat16)
+    autoao.apply(model, plan, calibration=profile(model, [x]).calibration)
+    assert model[0].algorithm == search_space.get(name).algorithm
+    # HQQ fits on the weight alone: no statistics needed
+    other = nn.Sequential(nn.Linear(64, 32)).to(torch.bfloat16)
+    autoao.apply(other, autoao.Plan.uniform(other, "int4_wo(group_size=32, algorithm=hqq)"))

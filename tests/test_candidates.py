@@ -147,7 +147,10 @@ def test_save_load_round_trip_is_bit_exact(cand, dtype, tmp_path):
     model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 32, bias=False)).to(dtype)
     fresh = copy.deepcopy(model)
     plan = autoao.Plan.uniform(model, cand)
-    autoao.apply(model, plan, calibration={"0": torch.rand(128) + 0.1})
+    from autoao.profile import profile
+
+    # every statistic a calibrated algorithm fits on, from real forwards of this model
+    autoao.apply(model, plan, calibration=profile(model, [torch.randn(16, 128, dtype=dtype)]).calibration)
     autoao.save(model, tmp_path)
     # the fresh copy gets different weights: everything must come from the file
     for p in fresh.parameters():

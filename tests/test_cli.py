@@ -128,7 +128,9 @@ def test_the_demo_leaves_out_what_its_weights_misrepresent(capsys):
 
     every = search_space.all_candidates()
     kept, left_out = provenance_filter("smollm2-135m", every, by_default=True)
-    # group 32 by any algorithm re-quantizes the grid: RTN and GPTQ (the default space's) both go
+    # group 32 by any algorithm re-quantizes the grid: every group-32 candidate goes
+    every = every + [search_space.get("int4_wo(group_size=32, algorithm=gptq)")]
+    kept, left_out = provenance_filter("smollm2-135m", every, by_default=True)
     assert not any("group_size=32" in c.name for c in kept) and len(kept) == len(every) - 2
     assert set(left_out) == {"int4_wo(group_size=32)", "int4_wo(group_size=32, algorithm=gptq)"}
     assert "Q4_1" in left_out["int4_wo(group_size=32)"]
