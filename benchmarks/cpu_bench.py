@@ -201,7 +201,7 @@ def markdown(r: dict) -> str:
     lines = [f"# SmolLM2-135M on the CPU: demo workload, variants interleaved ({r['date']})", "",
              f"- command: `{r['command']}`",
              f"- CPU: {r['cpu']}; features: {r['cpu_features']}",
-             f"- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+             "- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
              f"- workload: {r['workload']}; {r['rounds']} round(s) after a warm-up decode step each; "
              f"{r['wall_seconds']:.0f} s wall in all",
              f"- load average (1/5/15 min) before {tuple(round(x, 2) for x in r['load_average_before'])}, after "
