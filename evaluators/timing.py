@@ -28,7 +28,7 @@ from autoao import search_space
 from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
 from autoao.common import BASELINE, __version__, call_model, triton_version
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
-from autoao.kernels._base import canonical_on_device, parse_route, route_from_timings
+from autoao.kernels._base import canonical_on_device, parse_route, route_from_timings, route_kernel
 from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
@@ -245,9 +245,7 @@ def route_timing(by_kernel: dict[str | None, dict[int, Timing]], route: str | No
     """The timing at M of `route` (pick_route's answer): its kernel for M rows, labelled with the route."""
     if route is None:
         return by_kernel[None][m]
-    steps = parse_route(route)
-    kern = next((k for k, upto in steps if upto is None or m <= upto), steps[-1][0])
-    return dataclasses.replace(by_kernel[kern][m], kernel=route)
+    return dataclasses.replace(by_kernel[route_kernel(parse_route(route), m)][m], kernel=route)
 
 
 def device_name(device: torch.device) -> str:

@@ -345,10 +345,7 @@ class QuantizedLinear(nn.Module):
 
     def kernel_at(self, rows: int) -> str:
         """The kernel this module runs for a call with `rows` rows (tokens)."""
-        for kern, upto in self._route:
-            if upto is None or rows <= upto:
-                return kern
-        return self._route[-1][0]
+        return route_kernel(self._route, rows)
 
     def uses(self, kernel: str) -> bool:
         """Whether any row count runs `kernel` on this device (what _pack must lay out)."""
@@ -556,6 +553,11 @@ def parse_route(text: str) -> Route:
             raise ValueError(f"kernel route {text!r}: {name!r} appears twice")
         steps.append((name, upto))
     return tuple(steps)
+
+
+def route_kernel(route: Route, rows: int) -> str:
+    """The kernel a route runs for a call with `rows` rows: the first step whose bound holds."""
+    return next((kern for kern, upto in route if upto is None or rows <= upto), route[-1][0])
 
 
 def route_text(route: Route) -> str:
