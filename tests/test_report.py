@@ -13,6 +13,7 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -29,6 +30,16 @@ CANDIDATES = ["bf16", "int8_dyn", "int4_wo(group_size=64)", "int4_wo(group_size=
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
 
+class SlowLinear(nn.Linear):
+    """An nn.Linear that also waits 2 ms a call: the model as it came is then measurably slower end
+    to end than any plan that swaps its layers, on a quiet or a busy CPU alike (the layers autoao
+    times per shape are plain nn.Linear, so the search itself is unchanged)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002)
+        return super().forward(x)
+
+
 class Tiny(nn.Module):
     """Gated MLP blocks on float inputs (the proxy is then 1 - relative output error, which
     quantization moves smoothly: int8 fits a 3% budget, int4 everywhere does not). Two weight
@@ -37,8 +48,8 @@ class Tiny(nn.Module):
     def __init__(self, d: int = 64, h: int = 128, n: int = 2) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(
-            nn.ModuleDict({"up_proj": nn.Linear(d, h, bias=False), EVIL: nn.Linear(d, h, bias=False),
-                           "down_proj": nn.Linear(h, d, bias=False)}) for _ in range(n))
+            nn.ModuleDict({"up_proj": SlowLinear(d, h, bias=False), EVIL: SlowLinear(d, h, bias=False),
+                           "down_proj": SlowLinear(h, d, bias=False)}) for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, d]
         for b in self.blocks:
