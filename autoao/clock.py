@@ -9,6 +9,7 @@ an event. CPU: wall clocks at a fixed thread count. Both report (median, p20, p8
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -249,3 +250,39 @@ def throttled_ns() -> int:
         except (OSError, ValueError):
             continue
     return 0
+
+
+##### how sure a measured speed-up is ###########################################################
+
+# one-sided 95% quantiles of Student's t by degrees of freedom (1..15; beyond, 1.75 errs safe)
+_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753)
+
+
+class PairedSpeedup(NamedTuple):
+    """A speed-up from rounds in which A and B ran back to back: per round r = A / B."""
+
+    estimate: float  # exp(mean log r): the geometric mean of the rounds' ratios
+    low: float  # the one-sided 95% lower confidence bound of that mean (0.0 with one round)
+    high: float  # the one-sided 95% upper bound (inf with one round)
+    rounds: int
+
+
+def paired_speedup(a_us: Sequence[float], b_us: Sequence[float]) -> PairedSpeedup:
+    """How much faster B is than A, from paired samples (a_us[i], b_us[i]) taken in the same round.
+
+    Student's t on the rounds' log ratios: pairing cancels what moves both sides alike (a neighbour
+    that slows a whole round), and the bound widens with what does not. A round disturbed on one
+    side only widens the interval: it can keep a plan unchanged but never make one look faster.
+    (Asking for B faster in every round instead makes a modest gain a coin toss that more rounds
+    only lose: on a quiet 2-core Xeon the bf16 demo workload measured 2.1 to 2.8 s in consecutive
+    rounds, and one plan's per-round ratios spread from 1.11x to 2.06x;
+    benchmarks/results/2026-12-02-cpu/inmodel-vs-cells/.)"""
+    logs = [math.log(a / b) for a, b in zip(a_us, b_us)]
+    n = len(logs)
+    if n == 0:
+        raise ValueError("paired_speedup needs at least one (a, b) round")
+    mean = statistics.fmean(logs)
+    if n == 1:
+        return PairedSpeedup(math.exp(mean), 0.0, math.inf, 1)
+    half = _T95[min(n - 1, len(_T95)) - 1] * statistics.stdev(logs) / math.sqrt(n)
+    return PairedSpeedup(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)

@@ -189,9 +189,10 @@ class Decision:
                             (numbers: measured_ms, pick, pick_measured_ms, pick_predicted_ms)
       rerank_kept           the cost model's pick stays; `others` are the other plans' measured ms
       plan_unmeasurable     a plan predicted as fast could not be run (reason: the error)
-      kept_unchanged        the chosen plan was not faster than the unchanged model in every
-                            interleaved round (numbers: plan_ms, baseline_ms, low, high, rounds):
-                            the model stays as it came
+      kept_unchanged        the chosen plan was not shown faster than the unchanged model over the
+                            interleaved rounds (numbers: plan_ms, baseline_ms, low and high per-round
+                            ratio, rounds; on the CPU also the paired estimate and its 95% lower
+                            bound): the model stays as it came
       best_is_unchanged     the search's fastest feasible plan (`trial`) changes no layer
       nothing_to_try        no layer had a candidate but bf16 to pick (numbers["not_timed"]: cells
                             the time budget left untimed)
@@ -258,9 +259,11 @@ def describe(d: Decision) -> str:
     if d.kind == "out_of_time":
         return f"the time budget left no room for {d.reason} (after trial {d.trial})"
     if d.kind == "kept_unchanged":
-        where = (f" (per round {n['low']:.2f}x to {n['high']:.2f}x over {int(n['rounds'])} interleaved rounds)"
-                 if "rounds" in n else "")
-        verdict = ("no measurable change" if n.get("high", 0.0) > 1.0 else "not faster")
+        where = (f" (per round {n['low']:.2f}x to {n['high']:.2f}x over {int(n['rounds'])} interleaved rounds"
+                 + (f"; paired {n['estimate']:.2f}x, at least {n['bound']:.2f}x with 95% confidence"
+                    if "bound" in n else "") + ")" if "rounds" in n else "")
+        faster = n["estimate"] > 1.0 if "estimate" in n else n.get("high", 0.0) > 1.0
+        verdict = "no measurable change" if faster else "not faster"
         return (f"the chosen plan (trial {d.trial}) measured {n['plan_ms']:.3f} ms end to end, bf16 "
                 f"{n['baseline_ms']:.3f} ms{where}: {verdict}, so the model stays in bf16")
     if d.kind == "small_inputs":
@@ -331,6 +334,9 @@ class RunSummary:
     # [1, 1] and 0 rounds for an unchanged model (nothing to compare)
     speedup_range: list[float] = field(default_factory=lambda: [1.0, 1.0])
     rounds: int = 0
+    # what the shipped plan was shown to be at least: on the CPU the 95% lower confidence bound of
+    # the rounds' paired speed-up, on CUDA the one round's lowest ratio; 1.0 for an unchanged model
+    speedup_bound: float = 1.0
     # wall seconds the calibrated algorithms spent fitting (GPTQ, AWQ, ...), within the stages above
     algorithm_seconds: dict[str, float] = field(default_factory=dict)
     version: int = RUN_FILES_VERSION

@@ -30,6 +30,7 @@ from torch import nn
 
 from autoao import search_space
 from autoao.calibration import Calibration
+from autoao.clock import paired_speedup
 from autoao.common import BASELINE, __version__, call_model, model_device, triton_version
 from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
@@ -630,24 +631,29 @@ class Final:
     plan_us: float
     speedup_range: tuple[float, float]  # lowest and highest per-round bf16 / plan ratio
     rounds: int  # interleaved (bf16, plan) measurement rounds; 0: nothing to compare (empty plan)
+    speedup_bound: float  # what the plan was shown to be at least: finalize's `low` (1.0: unchanged)
     predicted_baseline_us: float
     predicted_us: float
     decisions: list[Decision]
     measured_plans: list[MeasuredPlan]
 
 
-# bf16 and the plan are measured in alternation, this many rounds on the CPU (whose timings move
-# with other processes: the same bf16 demo workload measured 2,270 and 2,683 ms at the start and
-# the end of one run), once on CUDA (each measurement there compiles the model).
-MIN_ROUNDS, MAX_ROUNDS = 3, 5
+# bf16 and the plan are measured in alternation. On the CPU (whose timings move with other
+# processes: the same bf16 demo workload measured 2.1 to 2.8 s in consecutive rounds on a quiet
+# Xeon) rounds continue, from MIN_ROUNDS up to MAX_ROUNDS or what the time budget leaves, until
+# the paired speed-up's 95% lower bound is above 1 (faster) or its estimate is not (clock.paired_speedup);
+# on CUDA once (each measurement there compiles the model; the round's spread is the graph replays').
+MIN_ROUNDS, MAX_ROUNDS = 3, 10
 
 
 def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
     """Apply the chosen plan for real (fresh modules, validated) and compare it with the model as it
-    came, measured in alternation. A plan that is not faster in every round only costs accuracy: the
-    model then stays unchanged (per-layer timings summed can promise a speed-up the whole model
-    does not deliver: SmolLM2 at M=2048 on the H200, 2:4 everywhere predicted 1.03x, measured
-    0.87x). An empty plan is the unchanged model: 1.00x by definition, not measured again."""
+    came, measured in alternation. A plan not shown faster only costs accuracy: the model then stays
+    unchanged (per-layer timings summed can promise a speed-up the whole model does not deliver:
+    SmolLM2 at M=2048 on the H200, 2:4 everywhere predicted 1.03x, measured 0.87x). Shown faster: on
+    the CPU, the 95% lower confidence bound of the rounds' paired speed-up is above 1.00x; on CUDA,
+    the one round's slowest plan replays beat the fastest bf16 ones. An empty plan is the unchanged
+    model: 1.00x by definition, not measured again."""
     model, meas = bench.model, bench.meas
     decisions, rows = list(bench.work.notes) + list(choice.decisions), list(choice.measured_plans)
     bench.restore()
@@ -660,31 +666,44 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
             decisions.append(Decision("nothing_to_try", numbers={"not_timed": not_timed}))
         elif trial is not None:  # the search's best feasible plan changes no layer
             decisions.append(Decision("best_is_unchanged", trial.number))
-        return Final(plan, None, meas.base.bf16_us, meas.base.bf16_us, (1.0, 1.0), 0, predicted_base, predicted_base,
-                     decisions, rows)
+        return Final(plan, None, meas.base.bf16_us, meas.base.bf16_us, (1.0, 1.0), 0, 1.0, predicted_base,
+                     predicted_base, decisions, rows)
     apply(model, plan, calibration=bench.calibration)
     applied = {fqn: model.get_submodule(fqn) for fqn in plan.layers}
-    base, planned = interleaved(bench, applied, _rounds(meas, ledger))
-    # per round, the ratio's range from the two sides' quantiles (one CPU sample a side: its
-    # value; CUDA's one round: the graph replays' p20 and p80)
+    compiled = meas.base.compile
+    base, planned = interleaved(bench, applied, _rounds(meas, ledger), settled=None if compiled else _settled)
+    # the rounds' lowest and highest ratio, from the two sides' quantiles (one CPU sample a side:
+    # its value; CUDA's one round: the graph replays' p20 and p80)
     spread = (min(b[1] / p[2] for b, p in zip(base, planned)), max(b[2] / p[1] for b, p in zip(base, planned)))
     base_us, plan_us = statistics.median(b[0] for b in base), statistics.median(p[0] for p in planned)
+    paired = paired_speedup([b[0] for b in base], [p[0] for p in planned])
+    low = spread[0] if compiled else paired.low
     accuracy = choice.accuracy
-    if spread[0] <= 1.0:
+    if low <= 1.0:
         decisions.append(Decision("kept_unchanged", plan.metadata.get("trial"), {
             "plan_ms": plan_us / 1e3, "baseline_ms": base_us / 1e3, "low": spread[0], "high": spread[1],
-            "rounds": len(base)}))
+            "rounds": len(base), **({} if compiled else {"estimate": paired.estimate, "bound": paired.low})}))
         ledger.say(describe(decisions[-1]))
         bench.restore()
         plan, accuracy = bench.shipped({}), None
-        plan_us, spread = base_us, (1.0, 1.0)
+        plan_us, spread, low = base_us, (1.0, 1.0), 1.0
         rows = [MeasuredPlan(r.trial, r.predicted_ms, r.measured_ms, False) for r in rows]
-    return Final(plan, accuracy, base_us, plan_us, spread, len(base), predicted_base, meas.cost.predict(plan),
+    return Final(plan, accuracy, base_us, plan_us, spread, len(base), low, predicted_base, meas.cost.predict(plan),
                  decisions, rows)
 
 
+def _settled(base: list[tuple[float, float, float]], planned: list[tuple[float, float, float]]) -> bool:
+    """Whether the CPU's rounds so far decide: after MIN_ROUNDS, the plan is shown faster (lower
+    bound above 1) or not faster on average (estimate at most 1), either of which more rounds
+    would rarely overturn."""
+    if len(base) < MIN_ROUNDS:
+        return False
+    paired = paired_speedup([b[0] for b in base], [p[0] for p in planned])
+    return paired.low > 1.0 or paired.estimate <= 1.0
+
+
 def _rounds(meas: Measurements, ledger: RunLedger) -> int:
-    """Rounds that fit in what is left of a time budget (at least MIN_ROUNDS); one on CUDA."""
+    """The most rounds that fit in what is left of a time budget (at least MIN_ROUNDS); one on CUDA."""
     if meas.base.compile:
         return 1
     remaining = ledger.remaining()
@@ -694,10 +713,12 @@ def _rounds(meas: Measurements, ledger: RunLedger) -> int:
     return max(MIN_ROUNDS, min(MAX_ROUNDS, int((remaining - WRITE_SECONDS - run) / max(2 * run, 1e-3))))
 
 
-def interleaved(bench: ModelBench, applied: dict[str, nn.Module],
-                rounds: int) -> tuple[list[tuple[float, float, float]], list[tuple[float, float, float]]]:
+def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
+                settled: Callable[[list, list], bool] | None = None,
+                ) -> tuple[list[tuple[float, float, float]], list[tuple[float, float, float]]]:
     """End-to-end (median, p20, p80) us of the unchanged model and of the model with `applied` modules, measured
-    A, B, A, B, ...: both see the same machine state, round by round. Leaves `applied` in place.
+    A, B, A, B, ...: both see the same machine state, round by round; at most `rounds` rounds, fewer
+    once `settled(base, planned)` says the rounds so far decide. Leaves `applied` in place.
     Compiled (CUDA), the unchanged model is measured once more first and that number dropped: the
     first compiled measurement after a plan was applied and taken out again read 8.6% slow on the
     H200, the next ones did not (benchmarks/results/2026-12-01-h200/gpu_check/)."""
@@ -723,6 +744,8 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module],
             # it): a busy neighbour disturbs both sides of a round alike, and re-takes would double
             # a loaded machine's rounds
             out.append(workload_timing(model, examples, compile=compile, reps=reps, warmup=warmup, max_seconds=0.0))
+        if settled is not None and settled(base, planned):
+            break
     return base, planned
 
 
@@ -821,7 +844,7 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
         baseline_ms_at_start=meas.base.bf16_us / 1e3,
         plan_ms=Latency(final.predicted_us / 1e3, final.plan_us / 1e3),
         speedup=Latency(final.predicted_baseline_us / final.predicted_us, final.baseline_us / final.plan_us),
-        speedup_range=list(final.speedup_range), rounds=final.rounds,
+        speedup_range=list(final.speedup_range), rounds=final.rounds, speedup_bound=final.speedup_bound,
         accuracy=None if acc is None else AccuracyResult(acc.tier, acc.accuracy, acc.drop, dict(acc.metrics),
                                                          acc.source),
         max_accuracy_drop=context.max_accuracy_drop, decisions=final.decisions, storage=context.storage,

@@ -354,7 +354,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
 
 def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch):
     """bf16 and the plan are measured A, B, A, B, ... (never all of one, then all of the other), and
-    a plan faster in only some rounds is 'no measurable change': the model stays as it came."""
+    a plan as often faster as slower is 'no measurable change': the model stays as it came."""
     import torch
     from torch import nn
 
@@ -366,7 +366,7 @@ def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch
     # per layer, int8_dyn is timed 4x faster than bf16, so the search picks it
     monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
         m: Timing({"bf16": 400.0, "int8_dyn": 100.0}[cand.name], 0.0, 0.0, 5) for m in tokens})
-    order, plan_times = [], iter([900.0, 1100.0, 900.0] + [900.0] * 10)
+    order, plan_times = [], iter([900.0, 1100.0] * 20)
 
     def fake(model, examples, *a, **kw):
         quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
@@ -383,3 +383,64 @@ def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch
     kept = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
     assert kept and "no measurable change" in result.summary.notes[-1]
     assert not result.plan.layers and result.summary.speedup.measured == 1.0
+
+
+def _final_rounds(tmp_path, monkeypatch, plan_times: list[float]) -> tuple[list[str], object]:
+    """optimize on a one-layer model whose plan (int8_dyn, timed 4x faster per layer) measures
+    plan_times[i] us in round i against bf16's 1000 us; returns the A/B order of the final
+    comparison's measurements and the result."""
+    import torch
+    from torch import nn
+
+    from autoao import api, stages
+    from autoao.evaluators import timing
+    from autoao.evaluators.timing import Timing
+    from autoao.kernels import QuantizedLinear
+
+    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+        m: Timing({"bf16": 400.0, "int8_dyn": 100.0}[cand.name], 0.0, 0.0, 5) for m in tokens})
+    order: list[str] = []
+    times = iter(plan_times)
+
+    def fake(model, examples, *a, **kw):
+        quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
+        order.append("B" if quantized else "A")
+        return (next(times),) * 3 if quantized else (1000.0,) * 3
+
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(stages, "workload_timing", fake)
+    result = api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=2,
+                          candidates=["int8_dyn"], max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
+    return order, result
+
+
+def test_a_plan_faster_on_the_whole_ships_though_one_round_was_slow(tmp_path, monkeypatch):
+    # rounds at 1.25x, then one disturbed round at 0.95x, then 1.25x again: faster with 95%
+    # confidence once enough rounds agree, so the plan ships, measured at the rounds' medians
+    from autoao import stages
+
+    order, result = _final_rounds(tmp_path, monkeypatch, [800.0, 800.0, 1050.0] + [800.0] * 20)
+    rounds = result.summary.rounds
+    assert stages.MIN_ROUNDS < rounds < stages.MAX_ROUNDS  # more than the minimum, stopped once shown
+    assert order[-2 * rounds - 1:] == ["A"] + ["A", "B"] * rounds  # the start's bf16, then the rounds
+    assert result.plan.layers
+    assert 1.0 < result.summary.speedup_bound < result.summary.speedup.measured == pytest.approx(1.25)
+    assert result.summary.speedup_range[0] == pytest.approx(1000 / 1050)
+
+
+def test_a_clearly_faster_plan_stops_after_the_fewest_rounds(tmp_path, monkeypatch):
+    from autoao import stages
+
+    order, result = _final_rounds(tmp_path, monkeypatch, [500.0, 510.0, 490.0] + [500.0] * 20)
+    assert result.plan.layers and result.summary.rounds == stages.MIN_ROUNDS
+    assert result.summary.speedup_bound > 1.9
+
+
+def test_a_plan_slower_on_average_is_kept_unchanged_without_more_rounds(tmp_path, monkeypatch):
+    from autoao import stages
+
+    order, result = _final_rounds(tmp_path, monkeypatch, [1100.0, 900.0, 1150.0] + [900.0] * 20)
+    assert not result.plan.layers and result.summary.speedup_bound == 1.0
+    kept = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
+    assert kept and kept[0].numbers["rounds"] == stages.MIN_ROUNDS and kept[0].numbers["estimate"] < 1.0
+    assert "not faster" in " ".join(result.summary.notes)

@@ -512,3 +512,25 @@ def test_tuners_pick_the_fastest_option_that_ran(monkeypatch):
         return launch if option == "a" else (lambda: us[option])
 
     assert clock.fastest("ae", fails_when_timed, skip=(ValueError,)) == "e"
+
+
+def test_a_paired_speed_up_bounds_what_the_rounds_show():
+    import math
+
+    from autoao.clock import paired_speedup
+
+    steady = paired_speedup([1000.0, 1010.0, 990.0], [800.0, 800.0, 800.0])
+    assert steady.estimate == pytest.approx(1.25, rel=1e-3) and 1.2 < steady.low < steady.estimate < steady.high < 1.3
+    # a whole round slowed alike on both sides leaves the ratio, so the bound stays tight
+    moved = paired_speedup([1000.0, 2000.0, 1500.0], [800.0, 1600.0, 1200.0])
+    assert moved.low == pytest.approx(1.25)
+    # a plan as often slower as faster is not shown faster, however many rounds
+    coin = paired_speedup([1000.0] * 8, [900.0, 1100.0] * 4)
+    assert coin.low < 1.0 < coin.high
+    # one side disturbed in one round widens the interval
+    hit = paired_speedup([1000.0, 1000.0, 3000.0], [800.0, 800.0, 800.0])
+    assert hit.low < steady.low and hit.estimate > steady.estimate
+    one = paired_speedup([1000.0], [500.0])
+    assert one.estimate == pytest.approx(2.0) and one.low == 0.0 and math.isinf(one.high)
+    with pytest.raises(ValueError):
+        paired_speedup([], [])
