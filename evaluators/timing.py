@@ -41,8 +41,10 @@ HARNESS_VERSION = 6  # 6: a cell far behind the baseline ends at one clean sampl
 CELL_SECONDS = 0.5
 MIN_CELL_SECONDS = 0.05
 SLOW_CUT = 2.0
-# A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time.
-SPOT_CHECK_TOLERANCE = 2.0
+# A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time:
+# a poisoned cache sat 200x off; a healthy one re-timed on a loaded 2-core machine read 116 us
+# cached against 57 us now, so 2x cleared good caches.
+SPOT_CHECK_TOLERANCE = 3.0
 NOT_TIMED = "not timed: the time budget for timing was spent"
 
 
