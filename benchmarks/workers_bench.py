@@ -38,13 +38,15 @@ from pg_cluster import PgCluster, why_missing  # noqa: E402
 MODEL = str(ROOT / "tests" / "slow_models.py") + ":build"
 
 
-def one_run(url: str, processes: int, trials: int, trial_seconds: float, candidates: str) -> dict:
+def one_run(url: str, processes: int, trials: int, trial_seconds: float, candidates: str,
+            device: str | None = None) -> dict:
     study = f"bench-{processes}-{int(time.time())}"
     with tempfile.TemporaryDirectory(prefix="autoao-workers-") as tmp:
         env = {**os.environ, "AUTOAO_CACHE_DIR": f"{tmp}/cache", "AUTOAO_TEST_TRIAL_SLEEP": str(trial_seconds)}
         cmd = [sys.executable, "-m", "autoao.cli", "search", "--model", MODEL, "--tasks", "none", "--candidates",
                candidates, "--budget", str(trials), "--storage", url, "--study", study, "--workers",
-               str(processes - 1), "--heartbeat", "5", "--out", f"{tmp}/out", "--quiet"]
+               str(processes - 1), "--heartbeat", "5", "--out", f"{tmp}/out", "--quiet",
+               *(["--device", device] if device else [])]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         wall = time.perf_counter() - t0
@@ -76,6 +78,8 @@ def main() -> None:
     ap.add_argument("--trial-seconds", type=float, default=1.0, help="what one trial's proxy pass sleeps")
     ap.add_argument("--candidates", default="int8_dyn,int4_wo(group_size=32)")
     ap.add_argument("--storage", default=None, help="a PostgreSQL URL (default: a private cluster)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: autoao's); on a one-GPU host every "
+                    "process shares that GPU")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     cluster = None
@@ -85,7 +89,7 @@ def main() -> None:
         cluster = PgCluster.start()
     url = args.storage or cluster.url
     try:
-        rows = [one_run(url, int(n), args.trials, args.trial_seconds, args.candidates)
+        rows = [one_run(url, int(n), args.trials, args.trial_seconds, args.candidates, args.device)
                 for n in args.processes.split(",")]
     finally:
         if cluster is not None:
@@ -95,7 +99,9 @@ def main() -> None:
     meta = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "load_avg_at_end": os.getloadavg(), "versions": {"torch": torch.__version__, "optuna": optuna.__version__,
-                                                           "python": platform.python_version()}}
+                                                           "python": platform.python_version()},
+            "device": args.device or "autoao's default",
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     try:
         meta["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
@@ -106,7 +112,8 @@ def main() -> None:
     lines = [f"# Trials per minute, 1 to {max(r['processes'] for r in rows)} processes on one study", "",
              f"`{meta['command']}`, {meta['date']}, {meta['cpu']} ({meta['cores']} cores), load average at the end "
              f"{', '.join(f'{v:.1f}' for v in meta['load_avg_at_end'])}; torch {meta['versions']['torch']}, optuna "
-             f"{meta['versions']['optuna']}. A trial is the tiny model's proxy pass plus a {args.trial_seconds:g} s "
+             f"{meta['versions']['optuna']}; device {meta['device']}" + (f" ({meta['gpu']}, one GPU shared by every "
+             "process)" if meta["gpu"] and args.device and args.device.startswith("cuda") else "") + ". A trial is the tiny model's proxy pass plus a {args.trial_seconds:g} s "
              "sleep: this measures coordination and concurrency, not compute.", "",
              "| processes | trials | trials/min (whole search) | trials/min (all processes running) | per process | "
              "search stage s | wall s |", "|---|---|---|---|---|---|---|"]
