@@ -134,6 +134,8 @@ def optimize(
         raise ValueError(f"heartbeat must be a whole number of seconds >= 1, got {heartbeat!r}")
     rcache = ResultCache(cache_dir() / "timings.sqlite")
     tier2 = stages.tier2_evaluator(accuracy, tokenizer, lm_eval_limit, rcache)
+    if tier2 is not None:  # the proxy screens, tier 2 decides (choose_tier2)
+        config.screen_drop = min(1.0, stages.TIER1_SCREEN * max_accuracy_drop)
     if isinstance(tier2, CallableEvaluator):
         tier2.set_baseline(model)  # the user's metric, once, on the model as it came
 

@@ -170,6 +170,8 @@ class RunContext:
     # layers whose weights sit on a 4-bit grid of groups of 32 (a GGUF-style Q4 source): int4 with
     # group size 32 measures near lossless on them
     int4_grid_layers: int = 0
+    # where tier 2 decides: the tier-1 drop up to which trials count as feasible (SearchConfig)
+    screen_drop: float | None = None
     version: int = RUN_FILES_VERSION
 
 

@@ -202,6 +202,14 @@ class SearchConfig:
     deadline: float | None = None  # time.time() after which no process starts a trial (a shared time budget)
     heartbeat: int | None = None  # seconds between a running trial's heartbeats (RDB storage only)
     fresh_seed: bool = False  # sample unseeded (a worker: its draws must not repeat the coordinator's)
+    # The tier-1 drop under which a trial is feasible; None: max_accuracy_drop (the proxy decides).
+    # Where a tier-2 judge decides (lm-eval, the user's metric), the proxy only screens, wider.
+    screen_drop: float | None = None
+
+    @property
+    def tier1_limit(self) -> float:
+        """The drop a trial's tier-1 score may reach and stay feasible."""
+        return self.max_accuracy_drop if self.screen_drop is None else self.screen_drop
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_accuracy_drop <= 1.0:
@@ -358,8 +366,8 @@ def make_objective(groups: list[Group], cost: CostModel, evaluate: Callable[[Pla
         predicted = cost.predict(plan)
         acc = evaluate(plan)
         drop = acc.drop if math.isfinite(acc.drop) else math.inf
-        trial.set_constraint("max_accuracy_drop", drop - config.max_accuracy_drop)
-        trial.set_user_attr("constraint", drop - config.max_accuracy_drop)
+        trial.set_constraint("max_accuracy_drop", drop - config.tier1_limit)
+        trial.set_user_attr("constraint", drop - config.tier1_limit)
         trial.set_user_attr("accuracy", acc.accuracy if math.isfinite(acc.accuracy) else None)
         trial.set_user_attr("tier", acc.tier)
         trial.set_user_attr("metrics", {k: v for k, v in acc.metrics.items() if math.isfinite(v)})

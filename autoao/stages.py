@@ -51,6 +51,12 @@ from autoao.search import Group, SearchConfig, SearchOutcome, TrialResult, make_
 from autoao.search_space import Candidate
 
 TIER2_CHECKS = 4  # plans checked with lm-eval / the user metric, fastest first (choose_tier2)
+# Where tier 2 decides, trials are feasible up to this x the budget on the proxy: top-1 agreement
+# moves more than a task's accuracy (SmolLM2, uniform int8_wo: agreement -1.6 points in
+# benchmarks/results/2026-12-01-cpu/budget-xeon/5m-quiet-0/report_trials.csv, trial 4, while
+# autoao_facts rose 1.1 points in benchmarks/results/2026-11-30-cpu/accuracy_table.md), so a
+# screen at the budget itself never let tier 2 see plans it would keep.
+TIER1_SCREEN = 3.0
 TIER2_MARGIN = 0.8  # after a rejection, check only plans predicted to drop <= this x the budget
 RERANK_BAND = 0.05  # without tier 2, plans predicted within 5% of the chosen one are measured (rerank)
 RERANK_PLANS = 3  # at most this many, the chosen one included
@@ -769,7 +775,8 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
                           cpu_isa.describe_features() if work.device.type == "cpu" else ""),
         versions={"autoao": __version__, "torch": torch.__version__, "triton": triton_version(),
                   "optuna": optuna.__version__, "python": sys.version.split()[0]},
-        budget=budget, max_accuracy_drop=config.max_accuracy_drop, seed=config.seed, command=command,
+        budget=budget, max_accuracy_drop=config.max_accuracy_drop, screen_drop=config.screen_drop, seed=config.seed,
+        command=command,
         accuracy=AccuracySpec(
             tier=2 if tier2 is not None else 1,
             tasks=tier2.tasks if isinstance(tier2, LmEvalEvaluator) else None,

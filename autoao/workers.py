@@ -143,6 +143,7 @@ class SharedInputs:
     trials: int | None  # the study's trial budget
     deadline: float | None  # time.time() after which no trial starts
     heartbeat: int
+    screen_drop: float | None = None  # SearchConfig.screen_drop: the tier-1 bound where tier 2 decides
 
     def to_json(self) -> str:
         cost = {"layer_us": self.cost.layer_us, "rest_us": self.cost.rest_us,
@@ -153,7 +154,7 @@ class SharedInputs:
                            "groups": [[g.name, list(g.fqns), list(g.choices)] for g in self.groups], "cost": cost,
                            "sqnr": self.sqnr, "proxy_baseline": self.proxy_baseline, "bf16_us": self.bf16_us,
                            "max_accuracy_drop": self.max_accuracy_drop, "trials": self.trials,
-                           "deadline": self.deadline, "heartbeat": self.heartbeat})
+                           "deadline": self.deadline, "heartbeat": self.heartbeat, "screen_drop": self.screen_drop})
 
     @classmethod
     def from_json(cls, text: str) -> SharedInputs:
@@ -166,7 +167,7 @@ class SharedInputs:
                          {tuple(g): per for g, per in c["fused_us"]})
         return cls(Fingerprint(**d["fingerprint"]), [Group(n, tuple(f), tuple(ch)) for n, f, ch in d["groups"]],
                    cost, d["sqnr"], d["proxy_baseline"], d["bf16_us"], d["max_accuracy_drop"], d["trials"],
-                   d["deadline"], d["heartbeat"])
+                   d["deadline"], d["heartbeat"], d.get("screen_drop"))
 
 
 ##### the coordinator ###########################################################################
@@ -179,7 +180,8 @@ def publish(config: SearchConfig, groups: list[Group], meas: stages.Measurements
     seed_study(study, groups, meas.cost, meas.sqnr)
     shared = SharedInputs(fingerprint(model, meas.base.weights_key, work.examples, work.eval_inputs, work.device),
                           groups, meas.cost, meas.sqnr, dict(meas.base.proxy.baseline), meas.base.bf16_us,
-                          config.max_accuracy_drop, config.budget.trials, config.deadline, config.heartbeat or 0)
+                          config.max_accuracy_drop, config.budget.trials, config.deadline, config.heartbeat or 0,
+                          config.screen_drop)
     study.set_user_attr(TRIALS, config.budget.trials)
     study.set_user_attr(CLOSED, False)
     study.set_user_attr(SHARED, shared.to_json())
@@ -300,7 +302,7 @@ def run_worker(model: nn.Module, examples: Any, eval_inputs: Any, shared: Shared
     bench = scorer(model, key, examples, eval_inputs, shared)
     config = SearchConfig(budget=budget or Budget(), max_accuracy_drop=shared.max_accuracy_drop, storage=storage,
                           study_name=study_name, role="worker", worker=label("worker"), deadline=shared.deadline,
-                          heartbeat=shared.heartbeat or None, fresh_seed=True)
+                          heartbeat=shared.heartbeat or None, fresh_seed=True, screen_drop=shared.screen_drop)
     try:
         return run_search(shared.groups, shared.cost, bench.proxy, config, progress=progress)
     finally:

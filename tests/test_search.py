@@ -444,3 +444,38 @@ def test_a_plan_slower_on_average_is_kept_unchanged_without_more_rounds(tmp_path
     kept = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
     assert kept and kept[0].numbers["rounds"] == stages.MIN_ROUNDS and kept[0].numbers["estimate"] < 1.0
     assert "not faster" in " ".join(result.summary.notes)
+
+
+def test_with_a_tier2_judge_the_proxy_only_screens(tmp_path, monkeypatch):
+    """A plan whose proxy drop is past the budget but within TIER1_SCREEN x it reaches the user's
+    metric, which keeps it; without a tier-2 judge the same plan is infeasible."""
+    import torch
+    from torch import nn
+
+    from autoao import api, runfiles, stages
+    from autoao.evaluators import timing
+    from autoao.evaluators.timing import Timing
+    from autoao.kernels import QuantizedLinear
+
+    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+        m: Timing({"bf16": 400.0, "int4_wo": 100.0}.get(cand.family, 100.0), 0.0, 0.0, 5) for m in tokens})
+    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
+        (500.0,) * 3 if any(isinstance(m, QuantizedLinear) for m in model.modules()) else (1000.0,) * 3))
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+
+    def run(out, **kw):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(256, 256, bias=False))
+        return api.optimize(model, [torch.randn(8, 256)], budget=4, candidates=["int4_wo(group_size=128)"],
+                            max_accuracy_drop=0.05, out_dir=tmp_path / out, progress=False, **kw)
+
+    # int4 g128 on Gaussian weights: relative output error ~0.1 (SQNR ~20 dB), past 0.05, within 3x
+    alone = run("proxy")
+    assert runfiles.load_context(tmp_path / "proxy" / "context.json").screen_drop is None
+    assert not alone.plan.layers
+    assert not any(d.kind == "tier2_rejected" for d in alone.summary.decisions)
+    judged = run("judged", accuracy=lambda m: 0.9)
+    ctx = runfiles.load_context(tmp_path / "judged" / "context.json")
+    assert ctx.screen_drop == pytest.approx(stages.TIER1_SCREEN * 0.05)
+    assert judged.plan.layers and judged.summary.accuracy.tier == 2
+    assert judged.summary.accuracy.drop == pytest.approx(0.0)

@@ -192,8 +192,8 @@ def test_shared_inputs_survive_json():
     cost = CostModel({"a": {"bf16": 2.0, "int8_dyn": math.inf}}, {"a": {"fp8_wo"}}, 5.0,
                      {("a", "b"): {"int8_dyn": 1.5}})
     shared = SharedInputs(Fingerprint("M", "w" * 64, "i" * 64, "cpu"), [Group("a", ("a",), ("bf16", "int8_dyn"))],
-                          cost, {"a": {"int8_dyn": 40.0}}, {"accuracy": 0.5}, 7.0, 0.01, 24, None, 1)
+                          cost, {"a": {"int8_dyn": 40.0}}, {"accuracy": 0.5}, 7.0, 0.01, 24, None, 1, 0.03)
     back = SharedInputs.from_json(shared.to_json())
-    assert back == shared
+    assert back == shared and back.screen_drop == 0.03
     with pytest.raises(ValueError, match="format"):
         SharedInputs.from_json(shared.to_json().replace('"format": 1', '"format": 99'))
