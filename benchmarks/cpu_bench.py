@@ -11,6 +11,10 @@ autoao plans on the kernels or routes that autoao's own timing (`measure_latenci
 cost model input) chose per layer shape for this workload; plus the plan that takes, per layer, the
 candidate timing found fastest (speed only: no accuracy is checked here).
 
+--plan NAME=DIR/plan.json (repeatable) adds a saved plan, e.g. the one `autoao search` chose at a
+given --max-accuracy-drop, as a variant. --accuracy scores every variant on lm-eval autoao_facts
+(acc; per question agreement with bf16), after the timing rounds so that it disturbs none.
+
 Writes cpu_bench.json (everything) and cpu_bench.md (the table) to --out. Bounded: --seconds
 (default 330) covers loading, timing and rounds; rounds stop when the next would not fit (at least
 one runs); the files are rewritten after every round. --cache reuses an autoao timing cache, e.g. one `autoao kernels` filled for these shapes:
@@ -102,7 +106,16 @@ def main() -> int:
     ap.add_argument("--threads", type=int, help="torch threads (default torch's). On a 2-core machine shared "
                     "with other jobs, 2 threads spin at each parallel region's barrier for a descheduled peer: "
                     "a bf16 workload measured 87 s instead of ~1.5 s there")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=PLAN_JSON",
+                    help="a saved plan to run as a variant (repeatable)")
+    ap.add_argument("--accuracy", action="store_true", help="score each variant on lm-eval autoao_facts after timing")
     args = ap.parse_args()
+    saved = {}
+    for item in args.plan:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            ap.error(f"--plan {item!r}: expected NAME=PATH to an existing plan.json")
+        saved[name] = Path(path)
     if args.threads:
         torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
@@ -142,6 +155,11 @@ def main() -> int:
     for name, plan in plans.items():
         variants[f"autoao {name}" if not name.startswith("autoao") else name] = autoao.apply(copy.deepcopy(bf16), plan)
         say(f"applied {name}")
+    for name, path in saved.items():
+        plan = Plan.load(path)
+        variants[name] = autoao.apply(copy.deepcopy(bf16), plan)
+        plans[name] = plan
+        say(f"applied {name} ({path})")
 
     say(f"built {len(variants)} variants")
     with torch.no_grad():  # warm-up: a decode step each (oneDNN primitive caches, allocations)
@@ -177,6 +195,20 @@ def main() -> int:
         write(args.out, info, samples, cpu, rounds, time.perf_counter() - t_start)  # kept if a later round is cut off
         if time.perf_counter() - t_start + (time.perf_counter() - t_round) > args.seconds:
             break  # the next round would not fit
+    if args.accuracy:
+        from autoao.evaluators import lmeval
+
+        acc: dict[str, dict] = {}
+        for v, m in variants.items():
+            r = lmeval.evaluate(m, tok, ["autoao_facts"], batch_size=8)
+            acc[v] = {"acc": r.metrics["autoao_facts"]["acc"], "stderr": r.metrics["autoao_facts"].get("acc_stderr"),
+                      "seconds": round(r.seconds, 1)}
+            say(f"  {v}: autoao_facts {acc[v]['acc']:.4f}")
+        data = json.loads((args.out / "cpu_bench.json").read_text())
+        for row in data["rows"]:
+            row["autoao_facts"] = acc[row["variant"]]
+        (args.out / "cpu_bench.json").write_text(json.dumps(data, indent=1))
+        (args.out / "cpu_bench.md").write_text(markdown(data))
     print(markdown(json.loads((args.out / "cpu_bench.json").read_text())))
     return 0
 
@@ -209,11 +241,14 @@ def markdown(r: dict) -> str:
              "absolute times are noisy, compare within a round (paired columns)",
              f"- layer timing (autoao's measure_latencies): {r['timing_cells_measured']} cells measured in "
              f"{r['timing_seconds']:.0f} s, the rest from the cache; {r['timing_cells_not_timed']} not timed", "",
-             "| variant | median ms | min-max ms | speed-up vs bf16 (medians) | paired speed-up min-max |",
-             "|---|---|---|---|---|"]
+             "| variant | median ms | min-max ms | speed-up vs bf16 (medians) | paired speed-up min-max | autoao_facts acc |",
+             "|---|---|---|---|---|---|"]
+    base_acc = r["rows"][0].get("autoao_facts", {}).get("acc")
     for row in r["rows"]:
+        a = row.get("autoao_facts")
+        acc = (f"{a['acc']:.4f} ({100 * (a['acc'] - base_acc):+.1f} points)" if a and base_acc is not None else "")
         lines.append(f"| {row['variant']} | {row['median_ms']:.0f} | {row['min_ms']:.0f}-{row['max_ms']:.0f} | "
-                     f"{row['speedup_vs_bf16']:.2f}x | {row['paired_speedup_min']:.2f}-{row['paired_speedup_max']:.2f}x |")
+                     f"{row['speedup_vs_bf16']:.2f}x | {row['paired_speedup_min']:.2f}-{row['paired_speedup_max']:.2f}x | {acc} |")
     lines += ["", "Kernels timing chose per shape (N x K) for this workload:", "",
               "| candidate | " + " | ".join(next(iter(r["routes"].values()))) + " |",
               "|---|" + "---|" * len(next(iter(r["routes"].values())))]
