@@ -220,7 +220,7 @@ def describe(d: Decision) -> str:
     """The decision as one sentence, for the console and the report."""
     n = d.numbers
     if d.kind == "no_feasible_plan":
-        return "no trial met the accuracy budget on the proxy: keeping the model in bf16"
+        return "no trial met the accuracy budget on the proxy: keeping the model as it came"
     if d.kind == "tier2_rejected":
         return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms) passed the proxy but dropped "
                 f"{n['drop']:+.4f} on tier 2 ({d.reason}): rejected")
@@ -230,7 +230,7 @@ def describe(d: Decision) -> str:
                 + (f" or were predicted to ({skipped} skipped unchecked)" if skipped else ""))
     if d.kind == "tier2_none_held":
         return (f"none of the {int(n['checked'])} plans checked on tier 2 held ({int(n.get('skipped', 0))} more "
-                "predicted not to): keeping the model in bf16")
+                "predicted not to): keeping the model as it came")
     if d.kind == "rerank_chose":
         return (f"chose trial {d.trial}: measured end to end at {n['measured_ms']:.3f} ms, "
                 f"{n['pick_measured_ms'] / n['measured_ms']:.2f}x faster than trial {int(n['pick'])}, the cost "
@@ -267,7 +267,7 @@ def describe(d: Decision) -> str:
         faster = n["estimate"] > 1.0 if "estimate" in n else n.get("high", 0.0) > 1.0
         verdict = "no measurable change" if faster else "not faster"
         return (f"the chosen plan (trial {d.trial}) measured {n['plan_ms']:.3f} ms end to end, bf16 "
-                f"{n['baseline_ms']:.3f} ms{where}: {verdict}, so the model stays in bf16")
+                f"{n['baseline_ms']:.3f} ms{where}: {verdict}, so the model stays as it came")
     if d.kind == "small_inputs":
         lead = f"the example inputs hold {int(n['tokens'])} token positions, too few to judge accuracy"
         if n.get("held_out"):

@@ -672,6 +672,7 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
             decisions.append(Decision("nothing_to_try", numbers={"not_timed": not_timed}))
         elif trial is not None:  # the search's best feasible plan changes no layer
             decisions.append(Decision("best_is_unchanged", trial.number))
+            plan = bench.shipped({})  # the model as it came, whichever trial found it (the decision says)
         return Final(plan, None, meas.base.bf16_us, meas.base.bf16_us, (1.0, 1.0), 0, 1.0, predicted_base,
                      predicted_base, decisions, rows)
     apply(model, plan, calibration=bench.calibration)

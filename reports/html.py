@@ -90,6 +90,7 @@ class Headline:
     seconds: float | None
     stopped: str
     layers_changed: int
+    base_name: str  # what the plan is compared with: "bf16", or the dtype the model came in (float32)
 
 
 def headline(data: ReportData) -> Headline:
@@ -104,13 +105,13 @@ def headline(data: ReportData) -> Headline:
         plan_ms = s.plan_ms
         acc = s.accuracy
         drop, tier, source = ((acc.drop, acc.tier, acc.source) if acc else
-                              (0.0, None, "the model is unchanged (all bf16)"))
+                              (0.0, None, f"the model is unchanged (all {data.baseline_name})"))
         predicted, measured = s.speedup.predicted, s.speedup.measured
         after, seconds, stopped = s.weight_bytes.after, s.seconds, s.stopped
     else:
         plan_ms = Latency(chosen.predicted_ms if chosen else base.predicted, None)
         drop, tier = (chosen.drop, chosen.tier) if chosen else (0.0, None)
-        source = "best trial so far" if chosen else "no feasible trial yet (all bf16)"
+        source = "best trial so far" if chosen else f"no feasible trial yet (all {data.baseline_name})"
         predicted = base.predicted / plan_ms.predicted if base.predicted and plan_ms.predicted else None
         measured, after, stopped = None, None, "not finished"
         seconds = max((t.finished_s for t in data.trials if t.finished_s is not None), default=None)
@@ -124,6 +125,7 @@ def headline(data: ReportData) -> Headline:
         within_budget=None if drop is None else drop <= data.max_drop,
         bytes_before=ctx.model.weight_bytes, bytes_after=after,
         trials_done=len(data.completed), seconds=seconds, stopped=stopped, layers_changed=changed,
+        base_name=data.baseline_name,
     )
 
 

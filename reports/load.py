@@ -32,16 +32,16 @@ from autoao.runfiles import (CandidateRecord, FusedRecord, KernelTimes, LayerRec
 from autoao.runfiles import pareto_front as search_front
 
 
-# Tier-1 proxy metrics: label, and whether higher is better (None: no direction, shown as is).
+# Tier-1 proxy metrics: label ({base}: the unchanged model, ReportData.baseline_name).
 PROXY_METRICS = {
     "accuracy": "proxy accuracy",  # relabelled by mode in _accuracy_rows
-    "agreement": "top-1 agreement with bf16",
-    "kl": "KL divergence from bf16 (nats/token)",
+    "agreement": "top-1 agreement with {base}",
+    "kl": "KL divergence from {base} (nats/token)",
     "next_token": "next-token accuracy on held-out tokens",
     "loss": "loss on held-out tokens (nats/token)",
-    "cosine_min": "least cosine similarity to bf16's embedding",
-    "nn_agreement": "nearest-neighbour agreement with bf16",
-    "rel_error": "relative output error vs bf16",
+    "cosine_min": "least cosine similarity to {base}'s embedding",
+    "nn_agreement": "nearest-neighbour agreement with {base}",
+    "rel_error": "relative output error vs {base}",
 }
 # Above this a speed-up says more about the measurement than the plan: int4 weights are 4x fewer
 # bytes than bf16, and 2:4 sparsity with int8 at most about 8x fewer operations.
@@ -137,6 +137,12 @@ class ReportData:
     @property
     def max_drop(self) -> float:
         return self.context.max_accuracy_drop
+
+    @property
+    def baseline_name(self) -> str:
+        """The unchanged model's name on the page: its dtype ("bf16" for bfloat16, else e.g. float32)."""
+        dtype = self.context.model.dtype
+        return "bf16" if dtype == "bfloat16" else dtype
 
     @property
     def completed(self) -> list[Trial]:
@@ -240,7 +246,7 @@ def load(out_dir: str | Path) -> ReportData:
             plan_source = "best_plan.json: the best feasible plan so far (the study could not be read)"
         else:
             plan, chosen_trial = {}, None
-            plan_source = "no feasible plan yet: every layer stays bf16"
+            plan_source = "no feasible plan yet: every layer stays as it came"
     plan = {lay.fqn: plan.get(lay.fqn, BASELINE) for lay in context.layers}
     fusions = _fusion_notes(context.layers, context.fused, plan)
     layers = [_layer(lay, plan[lay.fqn], groups, fusions.get(lay.fqn, "")) for lay in context.layers]
@@ -252,8 +258,8 @@ def load(out_dir: str | Path) -> ReportData:
     data.accuracy = _accuracy_rows(data)
     data.warnings += _trust_warnings(data)
     if data.status in ("unchanged", "no_trials"):  # no layer was weighed against others: say what happened
-        why = ("kept in bf16: the budget ran out before the first trial" if data.status == "no_trials" else
-               f"kept in bf16 with the whole model: {data.unchanged_reason}")
+        why = ("kept as it came: the budget ran out before the first trial" if data.status == "no_trials" else
+               f"kept as it came with the whole model: {data.unchanged_reason}")
         for lay in data.layers:
             lay.why = lay.choices[0].reason = why
     return data
@@ -441,11 +447,11 @@ def _why_chosen(chosen: str, lay: LayerRecord, members: list[str], fusion: str =
         shared = f"; shared with {', '.join(siblings)}"
     if chosen == BASELINE:
         if not faster:
-            return "kept in bf16: no allowed candidate is faster on this layer" + shared
+            return "kept as it came: no allowed candidate is faster on this layer" + shared
         best = max(sqnr.get(c, -math.inf) for c in faster)
-        lead = (f"kept in bf16: {_faster(len(faster))} less accurate (SQNR at best {fmt_db(best)}); the search "
+        lead = (f"kept as it came: {_faster(len(faster))} less accurate (SQNR at best {fmt_db(best)}); the search "
                 "spent the accuracy budget on other layers" if noisier else
-                "kept in bf16: not picked by the search (Pareto trade-off)")
+                "kept as it came: not picked by the search (Pareto trade-off)")
         return lead + shared
     if not faster:
         lead = "chosen: fastest allowed candidate"
@@ -480,8 +486,9 @@ def _accuracy_rows(data: ReportData) -> list[AccuracyRow]:
         if key not in base1 or (key == "agreement" and mode == "lm"):  # the LM's accuracy is its agreement
             continue
         if key == "accuracy":
-            label = {"lm": "top-1 agreement with bf16", "embedding": "mean cosine similarity to bf16's embedding",
+            label = {"lm": "top-1 agreement with {base}", "embedding": "mean cosine similarity to {base}'s embedding",
                      "output": "1 − relative output error"}[mode]
+        label = label.format(base=data.baseline_name)
         plan_value = base1[key] if all_bf16 else (chosen.metrics.get(key) if chosen else None)
         higher = key not in ("kl", "loss", "rel_error")
         rows.append(AccuracyRow(label, 1, f"proxy: {proxy_source}", base1[key], plan_value, higher))
@@ -536,7 +543,7 @@ def _trust_warnings(data: ReportData) -> list[str]:
     base = data.context.baseline_ms
     pred, meas = base.predicted, base.measured
     if pred and meas and not 0.5 <= pred / meas <= 2.0:
-        out.append(f"The cost model predicts {pred:,.3f} ms for the bf16 model but it measured {meas:,.3f} ms end "
+        out.append(f"The cost model predicts {pred:,.3f} ms for the {data.baseline_name} model but it measured {meas:,.3f} ms end "
                    f"to end ({max(pred / meas, meas / pred):,.1f}x apart): per-layer timings on this device are "
                    "unreliable, so predicted latencies and speed-ups are too; trust the measured numbers")
     emulated = data.emulated_in_plan()
@@ -557,5 +564,5 @@ def _trust_warnings(data: ReportData) -> list[str]:
         out.append(f"The cost model predicted a {p_up:.2f}x speed-up but the plan measured {m_up:.2f}x end to end: "
                    "trust the measured number; latencies in the Pareto front and the layer table are predictions")
     if s and s.speedup.measured and s.speedup.measured < 1.0 and s.plan:
-        out.append(f"The chosen plan measured slower than bf16 end to end (speed-up {s.speedup.measured:.2g}x)")
+        out.append(f"The chosen plan measured slower than {data.baseline_name} end to end (speed-up {s.speedup.measured:.2g}x)")
     return out

@@ -65,7 +65,7 @@ def _pareto(data: ReportData) -> str | None:
     ax.axhline(data.max_drop, color=LIMIT, ls="--", lw=1.2, label=f"max accuracy drop ({data.max_drop:g})", zorder=1)
     base = data.context.baseline_ms.predicted
     if base:
-        ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"bf16, predicted ({fmt_ms(base)})", zorder=1)
+        ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"{data.baseline_name}, predicted ({fmt_ms(base)})", zorder=1)
     chosen = data.trial(data.chosen_trial)
     if chosen is not None and chosen in shown:
         ax.scatter([chosen.predicted_ms], [chosen.drop], marker="*", s=260, color=CHOSEN, edgecolors="black",

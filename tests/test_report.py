@@ -313,6 +313,19 @@ def test_kernel_choices_reach_the_report(search, tmp_path):
     assert 'title="CUDA kernel chosen by timing: triton; tinygemm 1.50x slower">triton</span>' in html
 
 
+def test_the_baseline_is_named_by_the_dtype_the_model_came_in(search, tmp_path):
+    out = tmp_path / "fp32"
+    shutil.copytree(search[0], out, ignore=shutil.ignore_patterns("report*"))
+    html = render(out).read_text()
+    assert "vs bf16, end to end" in html and "Accuracy, bf16 vs the plan" in html
+    ctx = json.loads((out / "context.json").read_text())
+    ctx["model"]["dtype"] = "float32"
+    (out / "context.json").write_text(json.dumps(ctx))
+    html = render(out).read_text()
+    assert "vs float32, end to end" in html and "Accuracy, float32 vs the plan" in html
+    assert "vs bf16" not in html and "float32 time" in html
+
+
 @pytest.mark.parametrize("status", ["finished", "unchanged", "no_trials", "interrupted"])
 def test_status_box_and_cards_tell_what_happened(search, tmp_path, status):
     """In a browser, for each way a run can end: the status box names it, and the cards hold the
@@ -351,7 +364,7 @@ def test_status_box_and_cards_tell_what_happened(search, tmp_path, status):
     assert f"{summary['speedup']['measured']:.2f}×" in card
     if status == "unchanged":
         assert "no measurable change" in text and "0.97x to 1.02x over 3 interleaved rounds" in text
-        assert "1.00×" in card and "kept in bf16 with the whole model" in layer_why
+        assert "1.00×" in card and "kept as it came with the whole model" in layer_why
         assert "spent the accuracy budget" not in layer_why
     if status == "no_trials":
         assert "budget ran out before the first trial" in layer_why

@@ -312,7 +312,7 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     assert bool(result.summary.plan) is ships
     refused = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
     assert len(refused) == (0 if ships else 1)
-    assert all("not faster, so the model stays in bf16" in n for n in result.summary.notes if "chosen plan" in n)
+    assert all("not faster, so the model stays as it came" in n for n in result.summary.notes if "chosen plan" in n)
     assert result.summary.speedup.measured == pytest.approx(1.0 if not ships else 2.0)
     re_ranked = result.summary.measured_plans
     assert len(re_ranked) > 1 and sum(row.chosen for row in re_ranked) == (1 if ships else 0)
@@ -479,3 +479,23 @@ def test_with_a_tier2_judge_the_proxy_only_screens(tmp_path, monkeypatch):
     assert ctx.screen_drop == pytest.approx(stages.TIER1_SCREEN * 0.05)
     assert judged.plan.layers and judged.summary.accuracy.tier == 2
     assert judged.summary.accuracy.drop == pytest.approx(0.0)
+
+
+def test_a_search_whose_best_plan_is_the_unchanged_model_ships_no_trial(tmp_path, monkeypatch):
+    # with no accuracy to spare, the best feasible trial is the all-bf16 warm start: the plan that
+    # ships is the model as it came (no trial in its metadata), and a decision names that trial
+    import torch
+    from torch import nn
+
+    from autoao import api
+    from autoao.reports import load
+
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    result = api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3,
+                          candidates=["int4_wo(group_size=32)"], max_accuracy_drop=0.0, out_dir=tmp_path / "out",
+                          progress=False)
+    assert not result.plan.layers and "trial" not in result.plan.metadata
+    best = [d for d in result.summary.decisions if d.kind == "best_is_unchanged"]
+    assert len(best) == 1 and best[0].trial is not None
+    assert load(tmp_path / "out").chosen_trial is None
