@@ -48,7 +48,8 @@ def one_run(url: str, processes: int, trials: int, trial_seconds: float, candida
                str(processes - 1), "--heartbeat", "5", "--out", f"{tmp}/out", "--quiet",
                *(["--device", device] if device else [])]
         t0 = time.perf_counter()
-        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        # from outside the checkout: its root holds autoao/ without the sub-packages an install maps in
+        done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
         wall = time.perf_counter() - t0
         if done.returncode != 0:
             raise SystemExit(f"run with {processes} processes failed:\n{done.stdout}\n{done.stderr}")
@@ -113,7 +114,7 @@ def main() -> None:
              f"`{meta['command']}`, {meta['date']}, {meta['cpu']} ({meta['cores']} cores), load average at the end "
              f"{', '.join(f'{v:.1f}' for v in meta['load_avg_at_end'])}; torch {meta['versions']['torch']}, optuna "
              f"{meta['versions']['optuna']}; device {meta['device']}" + (f" ({meta['gpu']}, one GPU shared by every "
-             "process)" if meta["gpu"] and args.device and args.device.startswith("cuda") else "") + ". A trial is the tiny model's proxy pass plus a {args.trial_seconds:g} s "
+             "process)" if meta["gpu"] and args.device and args.device.startswith("cuda") else "") + f". A trial is the tiny model's proxy pass plus a {args.trial_seconds:g} s "
              "sleep: this measures coordination and concurrency, not compute.", "",
              "| processes | trials | trials/min (whole search) | trials/min (all processes running) | per process | "
              "search stage s | wall s |", "|---|---|---|---|---|---|---|"]
