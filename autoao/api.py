@@ -10,12 +10,14 @@ in order and writes what they return.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from autoao import runfiles, stages, workers
@@ -44,6 +46,20 @@ class OptimizeResult:
     report_path: Path | None = None
 
 
+def _keeps_torch_threads(fn: Callable[..., OptimizeResult]) -> Callable[..., OptimizeResult]:
+    """optimize runs on one thread on a busy CPU (stages.settle_cpu_threads): when it returns or
+    raises, torch's thread count is the caller's again."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> OptimizeResult:
+        threads = torch.get_num_threads()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return run
+
+
+@_keeps_torch_threads
 def optimize(
     model: nn.Module,
     example_inputs: Any,
@@ -141,8 +157,13 @@ def optimize(
 
     # what the unchanged model costs to measure comes first: the budget left after it is shared out
     with ledger.stage("profile and baselines"):
+        busy = stages.settle_cpu_threads(model, example_inputs)  # before profiling, which runs every example
+        if busy is not None:
+            ledger.say(runfiles.describe(busy))
         ledger.say("profiling")
         work = stages.profile_workload(model, example_inputs, eval_inputs, fuse_groups)
+        if busy is not None:
+            work.notes.append(busy)
         if eval_inputs is None:
             stages.check_proxy_inputs(work, None if tokenizer is None else lambda: text_inputs(
                 tokenizer, seq_len=128, n_seqs=2, held_out=True), ledger)

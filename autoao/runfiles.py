@@ -196,6 +196,9 @@ class Decision:
                             ratio, rounds; on the CPU also the paired estimate and its 95% lower
                             bound): the model stays as it came
       best_is_unchanged     the search's fastest feasible plan (`trial`) changes no layer
+      busy_cpu              the CPU was busy with other work: the smallest example took
+                            numbers["threads_ms"] ms on numbers["threads"] threads and
+                            numbers["one_ms"] ms on one, so the run timed and measured on one thread
       nothing_to_try        no layer had a candidate but bf16 to pick (numbers["not_timed"]: cells
                             the time budget left untimed)
       out_of_time           the time budget left no room for `reason` (more tier-2 checks, the re-rank)
@@ -268,6 +271,11 @@ def describe(d: Decision) -> str:
         verdict = "no measurable change" if faster else "not faster"
         return (f"the chosen plan (trial {d.trial}) measured {n['plan_ms']:.3f} ms end to end, bf16 "
                 f"{n['baseline_ms']:.3f} ms{where}: {verdict}, so the model stays as it came")
+    if d.kind == "busy_cpu":
+        return (f"the CPU is busy with other work: one call of the smallest example took {n['threads_ms']:.1f} ms on "
+                f"{int(n['threads'])} threads and {n['one_ms']:.1f} ms on one, so this run timed and measured "
+                "everything on one thread (its speed-ups are one thread's; run again on an idle machine to "
+                f"measure {int(n['threads'])} threads)")
     if d.kind == "small_inputs":
         lead = f"the example inputs hold {int(n['tokens'])} token positions, too few to judge accuracy"
         if n.get("held_out"):

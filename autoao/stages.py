@@ -105,6 +105,55 @@ class Workload:
         return sorted({fused_shape(self.prof, g)[::-1] for g in self.siblings})
 
 
+# On a CPU shared with other work, each of torch's parallel regions waits at its barrier for a
+# thread that lost its core: a bf16 576x1536 layer at M=256 took 18.8 ms on 2 threads and 0.55 ms
+# on 1 next to other jobs (benchmarks/results/2026-12-01-cpu/threads-under-load/). A run whose
+# smallest example is this much faster on one thread than on torch's threads runs on one.
+BUSY_CPU_FACTOR = 1.5
+
+
+def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> Decision | None:
+    """On the CPU with more than one torch thread: the smallest example, called at torch's thread
+    count and at one thread in turn (after one warm-up call, 3 calls each, the least of each).
+    When one thread is more than BUSY_CPU_FACTOR x faster, torch is set to one thread (the caller
+    restores its count when the run ends) and the `busy_cpu` decision says so; else None. Inputs
+    that cannot be called are left for the profiler to report."""
+    threads = torch.get_num_threads()
+    if threads == 1 or model_device(model).type != "cpu":
+        return None
+    examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
+    try:
+        ex = min(examples, key=lambda e: sum(t.numel() for t in _tensors(e)))
+        with torch.no_grad():
+            call_model(model, ex)
+            best = {threads: math.inf, 1: math.inf}
+            for _ in range(3):
+                for n in (threads, 1):
+                    torch.set_num_threads(n)
+                    t0 = time.perf_counter()
+                    call_model(model, ex)
+                    best[n] = min(best[n], time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001 - bad inputs are the profiler's to report, with its message
+        torch.set_num_threads(threads)
+        return None
+    if best[1] * BUSY_CPU_FACTOR < best[threads]:
+        torch.set_num_threads(1)
+        return Decision("busy_cpu", numbers={"threads": threads, "threads_ms": best[threads] * 1e3,
+                                             "one_ms": best[1] * 1e3})
+    torch.set_num_threads(threads)
+    return None
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
 def profile_workload(model: nn.Module, example_inputs: Any, eval_inputs: Any = None,
                      fuse_groups: bool = True) -> Workload:
     prof = profile(model, example_inputs)
