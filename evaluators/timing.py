@@ -262,7 +262,8 @@ def device_name(device: torch.device) -> str:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    return f"{cpu} ({torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"{cpu} ({n} thread{'s' if n > 1 else ''})"
 
 
 def default_mode(device: torch.device) -> str:
