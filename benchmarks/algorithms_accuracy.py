@@ -33,7 +33,8 @@ block, fitted on the default search's profile, measured on 256 held-out rows) an
 layer, as minilm-layers): per layer the output error of every grid point alpha on the fit rows and
 on the held-out rows, for AWQ's base mean|x| and for max|x|; the alpha the fit picks and its
 held-out gain over RTN (alpha = 0); and RTN's weight error against the step^2 / 12 a weight off any
-grid has (SmolLM2's weights are a 4-bit grid of group 32: re-quantizing them is easier than that).
+grid has, for W and for W * s at alpha 0.05, 0.1, 0.25, 0.5 (SmolLM2's weights are a 4-bit grid of group
+32: re-quantizing them is easier than that, until a scale moves them off it).
 awq_why.json.
 
 Every part runs on `--threads` intra-op threads (default 1: on a shared 2-core machine two threads
@@ -353,6 +354,9 @@ def grid_ratio(w: torch.Tensor, group: int) -> float:
     return mse / float(scales.float().pow(2).mean() / 12)
 
 
+GRID_ALPHAS = (0.05, 0.1, 0.25, 0.5)  # where awq-why measures RTN's weight error on W * s
+
+
 def awq_why(groups: list[int], out: Path, meta: dict[str, Any]) -> None:
     t_start = time.perf_counter()
     torch.set_num_threads(1)
@@ -373,6 +377,10 @@ def awq_why(groups: list[int], out: Path, meta: dict[str, Any]) -> None:
                     continue
                 row: dict[str, Any] = {"model": model_name, "layer": lay.fqn, "group_size": g,
                                        "grid_ratio": round(grid_ratio(w, g), 3)}
+                for alpha in GRID_ALPHAS:  # the weight AWQ quantizes at alpha: W * s, s = mean|x|^alpha
+                    sc = lay.stats.act_mean.float().clamp(min=1e-6).pow(alpha)
+                    sc = algorithms.round_scale(sc / (sc.max() * sc.min()).sqrt())
+                    row[f"grid_ratio_alpha_{alpha}"] = round(grid_ratio(w.float() * sc, g), 3)
                 for base_name, base in (("mean", lay.stats.act_mean), ("absmax", lay.stats.act_absmax)):
                     fit_err, held_err = awq_curve(w, g, base, fit_x, held_x)
                     pick = min(range(len(fit_err)), key=fit_err.__getitem__)
@@ -391,7 +399,10 @@ def awq_why(groups: list[int], out: Path, meta: dict[str, Any]) -> None:
             if not mine:
                 continue
             s: dict[str, Any] = {"model": model_name, "group_size": g, "layers": len(mine),
-                                 "median_grid_ratio": round(statistics.median(r["grid_ratio"] for r in mine), 3)}
+                                 "median_grid_ratio": round(statistics.median(r["grid_ratio"] for r in mine), 3),
+                                 **{f"median_grid_ratio_alpha_{a}": round(
+                                     statistics.median(r[f"grid_ratio_alpha_{a}"] for r in mine), 3)
+                                    for a in GRID_ALPHAS}}
             for b in ("mean", "absmax"):
                 s[b] = {"alpha_0_picked_pct": round(100 * sum(r[b]["alpha"] == 0 for r in mine) / len(mine), 1),
                         "held_above_rtn_pct": round(100 * sum(r[b]["held_gain_db"] > 0 for r in mine) / len(mine), 1),
