@@ -17,6 +17,10 @@ kernel (dequantize, then one bf16 matmul) above 16 rows: the route a search time
 counts on this CPU; the numbers are the same canonical weights either way. smollm2_g<groups>_<algorithms>.json (rows
 written after each plan).
 
+`--calibration prefill` fits on the 256-token prefill alone instead: the 32 one-token steps each
+run at position 0, so the default profile holds 33 first-position rows, whose large activations
+dominate some layers' input sample (file suffix _prefill).
+
 `minilm-layers`: every linear layer of all-MiniLM-L6-v2 (fp32), each algorithm fitted on the rows
 the profiler keeps from the search's example batch (32 calibration sentences, 256 rows) and
 measured on 512 rows of the 4 x 32 held-out sentences: SQNR (dB) of the layer's output through the
@@ -36,6 +40,9 @@ held-out gain over RTN (alpha = 0); and RTN's weight error against the step^2 / 
 grid has, for W and for W * s at alpha 0.05, 0.1, 0.25, 0.5 (SmolLM2's weights are a 4-bit grid of group
 32: re-quantizing them is easier than that, until a scale moves them off it).
 awq_why.json.
+
+`tables`: the markdown tables of every part's json found in --out (tables.md); for SmolLM2 the
+questions on which a plan and RTN at its group size disagree about matching bf16's answer.
 
 Every part runs on `--threads` intra-op threads (default 1: on a shared 2-core machine two threads
 wait for each other).
@@ -67,7 +74,7 @@ from autoao.kernels.quant import dequantize_int4_groupwise, quantize_int4_groupw
 from autoao.profile import profile
 
 ALGORITHMS = ("rtn", "gptq", "awq", "hqq")
-PARTS = ("smollm2", "minilm-layers", "minilm-uniform", "awq-why")
+PARTS = ("smollm2", "minilm-layers", "minilm-uniform", "awq-why", "tables")
 LARGE_M_ROUTE = "tinygemm_cpu<=16,dequant"  # int4 on the CPU: GEMV kernel for decode, dequant + bf16 matmul above
 
 
@@ -80,6 +87,9 @@ def main() -> int:
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated (default %(default)s)")
     ap.add_argument("--tasks", default="autoao_facts,autoao_text", help="lm-eval tasks for smollm2")
     ap.add_argument("--limit", type=int, default=None, help="lm-eval documents per task (default all)")
+    ap.add_argument("--calibration", default="search", choices=("search", "prefill"),
+                    help="smollm2: fit on what a default search profiles (the prefill and 32 one-token steps), "
+                         "or on the 256-token prefill alone (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default %(default)s)")
     args = ap.parse_args()
     algs = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -103,13 +113,15 @@ def main() -> int:
             "command": "python " + " ".join(sys.argv), "torch": torch.__version__,
             "cpu": platform.processor() or platform.machine(), "threads": args.threads}
     if args.part == "smollm2":
-        smollm2(groups, algs, args.tasks, args.limit, out, meta)
+        smollm2(groups, algs, args.tasks, args.limit, args.calibration, out, meta)
     elif args.part == "minilm-layers":
         minilm_layers(groups, algs, out, meta)
     elif args.part == "minilm-uniform":
         minilm_uniform(groups, algs, out, meta)
-    else:
+    elif args.part == "awq-why":
         awq_why(groups, out, meta)
+    else:
+        tables(out)
     return 0
 
 
@@ -128,20 +140,23 @@ def default_search_profile(model: torch.nn.Module, tok: Any):
     return profile(model, [prefill] + [prefill[:, i:i + 1] for i in range(32)])
 
 
-def smollm2(groups: list[int], algs: list[str], tasks: str, limit: int | None, out: Path,
+def smollm2(groups: list[int], algs: list[str], tasks: str, limit: int | None, calibration: str, out: Path,
             meta: dict[str, Any]) -> None:
     t_start = time.perf_counter()
     model, tok = autoao.models.load("smollm2-135m")
-    prof = default_search_profile(model, tok)
+    prefill = autoao.models.text_inputs(tok, seq_len=256, n_seqs=1)[0]  # [1, 256]
+    prof = default_search_profile(model, tok) if calibration == "search" else profile(model, [prefill])
     proxy = ProxyEvaluator(model, autoao.models.text_inputs(tok, seq_len=256, n_seqs=2, held_out=True))
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     meta = {**meta, "model": "smollm2-135m (bf16)", "tasks": names, "limit": limit,
-            "fit_rows_per_layer": max(len(p.stats.sample) for p in prof.layers),
+            "calibration": calibration, "fit_rows_per_layer": max(len(p.stats.sample) for p in prof.layers),
             "proxy_tokens": 512, "int4_route": LARGE_M_ROUTE}
     # one file per (groups, algorithms) asked for: a part split over several runs keeps each
-    path = out / f"smollm2_g{'-'.join(map(str, groups))}_{'-'.join(algs)}.json"
+    suffix = "" if calibration == "search" else f"_{calibration}"
+    path = out / f"smollm2_g{'-'.join(map(str, groups))}_{'-'.join(algs)}{suffix}.json"
     rows: list[dict[str, Any]] = []
     answers: dict[str, list[int]] = {}  # multiple-choice task -> bf16's choice per question
+    picks: dict[str, dict[str, list[int]]] = {}  # plan -> multiple-choice task -> its choice per question
 
     def score(label: str, q: torch.nn.Module, **extra: Any) -> None:
         p = proxy(q)
@@ -158,9 +173,10 @@ def smollm2(groups: list[int], algs: list[str], tasks: str, limit: int | None, o
             if t in chosen:  # the share of questions answered as bf16 answers them
                 ref = answers.setdefault(t, chosen[t])
                 row[f"{t}_same_answer_as_bf16"] = round(sum(a == b for a, b in zip(chosen[t], ref)) / len(ref), 4)
+                picks.setdefault(label, {})[t] = chosen[t]
         rows.append(row)
         print(row, flush=True)
-        write(path, meta, t_start, rows=rows, bf16_answers=answers)
+        write(path, meta, t_start, rows=rows, answers=picks)
 
     score("bf16", model, group_size=None, algorithm=None, layers=0)
     for g in groups:
@@ -171,7 +187,8 @@ def smollm2(groups: list[int], algs: list[str], tasks: str, limit: int | None, o
             plan.kernels.update({fqn: LARGE_M_ROUTE for fqn in plan.layers})
             t0 = time.perf_counter()
             autoao.apply(q, plan, calibration=prof.calibration)
-            score(cand.name, q, group_size=g, algorithm=alg, layers=len(plan.layers),
+            label = cand.name if calibration == "search" else f"{cand.name} [fit on the prefill alone]"
+            score(label, q, group_size=g, algorithm=alg, calibration=calibration, layers=len(plan.layers),
                   apply_s=round(time.perf_counter() - t0, 1))
             del q
 
@@ -413,6 +430,93 @@ def awq_why(groups: list[int], out: Path, meta: dict[str, Any]) -> None:
             summary.append(s)
             print(json.dumps(s), flush=True)
     write(out / "awq_why.json", {**meta, "awq_grid": algorithms.AWQ_GRID}, t_start, summary=summary, layers=rows)
+
+
+##### tables ##################################################################################
+
+def smollm2_table(files: list[Path]) -> list[str]:
+    """One markdown row per plan of the smollm2 runs (bf16 once), then per group the test of the
+    acceptance rule: is the best algorithm (lowest KL) closer to bf16 than RTN on every task?"""
+    rows, picks = [], {}
+    for f in files:
+        d = json.loads(f.read_text())
+        picks.update(d.get("answers", {}))
+        rows += [r for r in d["rows"] if r["plan"] != "bf16" or not any(x["plan"] == "bf16" for x in rows)]
+    rows.sort(key=lambda r: (r["group_size"] or 0, ALGORITHMS.index(r["algorithm"]) if r["algorithm"] else -1))
+    base = next(r for r in rows if r["plan"] == "bf16")
+    bf16 = picks.get("bf16", {}).get("autoao_facts")
+    lines = ["| plan | layers | facts acc | same answer as bf16 | vs RTN: questions won / lost | text word ppl "
+             "| proxy top-1 agreement | proxy KL | next-token acc | fit+apply s | lm-eval s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rtn = next((x for x in rows if x["group_size"] == r["group_size"] and x["algorithm"] == "rtn"), None)
+        paired = ""
+        mine, theirs = picks.get(r["plan"], {}).get("autoao_facts"), picks.get(rtn["plan"] if rtn else "", {}).get(
+            "autoao_facts")
+        if bf16 and mine and theirs and r["algorithm"] not in (None, "rtn"):
+            won = sum(a == b != c for a, b, c in zip(mine, bf16, theirs))
+            lost = sum(c == b != a for a, b, c in zip(mine, bf16, theirs))
+            paired = f"{won} / {lost}"
+        lines.append(f"| {r['plan']} | {r['layers'] or 'none'} | {r['autoao_facts_acc']:.4f} ± {r['autoao_facts_acc_stderr']:.4f} "
+                     f"| {r['autoao_facts_same_answer_as_bf16']:.4f} | {paired} | {r['autoao_text_word_ppl']:.2f} "
+                     f"| {r['proxy_top1_agreement']:.4f} | {r['proxy_kl']:.4f} | {r['proxy_next_token']:.4f} "
+                     f"| {r.get('apply_s', '')} | {r['lmeval_s']} |")
+    lines.append("")
+    for g in sorted({r["group_size"] for r in rows if r["group_size"]}):
+        rtn = next((r for r in rows if r["group_size"] == g and r["algorithm"] == "rtn"), None)
+        for calib in ("search", "prefill"):
+            mine = [r for r in rows if r["group_size"] == g and r["algorithm"] != "rtn"
+                    and r.get("calibration", "search") == calib]
+            if rtn is None or not mine:
+                continue
+            best = min(mine, key=lambda r: r["proxy_kl"])
+            checks = {
+                "facts acc": abs(best["autoao_facts_acc"] - base["autoao_facts_acc"])
+                < abs(rtn["autoao_facts_acc"] - base["autoao_facts_acc"]),
+                "facts answers": best["autoao_facts_same_answer_as_bf16"] > rtn["autoao_facts_same_answer_as_bf16"],
+                "text ppl": abs(best["autoao_text_word_ppl"] - base["autoao_text_word_ppl"])
+                < abs(rtn["autoao_text_word_ppl"] - base["autoao_text_word_ppl"]),
+                "proxy KL": best["proxy_kl"] < rtn["proxy_kl"],
+            }
+            lines.append(f"- group {g}, fitted on {'the default search profile' if calib == 'search' else 'the prefill alone'}:"
+                         f" best algorithm by proxy KL {best['algorithm']}; closer to bf16 than RTN on "
+                         + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in checks.items()))
+    return lines
+
+
+def tables(out: Path) -> None:
+    lines = []
+    sm = sorted(out.glob("smollm2_g*.json"))
+    if sm:
+        lines += ["## SmolLM2-135M, uniform int4 per algorithm", "", *smollm2_table(sm), ""]
+    if (out / "minilm_layers.json").is_file():
+        d = json.loads((out / "minilm_layers.json").read_text())
+        lines += ["## MiniLM layer-output SQNR (held-out rows)", "", markdown_summary(d["summary"]), ""]
+    if (out / "minilm_uniform.json").is_file():
+        d = json.loads((out / "minilm_uniform.json").read_text())
+        lines += ["## MiniLM uniform int4 per algorithm", "",
+                  "| plan | autoao_pairs | drop (points) | pairing | retrieval | cosine to fp32 embeddings | fit+apply s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in d["rows"]:
+            lines.append(f"| {r['plan']} | {r['accuracy']:.4f} | {r.get('drop_points', 0)} | {r['pairing']:.3f} "
+                         f"| {r['retrieval']:.3f} | {r['cosine_to_reference']:.4f} | {r.get('apply_s', '')} |")
+        lines.append("")
+    if (out / "awq_why.json").is_file():
+        d = json.loads((out / "awq_why.json").read_text())
+        lines += ["## AWQ against RTN, per layer (fit rows -> held-out rows)", "",
+                  "| model | group | layers | RTN weight MSE / (step^2/12): W, W*s at alpha 0.05 / 0.1 / 0.25 / 0.5 "
+                  "| base | fit picks alpha 0 | held-out above RTN | below RTN | median held-out gain dB "
+                  "| best alpha on held-out itself above RTN |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for s in d["summary"]:
+            ratios = " / ".join(str(s[f"median_grid_ratio_alpha_{a}"]) for a in GRID_ALPHAS)
+            for b in ("mean", "absmax"):
+                x = s[b]
+                lines.append(f"| {s['model']} | {s['group_size']} | {s['layers']} | {s['median_grid_ratio']}, {ratios} "
+                             f"| {'mean' if b == 'mean' else 'max'} abs(x) | {x['alpha_0_picked_pct']}% | {x['held_above_rtn_pct']}% "
+                             f"| {x['held_below_rtn_pct']}% | {x['median_held_gain_db']} | {x['held_oracle_above_rtn_pct']}% |")
+        lines.append("")
+    (out / "tables.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
