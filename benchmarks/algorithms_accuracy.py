@@ -1,10 +1,15 @@
 """Calibrated quantization on real weights, end to end: uniform int4 per algorithm on SmolLM2-135M
 (lm-eval and the tier-1 proxy), and MiniLM's layer SQNR and task score per algorithm.
 
-    python benchmarks/algorithms_accuracy.py --part smollm2 --groups 64 --out DIR        # ~9 min, 1 thread
-    python benchmarks/algorithms_accuracy.py --part smollm2 --groups 128 --out DIR       # ~6 min
-    python benchmarks/algorithms_accuracy.py --part minilm-layers --out DIR              # ~4 min
-    python benchmarks/algorithms_accuracy.py --part minilm-uniform --out DIR             # ~5 min
+    D=benchmarks/results/<date>-cpu/algorithms-accuracy    # wall times: 2-core CPU, shared, 1 thread
+    python benchmarks/algorithms_accuracy.py --part smollm2 --groups 64 --algorithms rtn,gptq --out $D   # 395 s
+    python benchmarks/algorithms_accuracy.py --part smollm2 --groups 64 --algorithms awq,hqq --out $D    # 436 s
+    python benchmarks/algorithms_accuracy.py --part smollm2 --groups 128 --out $D                        # 352 s
+    python benchmarks/algorithms_accuracy.py --part smollm2 --groups 64 --algorithms gptq,awq --calibration prefill --out $D
+    python benchmarks/algorithms_accuracy.py --part minilm-layers --out $D                               # 55 s
+    python benchmarks/algorithms_accuracy.py --part minilm-uniform --out $D                              # 229 s
+    python benchmarks/algorithms_accuracy.py --part awq-why --out $D                                     # 56 s
+    python benchmarks/algorithms_accuracy.py --part tables --out $D                                      # tables.md
 
 `smollm2`: bf16, then uniform int4_wo(group_size=g, algorithm=a) for each group and algorithm
 (rtn, gptq, awq, hqq) on every layer the group takes (the others stay bf16), each fitted on the
@@ -442,7 +447,8 @@ def smollm2_table(files: list[Path]) -> list[str]:
         d = json.loads(f.read_text())
         picks.update(d.get("answers", {}))
         rows += [r for r in d["rows"] if r["plan"] != "bf16" or not any(x["plan"] == "bf16" for x in rows)]
-    rows.sort(key=lambda r: (r["group_size"] or 0, ALGORITHMS.index(r["algorithm"]) if r["algorithm"] else -1))
+    rows.sort(key=lambda r: (r["group_size"] or 0, ALGORITHMS.index(r["algorithm"]) if r["algorithm"] else -1,
+                             r.get("calibration") == "prefill"))
     base = next(r for r in rows if r["plan"] == "bf16")
     bf16 = picks.get("bf16", {}).get("autoao_facts")
     lines = ["| plan | layers | facts acc | same answer as bf16 | vs RTN: questions won / lost | text word ppl "
