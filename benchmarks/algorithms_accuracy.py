@@ -9,6 +9,7 @@
     python benchmarks/algorithms_accuracy.py --part minilm-layers --out $D                               # 55 s
     python benchmarks/algorithms_accuracy.py --part minilm-uniform --out $D                              # 229 s
     python benchmarks/algorithms_accuracy.py --part awq-why --out $D                                     # 56 s
+    python benchmarks/algorithms_accuracy.py --part calibration-rows --out $D                            # 17 s
     python benchmarks/algorithms_accuracy.py --part tables --out $D                                      # tables.md
 
 `smollm2`: bf16, then uniform int4_wo(group_size=g, algorithm=a) for each group and algorithm
@@ -46,6 +47,9 @@ grid has, for W and for W * s at alpha 0.05, 0.1, 0.25, 0.5 (SmolLM2's weights a
 32: re-quantizing them is easier than that, until a scale moves them off it).
 awq_why.json.
 
+`calibration-rows`: for each SmolLM2 layer, the share of the sample's sum x^2 that its 33 largest
+rows hold, in the default search's profile and in the prefill's alone. calibration_rows.json.
+
 `tables`: the markdown tables of every part's json found in --out (tables.md); for SmolLM2 the
 questions on which a plan and RTN at its group size disagree about matching bf16's answer.
 
@@ -79,7 +83,7 @@ from autoao.kernels.quant import dequantize_int4_groupwise, quantize_int4_groupw
 from autoao.profile import profile
 
 ALGORITHMS = ("rtn", "gptq", "awq", "hqq")
-PARTS = ("smollm2", "minilm-layers", "minilm-uniform", "awq-why", "tables")
+PARTS = ("smollm2", "minilm-layers", "minilm-uniform", "awq-why", "calibration-rows", "tables")
 LARGE_M_ROUTE = "tinygemm_cpu<=16,dequant"  # int4 on the CPU: GEMV kernel for decode, dequant + bf16 matmul above
 
 
@@ -125,6 +129,8 @@ def main() -> int:
         minilm_uniform(groups, algs, out, meta)
     elif args.part == "awq-why":
         awq_why(groups, out, meta)
+    elif args.part == "calibration-rows":
+        calibration_rows(out, meta)
     else:
         tables(out)
     return 0
@@ -435,6 +441,24 @@ def awq_why(groups: list[int], out: Path, meta: dict[str, Any]) -> None:
             summary.append(s)
             print(json.dumps(s), flush=True)
     write(out / "awq_why.json", {**meta, "awq_grid": algorithms.AWQ_GRID}, t_start, summary=summary, layers=rows)
+
+
+def calibration_rows(out: Path, meta: dict[str, Any]) -> None:
+    t_start = time.perf_counter()
+    model, tok = autoao.models.load("smollm2-135m")
+    prefill = autoao.models.text_inputs(tok, seq_len=256, n_seqs=1)[0]  # [1, 256]
+    profs = {"search": default_search_profile(model, tok).by_fqn(), "prefill": profile(model, [prefill]).by_fqn()}
+    rows = []
+    for fqn in profs["search"]:
+        row: dict[str, Any] = {"layer": fqn}
+        for name, prof in profs.items():
+            energy = prof[fqn].stats.sample.float().pow(2).sum(1)  # [S]: each row's sum x^2
+            row[f"top33_share_{name}"] = round(float(energy.sort(descending=True).values[:33].sum() / energy.sum()), 3)
+        rows.append(row)
+    top = sorted(rows, key=lambda r: -r["top33_share_search"])[:10]
+    for r in top:
+        print(r)
+    write(out / "calibration_rows.json", meta, t_start, layers=rows)
 
 
 ##### tables ##################################################################################
