@@ -25,10 +25,15 @@ one kernel on their row-concatenated weights (autoao.kernels.FusedRows). A group
 if, over every example input, each member was called exactly once per such input, always with the
 same co-members, and the input was not modified in place between their calls.
 
-Memory: per layer at most `max_sample_rows` rows of K values are kept, on CPU in the layer dtype,
-so the samples take sum over layers of max_sample_rows * K * itemsize bytes (256 rows of K=4096 in
-bf16: 2 MiB a layer), plus three [K] float32 vectors (sum of squares, abs max, sum of |x|) a layer. GPTQ's Hessian
-is computed from the sample when a layer is quantized (LayerStats.hessian), never kept.
+Calibration rows: the statistics leave out rows of one-position sequences ([..., 1, K]: decode
+steps run without their KV cache, first-position rows) wherever the layer also saw inputs with
+context; the token counts keep every row.
+
+Memory: per layer at most 2 x `max_sample_rows` rows of K values are kept while profiling (rows
+with context and one-position rows apart), on CPU in the layer dtype: 2 x 256 rows of K=4096 in
+bf16 is 4 MiB a layer, half of it kept afterwards; plus six [K] float32 vectors (sum of squares,
+abs max, sum of |x| per pool) a layer. GPTQ's Hessian is computed from the sample when a layer is
+quantized (LayerStats.hessian), never kept.
 """
 
 from __future__ import annotations
@@ -59,9 +64,10 @@ class LayerProfile:
     device: torch.device  # weight device
     shapes: dict[tuple[int, ...], int]  # each distinct input shape [..., K] -> number of calls with it
     tokens: int  # rows seen (product of the leading dims), summed over calls; 0 if never called
-    # act_norm [K] float32 CPU: per-input-channel L2 norm over every row seen; act_absmax [K]
-    # float32 CPU: per-input-channel max |x|; act_mean [K] float32 CPU: mean |x|; sample [S, K] layer dtype CPU, S = min(tokens,
-    # max_sample_rows): real input rows
+    # act_norm [K] float32 CPU: per-input-channel L2 norm over the rows seen; act_absmax [K]
+    # float32 CPU: per-input-channel max |x|; act_mean [K] float32 CPU: mean |x|; sample [S, K] layer
+    # dtype CPU, S <= max_sample_rows: real input rows. Rows of one-position sequences count only
+    # where the layer saw no others (_Recorder).
     stats: LayerStats
     tied: list[str]  # other Linear / Embedding FQNs holding the same weight Parameter
 
@@ -89,30 +95,19 @@ class ModelProfile:
         return Calibration({p.fqn: p.stats for p in self.layers})
 
 
-class _Recorder:
-    """Forward hook accumulating one layer's input statistics (kept on the layer's device until
-    `result`, so a GPU forward does not copy every activation to the host). A post-forward hook, so
-    an input the layer rejects fails with the layer's own error, not one of ours."""
+class _Pool:
+    """Input statistics of one kind of row: sums over the rows seen and a bounded reservoir sample
+    of them (kept on the layer's device until `stats`, except the sample, on CPU)."""
 
-    def __init__(self, fqn: str, linear: nn.Module, max_rows: int, siblings: _Siblings) -> None:
-        self.spec = LayerSpec.from_linear(fqn, linear)
-        k, device = self.spec.in_features, linear.weight.device
-        self.fqn, self.siblings = fqn, siblings
-        self.shapes: dict[tuple[int, ...], int] = {}
-        self.tokens = 0
+    def __init__(self, k: int, device: torch.device, dtype: torch.dtype, max_rows: int) -> None:
+        self.rows = 0
         self.sumsq = torch.zeros(k, dtype=torch.float32, device=device)  # [K]
         self.absmax = torch.zeros(k, dtype=torch.float32, device=device)  # [K]
         self.sumabs = torch.zeros(k, dtype=torch.float32, device=device)  # [K]: mean |x| once divided
-        self.sample = torch.empty(max_rows, k, dtype=linear.weight.dtype)  # [cap, K] CPU, reservoir
+        self.sample = torch.empty(max_rows, k, dtype=dtype)  # [cap, K] CPU, reservoir
         self.generator = torch.Generator().manual_seed(0)  # per layer: deterministic sample
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
-        x = args[0] if args else kwargs["input"]  # [..., K]
-        self.siblings.record(self.fqn, x)
-        self.shapes[tuple(x.shape)] = self.shapes.get(tuple(x.shape), 0) + 1
-        rows = x.detach().reshape(-1, x.shape[-1])  # [M, K]
-        if rows.shape[0] == 0:
-            return
+    def add(self, rows: torch.Tensor) -> None:  # rows [M, K]
         # Sum of squares, not a running norm: exact over calls; float32 so fp16 squares do not overflow
         # and bf16 sums keep their precision.
         f = rows.float()
@@ -120,7 +115,7 @@ class _Recorder:
         torch.maximum(self.absmax, f.abs().amax(0), out=self.absmax)
         self.sumabs += f.abs().sum(0)
         self._keep(rows)
-        self.tokens += rows.shape[0]
+        self.rows += rows.shape[0]
 
     def _keep(self, rows: torch.Tensor) -> None:
         """Reservoir sampling (Algorithm R), vectorized over the rows of one call: the i-th row seen
@@ -129,7 +124,7 @@ class _Recorder:
         cap, m = self.sample.shape[0], rows.shape[0]
         if cap == 0:
             return
-        i = torch.arange(self.tokens, self.tokens + m)  # [M] global row index
+        i = torch.arange(self.rows, self.rows + m)  # [M] global row index
         r = (torch.rand(m, generator=self.generator, dtype=torch.float64) * (i + 1)).long()
         slot = torch.where(i < cap, i, r)
         keep = slot < cap
@@ -139,59 +134,50 @@ class _Recorder:
         filled = winner >= 0
         self.sample[filled] = rows[winner[filled].to(rows.device)].to("cpu", self.sample.dtype)
 
+    def stats(self) -> LayerStats:
+        s = min(self.rows, self.sample.shape[0])
+        return LayerStats(self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone(),
+                          (self.sumabs / max(self.rows, 1)).cpu())
+
+
+class _Recorder:
+    """Forward hook accumulating one layer's input statistics. A post-forward hook, so an input
+    the layer rejects fails with the layer's own error, not one of ours.
+
+    Rows of one-position sequences (inputs [..., 1, K] of rank 3 or more: a decode step run without
+    its KV cache) are pooled apart from the others: such a step sees no context, so its rows are
+    first-position rows, whose activations are outliers in transformers. On the demo's workload
+    (a 256-token prefill, 32 such steps) the 33 largest of a 256-row sample held 88-100% of the
+    energy in six of SmolLM2's down_proj layers (36-100% among the prefill's rows alone), and GPTQ
+    int4 g128 fitted on all rows reached KL 0.196 from bf16 against 0.063 fitted on the prefill's
+    (benchmarks/results/2026-12-02-cpu/algorithms-accuracy/).
+    The statistics come from the other rows whenever there are any; the token counts and shapes,
+    which timing reads, count every row."""
+
+    def __init__(self, fqn: str, linear: nn.Module, max_rows: int, siblings: _Siblings) -> None:
+        self.spec = LayerSpec.from_linear(fqn, linear)
+        k, device, dtype = self.spec.in_features, linear.weight.device, linear.weight.dtype
+        self.fqn, self.siblings = fqn, siblings
+        self.shapes: dict[tuple[int, ...], int] = {}
+        self.tokens = 0
+        self.context = _Pool(k, device, dtype, max_rows)  # rows of inputs with context (or no positions)
+        self.lone = _Pool(k, device, dtype, max_rows)  # rows of one-position sequences
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
+        x = args[0] if args else kwargs["input"]  # [..., K]
+        self.siblings.record(self.fqn, x)
+        self.shapes[tuple(x.shape)] = self.shapes.get(tuple(x.shape), 0) + 1
+        rows = x.detach().reshape(-1, x.shape[-1])  # [M, K]
+        if rows.shape[0] == 0:
+            return
+        (self.lone if x.dim() >= 3 and x.shape[-2] == 1 else self.context).add(rows)
+        self.tokens += rows.shape[0]
+
     def result(self, fqn: str, linear: nn.Module, tied: list[str]) -> LayerProfile:
-        s = min(self.tokens, self.sample.shape[0])
         spec = self.spec
+        pool = self.context if self.context.rows else self.lone
         return LayerProfile(fqn, spec.in_features, spec.out_features, spec.bias,
-                            linear.weight.dtype, linear.weight.device, self.shapes, self.tokens,
-                            LayerStats(self.sumsq.sqrt().cpu(), self.absmax.cpu(), self.sample[:s].clone(),
-                                       (self.sumabs / max(self.tokens, 1)).cpu()), tied)
-
-
-class _Siblings:
-    """Records which layers read the identical input tensor within one forward (module docstring)."""
-
-    def __init__(self) -> None:
-        # (id, version) of an input -> (the tensor, kept so its id is not reused within the forward;
-        # the FQNs that read it, in call order)
-        self.inputs: dict[tuple[int, int], tuple[torch.Tensor, list[str]]] = {}
-        self.seen: dict[str, set[tuple[str, ...]]] = {}  # FQN -> every call group it was in
-
-    def record(self, fqn: str, x: torch.Tensor) -> None:
-        try:
-            version = x._version  # bumped by in-place writes: a modified input is another input
-        except RuntimeError:  # inference-mode tensors have no version counter and cannot be modified
-            version = 0
-        self.inputs.setdefault((id(x), version), (x, []))[1].append(fqn)
-
-    def end_forward(self) -> None:
-        for _, fqns in self.inputs.values():
-            for f in fqns:
-                self.seen.setdefault(f, set()).add(tuple(fqns))
-        self.inputs.clear()
-
-    def groups(self) -> list[tuple[str, ...]]:
-        out: dict[tuple[str, ...], None] = {}
-        for calls in self.seen.values():
-            group = next(iter(calls))
-            if (len(calls) == 1 and len(group) > 1 and len(set(group)) == len(group)
-                    and all(self.seen.get(f) == calls for f in group)):
-                out[group] = None
-        return list(out)
-
-
-def _describe(example: Any) -> str:
-    """'a tuple of 2 values: tensor [1, 5] int64, int' and the like, for error messages."""
-    def one(v: Any) -> str:
-        if isinstance(v, torch.Tensor):
-            return f"tensor {list(v.shape)} {str(v.dtype).removeprefix('torch.')} on {v.device.type}"
-        return type(v).__name__
-
-    if isinstance(example, tuple):
-        return f"a tuple of {len(example)} values: " + ", ".join(one(v) for v in example)
-    if isinstance(example, Mapping):
-        return "a dict: " + ", ".join(f"{k}={one(v)}" for k, v in example.items())
-    return "a " + one(example)
+                            linear.weight.dtype, linear.weight.device, self.shapes, self.tokens, pool.stats(), tied)
 
 
 def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256) -> ModelProfile:

@@ -138,6 +138,29 @@ def test_sample_is_bounded_real_rows_and_deterministic():
     assert profile(model, inputs, max_sample_rows=0).layers[0].stats.sample.shape == (0, DIM)
 
 
+def test_one_position_steps_count_as_tokens_but_calibrate_only_alone():
+    """Decode steps run without their KV cache ([B, 1] ids: first-position rows) count in the token
+    counts timing reads, but the statistics come from the inputs with context when there are any."""
+    model = TinyLM()
+    g = torch.Generator().manual_seed(2)
+    prefill = torch.randint(0, VOCAB, (1, 12), generator=g)
+    steps = [torch.randint(0, VOCAB, (1, 1), generator=g) for _ in range(4)]
+    mixed = profile(model, [prefill, *steps]).by_fqn()["blocks.1.down_proj"]
+    assert mixed.tokens == 12 + 4 and mixed.shapes[(1, 1, HIDDEN)] == 4
+    ctx_rows = capture_inputs(model, "blocks.1.down_proj", [prefill])  # [12, HIDDEN]
+    assert torch.equal(mixed.stats.sample, ctx_rows)
+    torch.testing.assert_close(mixed.stats.act_norm, ctx_rows.square().sum(0).sqrt())
+    torch.testing.assert_close(mixed.stats.act_mean, ctx_rows.abs().mean(0))
+    # only one-position inputs: those are the statistics there are
+    alone = profile(model, steps).by_fqn()["blocks.1.down_proj"]
+    lone_rows = capture_inputs(model, "blocks.1.down_proj", steps)  # [4, HIDDEN]
+    assert alone.tokens == 4 and torch.equal(alone.stats.sample, lone_rows)
+    # a 2-D input has no positions: every row counts, one row a call or more
+    lin = nn.Linear(DIM, DIM)
+    flat = profile(lin, [torch.randn(1, DIM), torch.randn(3, DIM)]).layers[0]
+    assert flat.stats.sample.shape == (4, DIM)
+
+
 def test_tied_weights_reported_once_with_their_other_names():
     """Two Linears sharing a weight: the first reported, the other in its `tied`. A Linear tied to an
     Embedding (lm_head) is reported, with the embedding named in `tied`."""
