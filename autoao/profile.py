@@ -180,6 +180,52 @@ class _Recorder:
                             linear.weight.dtype, linear.weight.device, self.shapes, self.tokens, pool.stats(), tied)
 
 
+class _Siblings:
+    """Records which layers read the identical input tensor within one forward (module docstring)."""
+
+    def __init__(self) -> None:
+        # (id, version) of an input -> (the tensor, kept so its id is not reused within the forward;
+        # the FQNs that read it, in call order)
+        self.inputs: dict[tuple[int, int], tuple[torch.Tensor, list[str]]] = {}
+        self.seen: dict[str, set[tuple[str, ...]]] = {}  # FQN -> every call group it was in
+
+    def record(self, fqn: str, x: torch.Tensor) -> None:
+        try:
+            version = x._version  # bumped by in-place writes: a modified input is another input
+        except RuntimeError:  # inference-mode tensors have no version counter and cannot be modified
+            version = 0
+        self.inputs.setdefault((id(x), version), (x, []))[1].append(fqn)
+
+    def end_forward(self) -> None:
+        for _, fqns in self.inputs.values():
+            for f in fqns:
+                self.seen.setdefault(f, set()).add(tuple(fqns))
+        self.inputs.clear()
+
+    def groups(self) -> list[tuple[str, ...]]:
+        out: dict[tuple[str, ...], None] = {}
+        for calls in self.seen.values():
+            group = next(iter(calls))
+            if (len(calls) == 1 and len(group) > 1 and len(set(group)) == len(group)
+                    and all(self.seen.get(f) == calls for f in group)):
+                out[group] = None
+        return list(out)
+
+
+def _describe(example: Any) -> str:
+    """'a tuple of 2 values: tensor [1, 5] int64, int' and the like, for error messages."""
+    def one(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"tensor {list(v.shape)} {str(v.dtype).removeprefix('torch.')} on {v.device.type}"
+        return type(v).__name__
+
+    if isinstance(example, tuple):
+        return f"a tuple of {len(example)} values: " + ", ".join(one(v) for v in example)
+    if isinstance(example, Mapping):
+        return "a dict: " + ", ".join(f"{k}={one(v)}" for k, v in example.items())
+    return "a " + one(example)
+
+
 def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256) -> ModelProfile:
     """Run the example inputs through `model` with hooks; return every linear layer's profile.
 

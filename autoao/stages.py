@@ -114,7 +114,8 @@ BUSY_CPU_FACTOR = 1.5
 
 def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> Decision | None:
     """On the CPU with more than one torch thread: the smallest example, called at torch's thread
-    count and at one thread in turn (after one warm-up call, 3 calls each, the least of each).
+    count and at one thread in turn (after one warm-up call, 3 calls each, the median of each: a
+    neighbour that leaves one call alone can still stall most of them).
     When one thread is more than BUSY_CPU_FACTOR x faster, torch is set to one thread (the caller
     restores its count when the run ends) and the `busy_cpu` decision says so; else None. Inputs
     that cannot be called are left for the profiler to report."""
@@ -126,13 +127,14 @@ def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> Decision | None
         ex = min(examples, key=lambda e: sum(t.numel() for t in _tensors(e)))
         with torch.no_grad():
             call_model(model, ex)
-            best = {threads: math.inf, 1: math.inf}
+            took: dict[int, list[float]] = {threads: [], 1: []}
             for _ in range(3):
                 for n in (threads, 1):
                     torch.set_num_threads(n)
                     t0 = time.perf_counter()
                     call_model(model, ex)
-                    best[n] = min(best[n], time.perf_counter() - t0)
+                    took[n].append(time.perf_counter() - t0)
+            best = {n: statistics.median(t) for n, t in took.items()}
     except Exception:  # noqa: BLE001 - bad inputs are the profiler's to report, with its message
         torch.set_num_threads(threads)
         return None
