@@ -365,7 +365,7 @@ def measure_latencies(
                 seconds_by_kernel[label] = seconds_by_kernel.get(label, 0.0) + time.perf_counter() - t_kern
                 measured += len(missing)
                 for m, t in fresh.items():
-                    if t.error != NOT_TIMED and not _one_sample_of_threads(t):
+                    if t.error != NOT_TIMED:
                         cache.put(keys[m], t)
                     found[m] = t
             by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
@@ -404,15 +404,6 @@ class SpotCheck:
                 f"{worst[2]:.1f} us now, over {SPOT_CHECK_TOLERANCE:g}x apart): the cache was probably "
                 f"measured while the machine was busy; {self.cleared} cached cells of this device are "
                 "measured again")
-
-
-def _one_sample_of_threads(t: Timing) -> bool:
-    """A multi-threaded CPU cell cut at one sample (a candidate far behind the baseline): it serves
-    the run that timed it, never a later one. One sample cannot show it was undisturbed: a thread
-    stalled at a barrier for a descheduled peer is not the process's lost CPU time (next to busy
-    loops, int8_dyn's int_mm on 576x576 was cut at one 2964 us sample, 326 us quiet:
-    tests/test_load.py::test_a_busy_machine_does_not_poison_the_cache)."""
-    return t.ok and t.reps == 1 and t.threads > 1
 
 
 def spot_check(shapes: list[tuple[int, int]], tokens: list[int], *, device: torch.device | str,
