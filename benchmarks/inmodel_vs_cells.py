@@ -34,19 +34,10 @@ from torch import nn
 import autoao
 import autoao.models
 from autoao import search_space
-from autoao.common import call_model
 from autoao.evaluators.cache import TimingCache
 from autoao.evaluators.timing import device_name, measure_latencies
 from autoao.plan import Plan, layer_specs
-
-PREFILL, DECODE = 256, 32
-
-
-def workload(model: nn.Module, ids: torch.Tensor) -> None:
-    with torch.no_grad():
-        call_model(model, ids)
-        for i in range(DECODE):
-            call_model(model, ids[:, i:i + 1])
+from cpu_bench import DECODE, PREFILL, workload  # the demo's workload, as cpu_bench.py runs it (this folder)
 
 
 def hooked(model: nn.Module, fqns: list[str]) -> tuple[dict, list]:
