@@ -76,6 +76,18 @@ def call_model(model: nn.Module, example: Any) -> Any:
     return model(example)
 
 
+def input_numel(example: Any) -> int:
+    """Elements in the tensors of one example input (nested in tuples, lists and mappings, as
+    call_model takes them); other values count 0."""
+    if isinstance(example, torch.Tensor):
+        return example.numel()
+    if isinstance(example, Mapping):
+        return sum(input_numel(v) for v in example.values())
+    if isinstance(example, (tuple, list)):
+        return sum(input_numel(v) for v in example)
+    return 0
+
+
 @contextlib.contextmanager
 def offline_env(env: dict[str, str] | None = None) -> Iterator[None]:
     """Set `env` (default OFFLINE_ENV) for the duration, then restore whatever was there.

@@ -264,9 +264,12 @@ def describe(d: Decision) -> str:
     if d.kind == "out_of_time":
         return f"the time budget left no room for {d.reason} (after trial {d.trial})"
     if d.kind == "kept_unchanged":
-        where = (f" (per round {n['low']:.2f}x to {n['high']:.2f}x over {int(n['rounds'])} interleaved rounds"
-                 + (f"; paired {n['estimate']:.2f}x, at least {n['bound']:.2f}x with 95% confidence"
-                    if "bound" in n else "") + ")" if "rounds" in n else "")
+        where = ""
+        if "rounds" in n:
+            paired = (f"; paired {n['estimate']:.2f}x, at least {n['bound']:.2f}x with 95% confidence"
+                      if "bound" in n else "")
+            where = (f" (per round {n['low']:.2f}x to {n['high']:.2f}x over {int(n['rounds'])} interleaved "
+                     f"rounds{paired})")
         faster = n["estimate"] > 1.0 if "estimate" in n else n.get("high", 0.0) > 1.0
         verdict = "no measurable change" if faster else "not faster"
         return (f"the chosen plan (trial {d.trial}) measured {n['plan_ms']:.3f} ms end to end, bf16 "

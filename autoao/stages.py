@@ -30,8 +30,8 @@ from torch import nn
 
 from autoao import search_space
 from autoao.calibration import Calibration
-from autoao.clock import paired_speedup
-from autoao.common import BASELINE, __version__, call_model, model_device, triton_version
+from autoao.clock import PairedSpeedup, paired_speedup
+from autoao.common import BASELINE, __version__, call_model, input_numel, model_device, triton_version
 from autoao.cost import CostModel, fused_shape, layer_calls, token_counts
 from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
 from autoao.evaluators.sensitivity import (Accuracy, CallableEvaluator, LmEvalEvaluator, ProxyEvaluator,
@@ -124,7 +124,7 @@ def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> Decision | None
         return None
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     try:
-        ex = min(examples, key=lambda e: sum(t.numel() for t in _tensors(e)))
+        ex = min(examples, key=input_numel)
         with torch.no_grad():
             call_model(model, ex)
             took: dict[int, list[float]] = {threads: [], 1: []}
@@ -144,16 +144,6 @@ def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> Decision | None
                                              "one_ms": best[1] * 1e3})
     torch.set_num_threads(threads)
     return None
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _tensors(v)]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    return []
 
 
 def profile_workload(model: nn.Module, example_inputs: Any, eval_inputs: Any = None,
@@ -734,7 +724,7 @@ def finalize(bench: ModelBench, choice: Choice, ledger: RunLedger) -> Final:
     # its value; CUDA's one round: the graph replays' p20 and p80)
     spread = (min(b[1] / p[2] for b, p in zip(base, planned)), max(b[2] / p[1] for b, p in zip(base, planned)))
     base_us, plan_us = statistics.median(b[0] for b in base), statistics.median(p[0] for p in planned)
-    paired = paired_speedup([b[0] for b in base], [p[0] for p in planned])
+    paired = _paired(base, planned)
     low = spread[0] if compiled else paired.low
     accuracy = choice.accuracy
     if low <= 1.0:
@@ -756,8 +746,13 @@ def _settled(base: list[tuple[float, float, float]], planned: list[tuple[float, 
     would rarely overturn."""
     if len(base) < MIN_ROUNDS:
         return False
-    paired = paired_speedup([b[0] for b in base], [p[0] for p in planned])
+    paired = _paired(base, planned)
     return paired.low > 1.0 or paired.estimate <= 1.0
+
+
+def _paired(base: list[tuple[float, float, float]], planned: list[tuple[float, float, float]]) -> PairedSpeedup:
+    """The rounds' paired speed-up, from each side's (median, p20, p80) us per round."""
+    return paired_speedup([b[0] for b in base], [p[0] for p in planned])
 
 
 def _rounds(meas: Measurements, ledger: RunLedger) -> int:
