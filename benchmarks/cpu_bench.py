@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,6 +60,27 @@ def workload(model: nn.Module, ids: torch.Tensor) -> None:
         call_model(model, ids)
         for i in range(DECODE):
             call_model(model, ids[:, i:i + 1])
+
+
+def demo() -> tuple[nn.Module, Any, torch.Tensor, dict[str, tuple[int, int]]]:
+    """The demo model (bf16, as it comes), its tokenizer, PREFILL-token input ids [1, PREFILL] and
+    each layer's (K, N) by FQN."""
+    torch.manual_seed(0)
+    bf16, tok = autoao.models.load("smollm2-135m")
+    ids = autoao.models.text_inputs(tok, seq_len=PREFILL, n_seqs=1)[0]
+    return bf16, tok, ids, {fqn: (s.in_features, s.out_features) for fqn, s in layer_specs(bf16).items()}
+
+
+def demo_timings(shapes: dict[str, tuple[int, int]], names: list[str], seconds: float, cache: Path | None = None):
+    """autoao's own layer timing of bf16 and `names` at the demo's layer shapes and token counts,
+    as the search runs it, within about `seconds`; `cache`: an autoao timing cache (sqlite) to read
+    and fill (default a fresh one: this machine, now)."""
+    unique = sorted({(n, k) for k, n in shapes.values()})
+    with tempfile.TemporaryDirectory() as tmp:
+        return measure_latencies(unique, [1, PREFILL], [search_space.get(c) for c in ["bf16", *names]],
+                                 device="cpu", dtype=torch.bfloat16, cache=TimingCache(cache or Path(tmp) / "t.sqlite"),
+                                 progress=False, calls={s: {PREFILL: 1, 1: DECODE} for s in unique},
+                                 deadline=time.perf_counter() + seconds)
 
 
 def timed_plan(model: nn.Module, name: str, table, shapes: dict[str, tuple[int, int]]) -> Plan:
@@ -123,23 +145,10 @@ def main() -> int:
 
     def say(what: str) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f} s] {what}", file=sys.stderr, flush=True)
-    torch.manual_seed(0)
-
-    bf16, tok = autoao.models.load("smollm2-135m")
-    ids = autoao.models.text_inputs(tok, seq_len=PREFILL, n_seqs=1)[0]
-    specs = layer_specs(bf16)
-    shapes = {fqn: (s.in_features, s.out_features) for fqn, s in specs.items()}  # fqn -> (K, N)
+    bf16, tok, ids, shapes = demo()  # shapes: fqn -> (K, N)
     calls = {PREFILL: 1, 1: DECODE}
-
-    # autoao's own layer timing, as the search runs it (--cache: an autoao timing cache filled by an
-    # earlier run or by `autoao kernels`; default a fresh one: this machine, now)
-    with tempfile.TemporaryDirectory() as tmp:
-        unique = sorted({(n, k) for k, n in shapes.values()})
-        table = measure_latencies(unique, [1, PREFILL], [search_space.get(c) for c in ["bf16", *PLANS]],
-                                  device="cpu", dtype=torch.bfloat16,
-                                  cache=TimingCache(args.cache or Path(tmp) / "t.sqlite"),
-                                  progress=False, calls={s: calls for s in unique},
-                                  deadline=time.perf_counter() + args.timing_seconds)
+    unique = sorted({(n, k) for k, n in shapes.values()})
+    table = demo_timings(shapes, PLANS, args.timing_seconds, args.cache)
     say(f"timed {table.measured} cells in {table.seconds:.0f} s")
     routes = {name: {f"{n}x{k}": table.kernel_for(name, k, n) for n, k in unique} for name in PLANS}
     layer_us = {name: {f"{n}x{k}": {m: table.get(name, m, k, n).median_us for m in calls} for n, k in unique}

@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -33,11 +32,9 @@ from torch import nn
 
 import autoao
 import autoao.models
-from autoao import search_space
-from autoao.evaluators.cache import TimingCache
-from autoao.evaluators.timing import device_name, measure_latencies
-from autoao.plan import Plan, layer_specs
-from cpu_bench import DECODE, PREFILL, workload  # the demo's workload, as cpu_bench.py runs it (this folder)
+from autoao.evaluators.timing import device_name
+from autoao.plan import Plan
+from cpu_bench import demo, demo_timings, workload  # the demo and its workload, as cpu_bench.py runs them
 
 
 def hooked(model: nn.Module, fqns: list[str]) -> tuple[dict, list]:
@@ -68,19 +65,9 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    torch.manual_seed(0)
-    bf16, tok = autoao.models.load("smollm2-135m")
-    ids = autoao.models.text_inputs(tok, seq_len=PREFILL, n_seqs=1)[0]
-    specs = layer_specs(bf16)
-    shapes = {fqn: (s.in_features, s.out_features) for fqn, s in specs.items()}  # fqn -> (K, N)
-    calls = {PREFILL: 1, 1: DECODE}
+    bf16, _, ids, shapes = demo()  # shapes: fqn -> (K, N)
     names = [c.strip() for c in args.candidates.split(",")]
-    unique = sorted({(n, k) for k, n in shapes.values()})
-    with tempfile.TemporaryDirectory() as tmp:
-        table = measure_latencies(unique, [1, PREFILL], [search_space.get(c) for c in ["bf16", *names]],
-                                  device="cpu", dtype=torch.bfloat16, cache=TimingCache(Path(tmp) / "t.sqlite"),
-                                  progress=False, calls={s: calls for s in unique},
-                                  deadline=time.perf_counter() + args.timing_seconds)
+    table = demo_timings(shapes, names, args.timing_seconds)
     print(f"[{time.perf_counter() - t0:.0f} s] timed {table.measured} cells", file=sys.stderr, flush=True)
     variants = {"bf16": bf16}
     for name in names:
