@@ -119,6 +119,7 @@ class CpuSamples(NamedTuple):
     reps: int  # clean samples the quantiles come from (single calls, for a sequence of callables)
     discarded: int  # samples taken but dropped because the process lost the CPU during them
     reliable: bool  # at least MIN_CLEAN clean samples; else the quantiles are the least-disturbed ones'
+    cut: bool = False  # a clean sample slower than stop_above_us ended the sampling early
 
 
 # A sample "lost the CPU" when the process's threads waited on a run queue (another process had
@@ -191,7 +192,8 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
     finally:
         torch.set_num_threads(old)
     if clean and len(clean) >= floor:
-        return CpuSamples(*_quantiles(clean), len(clean), len(dirty), True)
+        cut = stop_above_us is not None and clean[-1] > stop_above_us  # (the sampling stops at such a sample)
+        return CpuSamples(*_quantiles(clean), len(clean), len(dirty), True, cut)
     # Not enough clean samples: the least disturbed ones, clean first, are the best estimate there is.
     best = clean + [us for _, us in sorted(dirty)][:max(floor - len(clean), 1)]
     return CpuSamples(*_quantiles(best), len(clean), len(dirty), False)

@@ -33,7 +33,7 @@ from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
 # are not reused. 5: CPU samples during which the process lost the CPU are dropped and re-taken.
-HARNESS_VERSION = 7  # 7: a multi-threaded cell cut at one sample is capped by one sample on one thread
+HARNESS_VERSION = 8  # 8: a multi-threaded cell cut early is capped by a round on one thread
 # CPU sampling per cell: about CELL_SECONDS of samples, less (down to MIN_CELL_SECONDS) when a
 # deadline leaves less per cell; a candidate over SLOW_CUT x the baseline's time at a cell ends at
 # one clean sample (int8_dyn on a 49152x576 LM head at M=256 takes 2.6 s a call on a 2-core EPYC
@@ -114,14 +114,19 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
             n_threads = threads or torch.get_num_threads()
             s = time_cpu(calls, reps=reps or 20, threads=threads, max_seconds=max_seconds,
                          stop_above_us=stop_above_us, first_s=first_s)
-            if s.reliable and s.reps == 1 and n_threads > 1:
-                # Cut at one sample (far behind the baseline). A thread stalled at a barrier for a
-                # descheduled peer is not this process's lost CPU time, so one clean-looking sample
-                # can be a stall (next to busy loops, int8_dyn 576x576 was cut at 2964 us, 326 us
-                # quiet: tests/test_load.py). One thread cannot stall so, and this slow a kernel is
-                # no faster on one thread than on several: the cell is the lesser of the two.
-                one = time_cpu(calls, reps=1, threads=1, max_seconds=max_seconds / 2, warmup=0, min_samples=1)
-                if one.reliable and one.median < s.median:
+            if s.cut and n_threads > 1:
+                # Cut early (far behind the baseline), so a sample or two decide the cell. A thread
+                # stalled at a barrier for a descheduled peer is not this process's lost CPU time,
+                # so a clean-looking multi-threaded sample can be a stall (next to busy loops,
+                # int8_dyn 192x576 was cut at 271 us, 84 us quiet: tests/test_load.py). One thread
+                # cannot stall so, and this slow a kernel is no faster on one thread than on
+                # several: the cell is the lesser of the two, and unreliable (re-timed by the next
+                # run) when one thread gave no clean sample either.
+                one = time_cpu(calls, reps=1, threads=1, max_seconds=max_seconds / 2, warmup=1, min_samples=1)
+                if not one.reliable:
+                    return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded + one.discarded,
+                                  reliable=False, threads=n_threads)
+                if one.median < s.median:
                     return Timing(one.median, one.median, one.median, 1, discarded=s.discarded + one.discarded,
                                   threads=n_threads)
             single = None

@@ -115,8 +115,30 @@ def test_a_candidate_far_behind_the_baseline_ends_at_one_sample():
 
     slow = lambda: time.sleep(0.002)  # noqa: E731
     cut = clock.time_cpu(slow, reps=20, warmup=1, stop_above_us=1000.0)
-    assert cut.reps == 1 and cut.reliable and cut.median >= 2000
-    assert clock.time_cpu(slow, reps=20, warmup=1).reps > 1
+    assert cut.reps == 1 and cut.reliable and cut.median >= 2000 and cut.cut
+    full = clock.time_cpu(slow, reps=20, warmup=1)
+    assert full.reps > 1 and not full.cut
+    assert not clock.time_cpu(slow, reps=20, warmup=1, stop_above_us=10**6).cut
+
+
+def test_a_multi_threaded_cell_cut_early_is_capped_by_one_thread(monkeypatch):
+    """A cut cell is decided by a sample or two, which a stall at a barrier can inflate: one thread's
+    clean round caps it, and without a clean round on one thread it is not served as clean."""
+    from autoao.clock import CpuSamples
+
+    module = timing.build_layer(search_space.get("bf16"), 64, 32, torch.bfloat16, torch.device("cpu"))
+    one_thread = {"clean": CpuSamples(90.0, 88.0, 92.0, 64, 3, True),
+                  "none clean": CpuSamples(400.0, 400.0, 400.0, 0, 4, False)}
+    for case, expected in (("clean", (90.0, True)), ("none clean", (270.0, False))):
+        asked = []
+
+        def fake_time_cpu(calls, *, threads=None, case=case, **kwargs):
+            asked.append(threads)
+            return one_thread[case] if threads == 1 else CpuSamples(270.0, 80.0, 460.0, 2, 0, True, cut=True)
+
+        monkeypatch.setattr(timing, "time_cpu", fake_time_cpu)
+        t = timing.time_module(module, 1, 64, torch.bfloat16, torch.device("cpu"), threads=2, stop_above_us=160.0)
+        assert asked == [2, 1] and (t.median_us, t.reliable) == expected, case
 
 
 def test_long_calls_need_fewer_clean_samples():
