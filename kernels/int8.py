@@ -119,8 +119,8 @@ class Int8DynLinear(_Int8Weights):
         if self.act == "tensor":
             if self._handle is None:
                 raise RuntimeError("int8_dyn(act=tensor) runs on the CPU only (torch's fbgemm / oneDNN kernels)")
-            y = cpu_int8.dynamic_qlinear(x2.float().contiguous(), self._handle, self.out_features,
-                                         self._reduce_range)
+            y = cpu_int8.linear_dynamic(x2.float().contiguous(), self._handle, self.out_features,
+                                        self._reduce_range)
             return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
         xq, xs = quantize_per_token(x2, torch.int8)  # [M, K] int8, [M, 1] fp32
         y = dequantize_output(self._int_matmul(xq), xs, self.w_scale, self.bias, x.dtype)  # [M, N]
