@@ -118,6 +118,22 @@ def fastest_plan(model: nn.Module, table, shapes, calls) -> Plan:
     return Plan.for_model(model, layers, kernels)
 
 
+def torchao_variants(bf16: nn.Module) -> dict[str, nn.Module]:
+    """torchao's int8 configs, each applied by quantize_ to a bf16 copy (every nn.Linear, the tied
+    lm_head included, as quantize_ does by default)."""
+    import torchao
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+    out = {}
+    for name, config in (("Int8WeightOnlyConfig", Int8WeightOnlyConfig()),
+                         ("Int8DynamicActivationInt8WeightConfig", Int8DynamicActivationInt8WeightConfig())):
+        m = copy.deepcopy(bf16)
+        m.config.tie_word_embeddings = False  # the quantized lm_head is its own tensor now
+        quantize_(m, config)
+        out[f"torchao {torchao.__version__} {name}"] = m
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
@@ -131,6 +147,8 @@ def main() -> int:
     ap.add_argument("--plan", action="append", default=[], metavar="NAME=PLAN_JSON",
                     help="a saved plan to run as a variant (repeatable)")
     ap.add_argument("--accuracy", action="store_true", help="score each variant on lm-eval autoao_facts after timing")
+    ap.add_argument("--torchao", action="store_true", help="add torchao's Int8WeightOnlyConfig and "
+                    "Int8DynamicActivationInt8WeightConfig (quantize_ on a bf16 copy) as variants; needs torchao")
     args = ap.parse_args()
     saved = {}
     for item in args.plan:
@@ -157,8 +175,13 @@ def main() -> int:
     variants: dict[str, nn.Module] = {"bf16 (as it came)": bf16}
     fp32 = copy.deepcopy(bf16).float()
     variants["fp32"] = fp32
-    variants["quantize_dynamic (fp32, qint8)"] = torch.ao.quantization.quantize_dynamic(
-        copy.deepcopy(fp32), {nn.Linear}, dtype=torch.qint8)
+    qd = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32), {nn.Linear}, dtype=torch.qint8)
+    # its lm_head is a quantized copy of the tied embedding: lm-eval's HFLM would tie it back
+    # (tie_weights sets a `weight` that the quantized module only has as a method)
+    qd.config.tie_word_embeddings = False
+    variants["quantize_dynamic (fp32, qint8)"] = qd
+    if args.torchao:
+        variants.update(torchao_variants(bf16))
     plans = {name: timed_plan(bf16, name, table, shapes) for name in PLANS}
     plans["autoao fastest per layer (speed only)"] = fastest_plan(bf16, table, shapes, calls)
     for name, plan in plans.items():
@@ -183,6 +206,7 @@ def main() -> int:
         "cpu": device_name(torch.device("cpu")), "cpu_features": cpu_isa.describe_features(),
         "isa": {lib: cpu_isa.isa_of(lib) for lib in ("bf16_mm", "fp32_mm", "fbgemm", "onednn_int8", "aten")},
         "versions": {"torch": torch.__version__, "autoao": autoao.__version__,
+                     **({"torchao": __import__("torchao").__version__} if args.torchao else {}),
                      "transformers": __import__("transformers").__version__, "python": sys.version.split()[0]},
         "load_average_before": load_before, "threads": torch.get_num_threads(),
         "workload": f"1 x {PREFILL}-token prefill + {DECODE} x 1-token forwards, eager, no KV cache",
