@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from autoao.common import cache_dir  # noqa: F401  (re-exported: the one cache root)
+from autoao.kernels.algorithms import FIT_VERSION
 
 
 CACHE_FILE = "timings.sqlite"
@@ -242,14 +243,20 @@ class CacheDevice:
 
 class ResultCache(_SQLiteStore):
     """JSON results by string key (accuracy measurements of every tier), in the same SQLite file
-    as the timings (table `results`), with the same concurrency and corruption handling."""
+    as the timings (table `results`), with the same concurrency and corruption handling. Keys are
+    stored under the calibrated fits' version (kernels.algorithms.FIT_VERSION): a result names its
+    candidates, not the numbers their fits produced."""
+
+    def _stored(self, key: str) -> str:
+        return f"fit{FIT_VERSION}:{key}"
 
     def get(self, key: str) -> dict | None:
-        row = self._conn.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
+        row = self._conn.execute("SELECT value FROM results WHERE key = ?", (self._stored(key),)).fetchone()
         return None if row is None else json.loads(row[0])
 
     def put(self, key: str, value: dict) -> None:
-        self._conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?)", (key, json.dumps(value), time.time()))
+        self._conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
+                           (self._stored(key), json.dumps(value), time.time()))
 
 
 def digest(*parts: object) -> str:

@@ -11,7 +11,9 @@ the same kernels; only the stored numbers differ:
   per-channel scales fitted once on the original rows.
 - AWQ (Lin et al. 2023): a per-input-channel scale s = mean|x|^alpha (alpha on a grid, alpha = 0
   is RTN), the weight quantized as W * s and the input divided by s inside the module, alpha chosen
-  by the layer's output error on the calibration sample. No weight-clipping search.
+  by the layer's output error on the calibration sample; then AWQ's clipping search: each group's
+  range shrunk by the ratio (1, 0.95, ..., 0.55) with the least error in that group's share of
+  the output on the sample, kept where it lowers the layer's whole output error.
 - HQQ (Badri & Shaji 2023): calibration-free; each group's zero point refined by half-quadratic
   splitting on an l_p (p < 1) weight error, keeping per group the best of RTN and the iterates by
   squared weight error.
@@ -58,6 +60,9 @@ USES: dict[str, frozenset[str]] = {
     "smoothquant": frozenset({"act_absmax"}),
 }
 FIT_SECONDS: dict[str, float] = {}
+# Bump when a fit's numbers change: results cached on disk by candidate name (layer errors, plan
+# accuracies: evaluators.cache.ResultCache) are keyed by it. 2: AWQ's clipping search.
+FIT_VERSION = 2
 
 # Damping: the fraction of the mean Hessian diagonal added to its diagonal. GPTQ's 0.01 assumes
 # many more sample rows S than input channels K; autoao's bounded sample often has fewer (256 rows
@@ -68,6 +73,9 @@ FIT_SECONDS: dict[str, float] = {}
 GPTQ_DAMP = 0.01
 GPTQ_BLOCK = 128  # columns updated lazily as one block (a multiple of every int4 group size)
 AWQ_GRID = 20  # alphas 0, 1/20, ..., 19/20 (AWQ's grid)
+# AWQ's clipping grid: a group's [min, max] shrunk by 1 - i / 20 for i < 0.5 * 20 (AWQ's n_grid
+# and max_shrink); output channels in chunks of AWQ_CLIP_CHUNK bound the [groups, S, chunk] errors
+AWQ_CLIP_GRID, AWQ_CLIP_SHRINK, AWQ_CLIP_CHUNK = 20, 0.5, 1024
 HQQ_ITERS, HQQ_P, HQQ_BETA, HQQ_KAPPA = 20, 0.7, 10.0, 1.01  # HQQ's defaults for 4 bits
 SMOOTHQUANT_ALPHA = 0.5
 
@@ -249,6 +257,41 @@ def awq_scale(weight: torch.Tensor, group_size: int, act_mean: torch.Tensor, sam
     return best_s
 
 
+def awq_clip(weight: torch.Tensor, group_size: int, sample: torch.Tensor, grid: int = AWQ_CLIP_GRID,
+             max_shrink: float = AWQ_CLIP_SHRINK) -> torch.Tensor:
+    """weight [N, K] (already multiplied by AWQ's scale), sample [S, K] (already divided by it) ->
+    the weight with each (output channel, group) clamped to its [min, max] shrunk by the ratio r in
+    {1, 1 - 1 / grid, ..., above 1 - max_shrink} that minimizes that group's output error on the sample,
+    ||x_g (w_g - Q(clamp(w_g, r)))^T||^2 (AWQ's auto_clip). The groups are chosen apart (their
+    errors are not independent); where the clipped weight's whole output error on the sample is
+    higher than the unclipped one's, the weight comes back unclipped."""
+    w = weight.float()
+    n, k = w.shape
+    x = sample.to(w.device).float().reshape(-1, k // group_size, group_size).transpose(0, 1)  # [G, S, g]
+    out = torch.empty_like(w)
+    for lo in range(0, n, AWQ_CLIP_CHUNK):
+        wg = w[lo:lo + AWQ_CLIP_CHUNK].reshape(-1, k // group_size, group_size)  # [n, G, g]
+        wmin, wmax = wg.amin(2, keepdim=True), wg.amax(2, keepdim=True)  # [n, G, 1]
+        best_err = torch.full(wg.shape[:2], math.inf, device=w.device)  # [n, G]
+        best = wg
+        for i in range(int(max_shrink * grid)):
+            r = 1.0 - i / grid
+            clipped = torch.minimum(torch.maximum(wg, wmin * r), wmax * r) if i else wg
+            dq = dequantize_int4_groupwise(*quantize_int4_groupwise(clipped.reshape(len(wg), k), group_size))
+            diff = (dq.reshape(wg.shape) - wg).transpose(0, 1)  # [G, n, g]
+            err = torch.bmm(x, diff.transpose(1, 2)).pow(2).sum(1).t()  # [n, G]: per group's output
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best = torch.where(better[..., None], clipped, best)
+        out[lo:lo + AWQ_CLIP_CHUNK] = best.reshape(-1, k)
+    xs = sample.to(w.device).float()
+    ref = xs @ w.t()  # [S, N]
+
+    def output_error(v: torch.Tensor) -> float:
+        return float((xs @ dequantize_int4_groupwise(*quantize_int4_groupwise(v, group_size)).t() - ref).pow(2).sum())
+    return out if output_error(out) < output_error(w) else w
+
+
 ##### HQQ #######################################################################################
 
 def _shrink_lp(x: torch.Tensor, beta: float, p: float) -> torch.Tensor:
@@ -319,7 +362,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int, algorithm: str, stats: 
             and stats.sample is not None and len(stats.sample):
         def fit() -> tuple:
             s = awq_scale(weight, group_size, stats.act_mean, stats.sample)
-            return (*quantize_int4_groupwise(weight.float() * s, group_size), s)
+            clipped = awq_clip(weight.float() * s, group_size, stats.sample.float() / s)
+            return (*quantize_int4_groupwise(clipped, group_size), s)
         return _memoized(stats, ("awq", group_size, _weight_key(weight)), fit, weight.device)
     return (*quantize_int4_groupwise(weight, group_size), ones)
 

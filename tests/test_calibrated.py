@@ -137,6 +137,30 @@ def test_awq_with_alpha_zero_only_is_rtn():
     assert torch.equal(algorithms.awq_scale(w, 32, x.abs().mean(0), x, grid=1), torch.ones(64))
 
 
+def test_awq_clip_picks_each_groups_best_ratio_and_never_loses_on_the_sample():
+    k, group = 128, 32
+    w, x = weight(48, k), correlated_inputs(256, k)
+    w[3, 5] = 2.0  # an outlier weight: its group's range is worth shrinking
+    clipped = algorithms.awq_clip(w, group, x)
+    assert output_error(w, dequantize_int4_groupwise(*quantize_int4_groupwise(clipped, group)), x) \
+        <= output_error(w, dequantize_int4_groupwise(*quantize_int4_groupwise(w, group)), x)
+    assert not torch.equal(clipped, w)
+    # brute force, one (output channel, group) at a time: the ratio with the least error in that
+    # group's share of the output
+    ratios = [1.0 - i / algorithms.AWQ_CLIP_GRID for i in range(int(algorithms.AWQ_CLIP_SHRINK * algorithms.AWQ_CLIP_GRID))]
+    for row, g in ((3, 0), (0, 1), (20, 3)):
+        cols = slice(g * group, (g + 1) * group)
+        wg = w[row:row + 1, cols]
+
+        def err(r: float) -> float:
+            c = wg.clamp(float(wg.min()) * r, float(wg.max()) * r) if r < 1 else wg
+            dq = dequantize_int4_groupwise(*quantize_int4_groupwise(c, group))
+            return float((x[:, cols] @ (dq - wg).t()).pow(2).sum())
+        best = min(ratios, key=err)
+        expect = wg.clamp(float(wg.min()) * best, float(wg.max()) * best) if best < 1 else wg
+        assert torch.allclose(clipped[row:row + 1, cols], expect), (row, g, best)
+
+
 def test_awq_module_divides_its_input_and_beats_rtn_on_the_sample():
     k = 128
     x = correlated_inputs(256, k)
