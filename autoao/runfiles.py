@@ -183,9 +183,12 @@ class Decision:
 
     kind:
       no_feasible_plan      no trial met the budget on the proxy; the model stays unchanged
-      tier2_rejected        `trial` held on the proxy but dropped numbers["drop"] on tier 2 (reason: source)
-      tier2_chose_slower    `trial` was chosen because faster plans broke (or were predicted to
-                            break: numbers["skipped"]) the budget on tier 2
+      tier2_held            `trial`, a plan of the Pareto front, held on tier 2: it dropped
+                            numbers["drop"] there, numbers["proxy_drop"] on the proxy (reason: source)
+      tier2_rejected        `trial` dropped numbers["drop"] on tier 2, past the budget (reason: source)
+      tier2_chose_slower    `trial` was chosen: the fastest plan that held, numbers["faster"] plans
+                            of the front being faster (they broke on tier 2, or numbers["unchecked"]
+                            of them were not checked in numbers["checked"] bisection steps)
       tier2_none_held       none of numbers["checked"] plans held on tier 2; unchanged model
       rerank_chose          end to end, `trial` measured faster than the cost model's pick
                             (numbers: measured_ms, pick, pick_measured_ms, pick_predicted_ms)
@@ -224,16 +227,25 @@ def describe(d: Decision) -> str:
     n = d.numbers
     if d.kind == "no_feasible_plan":
         return "no trial met the accuracy budget on the proxy: keeping the model as it came"
+    if d.kind == "tier2_held":
+        return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms, proxy drop {n['proxy_drop']:+.4f}) "
+                f"dropped {n['drop']:+.4f} on tier 2 ({d.reason}): holds")
     if d.kind == "tier2_rejected":
-        return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms) passed the proxy but dropped "
-                f"{n['drop']:+.4f} on tier 2 ({d.reason}): rejected")
+        return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms) dropped {n['drop']:+.4f} on tier 2 "
+                f"({d.reason}): rejected")
     if d.kind == "tier2_chose_slower":
-        skipped = int(n.get("skipped", 0))
-        return (f"chose trial {d.trial}: faster plans broke the budget on tier 2"
-                + (f" or were predicted to ({skipped} skipped unchecked)" if skipped else ""))
+        if "faster" not in n:  # written before the bisection: "skipped" plans were predicted to break
+            skipped = int(n.get("skipped", 0))
+            return (f"chose trial {d.trial}: faster plans broke the budget on tier 2"
+                    + (f" or were predicted to ({skipped} skipped unchecked)" if skipped else ""))
+        unchecked = int(n["unchecked"])
+        return (f"chose trial {d.trial}: the fastest plan of the Pareto front that held on tier 2, found in "
+                f"{int(n['checked'])} checks by bisection over the {int(n['faster'])} plans predicted faster"
+                + (f" ({unchecked} of them, between it and the fastest that broke, not checked)" if unchecked else ""))
     if d.kind == "tier2_none_held":
-        return (f"none of the {int(n['checked'])} plans checked on tier 2 held ({int(n.get('skipped', 0))} more "
-                "predicted not to): keeping the model as it came")
+        skipped = int(n.get("skipped", 0))
+        return (f"none of the {int(n['checked'])} plans checked on tier 2 held"
+                + (f" ({skipped} more predicted not to)" if skipped else "") + ": keeping the model as it came")
     if d.kind == "rerank_chose":
         return (f"chose trial {d.trial}: measured end to end at {n['measured_ms']:.3f} ms, "
                 f"{n['pick_measured_ms'] / n['measured_ms']:.2f}x faster than trial {int(n['pick'])}, the cost "

@@ -235,12 +235,6 @@ class TrialResult:
     metrics: dict[str, float] = field(default_factory=dict)  # the proxy's metrics (kl, loss, ...)
     worker: str = ""  # the process that ran it (several processes on one study), else ""
 
-    @property
-    def proxy_error(self) -> float | None:
-        """A continuous error of the plan's outputs against the baseline's on the proxy inputs
-        (KL for language models, relative L2 error otherwise); None if not recorded."""
-        return self.metrics.get("kl", self.metrics.get("rel_error"))
-
 
 @dataclass
 class SearchOutcome:

@@ -184,10 +184,17 @@ class ReportData:
         return "no trial finished" if not self.summary.trials else "no quantized plan was chosen"
 
     def rejected_on_tier2(self) -> set[int]:
-        """Trials that held on the proxy but broke the budget on tier 2 (their final verdict)."""
+        """Trials checked on tier 2 that broke the budget there (their final verdict)."""
+        return self._tier2("tier2_rejected")
+
+    def held_on_tier2(self) -> set[int]:
+        """Trials checked on tier 2 that kept the budget there (their final verdict)."""
+        return self._tier2("tier2_held")
+
+    def _tier2(self, kind: str) -> set[int]:
         if self.summary is None:
             return set()
-        return {d.trial for d in self.summary.decisions if d.kind == "tier2_rejected" and d.trial is not None}
+        return {d.trial for d in self.summary.decisions if d.kind == kind and d.trial is not None}
 
     def emulated_in_plan(self) -> list[str]:
         """Candidates of the shown plan that are only emulated here: no speed-up may be claimed."""

@@ -193,40 +193,68 @@ def test_sigkill_mid_search_then_resume_loses_no_finished_trial(tmp_path):
     assert out.best is not None and math.isfinite(out.best.predicted_us)
 
 
-def test_tier2_check_skips_plans_the_calibrated_proxy_predicts_to_fail():
-    # The proxy's accuracy let all five plans through; on tier 2 the drop is 0.8 x the proxy's KL.
-    # After the fastest fails (KL 0.04 -> drop 0.032), plans predicted over 0.8 x the budget are
-    # skipped unchecked, so the fifth check is not needed to reach the plan that holds.
+def _front(n: int, best: int):
+    """A Pareto front of n distinct plans, fastest (and most proxy drop) first, plus the unchanged
+    model last; trials from `best` on pass the proxy's screen."""
+    from autoao.search import Group, SearchOutcome, TrialResult
+
+    names = ("int4_wo(group_size=128)", "int8_dyn", "int8_wo")
+    groups = [Group(f"l{i}", (f"l{i}",), ("bf16", *names)) for i in range(3)]
+    params = [{"l0": names[i % 3], "l1": names[(i + 1) % 3], "l2": names[i // 3 % 3]} for i in range(n)]
+    assert len({tuple(p.values()) for p in params}) == n
+    trials = [TrialResult(i, p, 100.0 + i, 0.1 - 0.01 * i, 0.5, i >= best, 1, 0.0, "COMPLETE")
+              for i, p in enumerate(params)]
+    trials.append(TrialResult(n, {"l0": "bf16", "l1": "bf16", "l2": "bf16"}, 200.0, 0.0, 0.5, True, 1, 0.0, "COMPLETE"))
+    return SearchOutcome(None, groups, trials, trials, trials[best], 0.0, "budget spent"), trials
+
+
+def test_tier2_bisects_the_pareto_front_from_the_screened_best():
+    """The first check is the fastest plan the screen admits; later ones bisect the front between
+    the slowest plan known to break and the fastest known to hold. Plans past the screen can be
+    chosen: tier 2 is the judge. The unchanged model is never checked."""
     from autoao.ledger import RunLedger
     from autoao.runfiles import describe
-    from autoao.search import Budget, Group, SearchOutcome, TrialResult
+    from autoao.search import Budget
     from autoao.stages import choose_tier2
 
-    groups = [Group(f"l{i}", (f"l{i}",), ("bf16", "int8_wo", "int8_dyn")) for i in range(3)]
-    kls = [0.04, 0.035, 0.03, 0.028, 0.005]
-    params = [{"l0": a, "l1": b, "l2": c} for a, b, c in
-              [("int8_dyn",) * 3, ("int8_dyn", "int8_dyn", "int8_wo"), ("int8_dyn", "int8_wo", "int8_dyn"),
-               ("int8_wo", "int8_dyn", "int8_dyn"), ("int8_wo",) * 3]]
-    trials = [TrialResult(i, p, 100.0 + i, 0.005, 0.5, True, 1, 0.0, "COMPLETE", metrics={"kl": kl})
-              for i, (p, kl) in enumerate(zip(params, kls))]
-    outcome = SearchOutcome(None, groups, trials, trials, trials[0], 0.0, "budget spent")
-    kl_of = {tuple(sorted(p.items())): kl for p, kl in zip(params, kls)}
+    outcome, trials = _front(8, best=5)
+    by_key = {tuple(sorted(t.params.items())): t.number for t in trials}
     checked = []
 
-    def tier2(plan):
-        key = tuple(sorted((f, c.name) for f, c in plan.layers.items()))
-        checked.append(key)
-        drop = 0.8 * kl_of[key]
-        return Accuracy(2, 0.5 - drop, drop, {}, "fake lm-eval")
+    def tier2(breaks_below):
+        def check(plan):
+            number = by_key[tuple(sorted((f, c.name) for f, c in plan.layers.items()))]
+            checked.append(number)
+            drop = 0.03 if number < breaks_below else 0.005
+            return Accuracy(2, 0.5 - drop, drop, {}, "fake lm-eval")
+        return check
 
-    choice = choose_tier2(outcome, tier2, 0.01, RunLedger(Budget(trials=1), progress=False))
-    assert choice.trial is trials[4] and choice.accuracy.drop == pytest.approx(0.004)
-    assert checked == [tuple(sorted(params[0].items())), tuple(sorted(params[4].items()))]
-    first, last = choice.decisions[0], choice.decisions[-1]
-    assert (first.kind, first.trial, first.numbers["drop"]) == ("tier2_rejected", 0, pytest.approx(0.032))
-    assert "trial 0" in describe(first) and "rejected" in describe(first)
-    assert (last.kind, last.trial, last.numbers["skipped"]) == ("tier2_chose_slower", 4, 3)
-    assert describe(last) == "chose trial 4: faster plans broke the budget on tier 2 or were predicted to (3 skipped unchecked)"
+    choice = choose_tier2(outcome, tier2(3), 0.01, RunLedger(Budget(trials=1), progress=False))
+    assert checked == [5, 2, 3] and choice.trial is trials[3] and choice.accuracy.drop == 0.005
+    assert [(d.kind, d.trial) for d in choice.decisions] == [
+        ("tier2_held", 5), ("tier2_rejected", 2), ("tier2_held", 3), ("tier2_chose_slower", 3)]
+    assert not choice.trial.feasible  # past the screen, held on tier 2
+    assert "3 checks by bisection over the 3 plans predicted faster" in describe(choice.decisions[-1])
+    assert "holds" in describe(choice.decisions[0]) and "rejected" in describe(choice.decisions[1])
+
+    # every plan holds: bisection walks to the fastest in log2 steps
+    checked.clear()
+    choice = choose_tier2(outcome, tier2(0), 0.01, RunLedger(Budget(trials=1), progress=False))
+    assert checked == [5, 2, 0] and choice.trial is trials[0]
+    assert choice.decisions[-1].kind == "tier2_held"
+
+    # nothing holds: the slower half, then the model stays as it came
+    checked.clear()
+    choice = choose_tier2(outcome, tier2(99), 0.01, RunLedger(Budget(trials=1), progress=False))
+    assert checked == [5, 6, 7] and choice.trial is None
+    assert choice.decisions[-1].kind == "tier2_none_held" and choice.decisions[-1].numbers["checked"] == 3
+
+    # the time budget stops the bisection after the first check: the plan that held stands
+    checked.clear()
+    choice = choose_tier2(outcome, tier2(3), 0.01, RunLedger(Budget(trials=1), progress=False), lambda: False)
+    assert checked == [5] and choice.trial is trials[5]
+    assert [d.kind for d in choice.decisions] == ["tier2_held", "out_of_time", "tier2_chose_slower"]
+    assert choice.decisions[-1].numbers["unchecked"] == 5
 
 
 def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wins():
