@@ -178,6 +178,8 @@ def optimize(
                               allow_emulated=allow_emulated)
     groups = stages.search_groups(meas, work)
     bench = stages.ModelBench(model, work, meas, groups)
+    with ledger.stage("cost model anchors"):
+        anchors = stages.anchor_cost(bench, ledger)  # CPU: uniform plans end to end scale their cells
 
     # one study per (model weights, search space, budget constraint): the same run continues it,
     # a different model or constraint in the same storage starts its own
@@ -191,7 +193,7 @@ def optimize(
         config.reserve_seconds = stages.reserve_seconds(base)  # the search still scores its first trial
     context = stages.run_context(model, work, cands, meas, groups, config, budget=str(ledger.budget),
                                  accuracy=accuracy, command=command, timing=health, left_out=left_out,
-                                 int4_grid_layers=grid)
+                                 int4_grid_layers=grid, anchors=anchors)
     runfiles.write(out_dir / "context.json", context)
 
     if shared:  # other processes may run trials: the budget is the study's, published with its inputs

@@ -117,6 +117,20 @@ class CostModel:
                 fused_us[group] = per
         return cls(layer_us, emulated, rest_us, fused_us)
 
+    def scaled(self, factors: dict[str, float]) -> CostModel:
+        """This model with each candidate's times (layers and fused groups) multiplied by its factor
+        in `factors` (candidate name -> factor; others unchanged)."""
+        def scale(per: dict[str, float]) -> dict[str, float]:
+            return {name: us * factors.get(name, 1.0) for name, us in per.items()}
+        return CostModel({f: scale(per) for f, per in self.layer_us.items()}, self.emulated, self.rest_us,
+                         {g: scale(per) for g, per in self.fused_us.items()})
+
+    def split(self, plan: Plan) -> tuple[float, float]:
+        """(us of the plan's changed layers, us of everything else) in `predict(plan)`."""
+        total = self.predict(plan)
+        unchanged = self.predict(Plan()) - sum(self.layer_us[f][BASELINE] for f in plan.layers if f in self.layer_us)
+        return total - unchanged, unchanged
+
     def fusion_pays(self, group: tuple[str, ...], name: str) -> bool:
         """True if the sibling group runs faster as one fused `name` module than layer by layer."""
         fused = self.fused_us.get(tuple(group), {}).get(name, math.inf)

@@ -148,6 +148,19 @@ class TimingHealth:
 
 
 @dataclass
+class AnchorRecord:
+    """A uniform plan measured end to end against the unchanged model before the search, to which
+    the cost model's cells of its candidate were fitted (stages.anchor_cost)."""
+
+    candidate: str
+    layers: int  # layers the uniform plan changes
+    rounds: int  # alternating (unchanged, plan) rounds
+    measured: float  # speed-up over the unchanged model: geometric mean of the rounds' ratios
+    predicted: float  # what the cells alone predicted for the plan
+    factor: float  # the candidate's cells are scaled by this (clamped to stages.ANCHOR_FACTORS)
+
+
+@dataclass
 class RunContext:
     started: str  # ISO time, UTC
     model: ModelInfo
@@ -172,6 +185,8 @@ class RunContext:
     int4_grid_layers: int = 0
     # where tier 2 decides: the tier-1 drop up to which trials count as feasible (SearchConfig)
     screen_drop: float | None = None
+    # uniform plans measured end to end that scaled their candidates' cells (CPU; empty: none)
+    anchors: list[AnchorRecord] = field(default_factory=list)
     version: int = RUN_FILES_VERSION
 
 

@@ -44,7 +44,7 @@ from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import RunLedger
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import GRID_CANDIDATE, ModelProfile, int4_grid_layers, profile
-from autoao.runfiles import (AccuracyResult, AccuracySpec, CandidateRecord, Decision, DeviceInfo, FusedRecord,
+from autoao.runfiles import (AccuracyResult, AccuracySpec, AnchorRecord, CandidateRecord, Decision, DeviceInfo, FusedRecord,
                              GroupRecord, KernelTimes, LayerRecord, Latency, MeasuredPlan, ModelInfo, RunContext,
                              RunSummary, TimingHealth, UniformRow, WeightBytes, describe)
 from autoao.search import Group, SearchConfig, SearchOutcome, TrialResult, make_groups, plan_from_params, run_search
@@ -110,13 +110,18 @@ class Workload:
 # on 1 next to other jobs (benchmarks/results/2026-12-01-cpu/threads-under-load/). A run whose
 # smallest example is this much faster on one thread than on torch's threads runs on one.
 BUSY_CPU_FACTOR = 1.5
+# ... and at least this many seconds slower: a stalled barrier costs whole scheduler slices
+# (milliseconds), while a tiny model's call takes tens of microseconds and a microsecond's hiccup
+# makes either side 1.5x the other (the test suite's two 64 x 64 layers: 18-24 us a call on 1 or
+# 2 threads, once flagged busy on a quiet machine).
+BUSY_CPU_STALL_S = 1e-3
 
 
 def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> Decision | None:
     """On the CPU with more than one torch thread: the smallest example, called at torch's thread
     count and at one thread in turn (after one warm-up call, 3 calls each, the median of each: a
     neighbour that leaves one call alone can still stall most of them).
-    When one thread is more than BUSY_CPU_FACTOR x faster, torch is set to one thread (the caller
+    When one thread is more than BUSY_CPU_FACTOR x and BUSY_CPU_STALL_S faster, torch is set to one thread (the caller
     restores its count when the run ends) and the `busy_cpu` decision says so; else None. Inputs
     that cannot be called are left for the profiler to report."""
     threads = torch.get_num_threads()
@@ -138,7 +143,7 @@ def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> Decision | None
     except Exception:  # noqa: BLE001 - bad inputs are the profiler's to report, with its message
         torch.set_num_threads(threads)
         return None
-    if best[1] * BUSY_CPU_FACTOR < best[threads]:
+    if best[1] * BUSY_CPU_FACTOR < best[threads] and best[threads] - best[1] > BUSY_CPU_STALL_S:
         torch.set_num_threads(1)
         return Decision("busy_cpu", numbers={"threads": threads, "threads_ms": best[threads] * 1e3,
                                              "one_ms": best[1] * 1e3})
@@ -499,6 +504,76 @@ def kernels_for(plan: Plan, prof: ModelProfile, table: LatencyTable) -> dict[str
     return {fqn: kern for fqn, kern in chosen.items() if kern is not None}
 
 
+##### anchoring the cost model on uniform plans ################################################
+
+# On the CPU the cells' sum misjudges how much a plan saves inside the model: SmolLM2 on a 2-core
+# EPYC, uniform int4 g64 predicted 1.21x from its cells (benchmarks/results/2026-12-02-epyc/
+# search-screen/, trial 5), measured 1.58x end to end; in the model its layers ran 0.91x their
+# cells, bf16's 1.11x, and the rest of the workload shrank from 666 to 611 ms
+# (benchmarks/results/2026-12-02-epyc/inmodel-vs-cells/). Before the search, the uniform plan
+# of each candidate (fastest predicted first, while ANCHOR_SHARE of a time budget lasts) is
+# measured end to end in alternation with the unchanged model, and the candidate's cells are
+# scaled so that its uniform plan's predicted speed-up is the measured one; mixed plans add up the
+# scaled cells. Factors are clamped to ANCHOR_FACTORS: a wider one says the measurement, not the
+# cells, was off.
+ANCHOR_SHARE = 0.15  # of what a time budget has left after kernel timing and layer errors
+ANCHOR_ROUNDS = 2
+ANCHOR_FACTORS = (0.5, 2.0)
+
+
+def anchor_cost(bench: ModelBench, ledger: RunLedger) -> list[AnchorRecord]:
+    """Scale `bench.meas.cost`'s cells of each candidate whose uniform plan could be measured end
+    to end (module comment above); its variants that run the same kernels (Candidate.timing_name)
+    take the same factor. Only where end-to-end measurements run eagerly (the CPU): compiled
+    measurements (CUDA) compile the model once per plan, and there the cells, CUDA-graph replays of
+    the compiled layers, predict the model within a few percent (benchmarks/NOTES.md). A plan that
+    fails to apply is left out. The model is restored afterwards."""
+    meas = bench.meas
+    if meas.base.compile:
+        return []
+    cost = meas.cost
+    whole = cost.predict(Plan())
+    names = list(dict.fromkeys(c for g in bench.groups for c in g.choices if c != BASELINE))
+    timing_of = {n: search_space.get(n).timing_name for n in names}
+    uniform = []
+    for name in names:
+        if timing_of[name] != name:  # a variant timed as another candidate: that one's factor
+            continue
+        params = {g.name: name if name in g.choices else BASELINE for g in bench.groups}
+        plan = plan_from_params(bench.groups, params, cost.fusion_pays)
+        if plan.layers:
+            uniform.append((cost.predict(plan), name, params, plan))
+    deadline = ledger.deadline(ANCHOR_SHARE, keep=reserve_seconds(meas.base))
+    run = meas.base.bf16_us / 1e6  # one workload run; an anchor takes a warm-up and two a round
+    records: list[AnchorRecord] = []
+    for predicted, name, params, plan in sorted(uniform, key=lambda u: u[0]):
+        if deadline is not None and time.perf_counter() + (2 * ANCHOR_ROUNDS + 2) * run > deadline:
+            break
+        bench.restore()
+        try:
+            with canonical_on_device():  # measured and undone: no host copy of its weights
+                apply(bench.model, bench.shipped(params), calibration=bench.calibration)
+            applied = {fqn: bench.model.get_submodule(fqn) for fqn in plan.layers}
+            base, planned = interleaved(bench, applied, ANCHOR_ROUNDS)
+        except Exception as e:  # noqa: BLE001 - a plan that cannot run only goes unanchored
+            ledger.say(f"{name} everywhere could not be measured end to end ({type(e).__name__}: {e}): its "
+                       "cells stay as timed")
+            continue
+        finally:
+            bench.restore()
+        measured = _paired(base, planned).estimate
+        changed, unchanged = cost.split(plan)
+        low, high = ANCHOR_FACTORS
+        factor = min(high, max(low, (whole / measured - unchanged) / changed)) if changed > 0 else 1.0
+        records.append(AnchorRecord(name, len(plan.layers), len(base), measured, whole / predicted, factor))
+    if records:
+        factors = {n: r.factor for r in records for n in names if timing_of[n] == r.candidate}
+        meas.cost = cost.scaled(factors)
+        ledger.say("the cost model anchored on uniform plans measured end to end: " + "; ".join(
+            f"{r.candidate} {r.measured:.2f}x (cells {r.predicted:.2f}x, scaled {r.factor:.2f})" for r in records))
+    return records
+
+
 ##### search ####################################################################################
 
 def search_groups(meas: Measurements, work: Workload) -> list[Group]:
@@ -827,7 +902,7 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
 def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements,
                 groups: list[Group], config: SearchConfig, *, budget: str, accuracy: Any,
                 command: str | None, timing: TimingHealth, left_out: dict[str, str] | None = None,
-                int4_grid_layers: int = 0) -> RunContext:
+                int4_grid_layers: int = 0, anchors: list[AnchorRecord] | None = None) -> RunContext:
     """Everything the report needs that is known before the first trial (context.json). left_out:
     candidates not considered -> why (listed as "left out")."""
     calls = layer_calls(work.prof)
@@ -861,7 +936,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         groups=[GroupRecord(g.name, list(g.fqns), list(g.choices)) for g in groups],
         fused=[FusedRecord(list(g), {c: t for c, t in per.items() if math.isfinite(t)})
                for g, per in meas.cost.fused_us.items()],
-        layers=layers, timing=timing, int4_grid_layers=int4_grid_layers,
+        layers=layers, timing=timing, int4_grid_layers=int4_grid_layers, anchors=anchors or [],
     )
 
 

@@ -105,8 +105,8 @@ def test_loader_reads_the_finished_search(search):
     assert data.pareto == [p["trial"] for p in result.pareto]  # the search's own front, fastest first
     # the wall time per stage adds up to the search's, in the order the stages ran
     stages = s.stage_seconds
-    assert list(stages) == ["profile and baselines", "kernel timing and layer errors", "search trials",
-                            "choice, re-rank and final measurement"]
+    assert list(stages) == ["profile and baselines", "kernel timing and layer errors", "cost model anchors",
+                            "search trials", "choice, re-rank and final measurement"]
     assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(s.seconds, rel=1e-3)
     # the timing stage by candidate, largest first, within the stage's wall time
     by_kernel = list(s.timing_seconds.values())

@@ -437,6 +437,7 @@ def _final_rounds(tmp_path, monkeypatch, plan_times: list[float]) -> tuple[list[
 
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(stages, "workload_timing", fake)
+    monkeypatch.setattr(stages, "anchor_cost", lambda bench, ledger: [])  # only the final rounds measure
     result = api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=2,
                           candidates=["int8_dyn"], max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
     return order, result
@@ -527,3 +528,33 @@ def test_a_search_whose_best_plan_is_the_unchanged_model_ships_no_trial(tmp_path
     best = [d for d in result.summary.decisions if d.kind == "best_is_unchanged"]
     assert len(best) == 1 and best[0].trial is not None
     assert load(tmp_path / "out").chosen_trial is None
+
+
+def test_uniform_plans_measured_end_to_end_anchor_the_cost_model(tmp_path, monkeypatch):
+    """On the CPU the uniform plan of a candidate is measured against the unchanged model before the
+    search, and its cells are scaled so that the cost model predicts the measured speed-up: cells
+    bf16 400 us, int4 300 us, the unchanged model 1000 us (rest 600), so the cells predict 1.11x;
+    measured 1.25x, the int4 cells are scaled by (1000 / 1.25 - 600) / 300 = 2 / 3."""
+    import torch
+    from torch import nn
+
+    from autoao import api, runfiles, stages
+    from autoao.evaluators import timing
+    from autoao.evaluators.timing import Timing
+    from autoao.kernels import QuantizedLinear
+
+    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+        m: Timing({"bf16": 400.0}.get(cand.family, 300.0), 0.0, 0.0, 5) for m in tokens})
+    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
+        (800.0,) * 3 if any(isinstance(m, QuantizedLinear) for m in model.modules()) else (1000.0,) * 3))
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256, bias=False))
+    result = api.optimize(model, [torch.randn(8, 256)], budget=4, candidates=["int8_wo"],
+                          max_accuracy_drop=0.5, out_dir=tmp_path / "out", progress=False)
+    (anchor,) = runfiles.load_context(tmp_path / "out" / "context.json").anchors
+    assert (anchor.candidate, anchor.layers, anchor.rounds) == ("int8_wo", 1, stages.ANCHOR_ROUNDS)
+    assert anchor.measured == pytest.approx(1.25) and anchor.predicted == pytest.approx(1000 / 900)
+    assert anchor.factor == pytest.approx(2 / 3)
+    assert result.plan.layers and result.summary.speedup.predicted == pytest.approx(1.25)
+    assert "cost model anchors" in (tmp_path / "out" / "report.html").read_text()
