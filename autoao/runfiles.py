@@ -202,8 +202,9 @@ class Decision:
                             numbers["drop"] there, numbers["proxy_drop"] on the proxy (reason: source)
       tier2_rejected        `trial` dropped numbers["drop"] on tier 2, past the budget (reason: source)
       tier2_chose_slower    `trial` was chosen: the fastest plan that held, numbers["faster"] plans
-                            of the front being faster (they broke on tier 2, or numbers["unchecked"]
-                            of them were not checked in numbers["checked"] bisection steps)
+                            of the front being faster (numbers["broke"] of them broke on tier 2;
+                            numbers["unchecked"], between it and the slowest that broke, were not
+                            checked in numbers["checked"] bisection steps)
       tier2_none_held       none of numbers["checked"] plans held on tier 2; unchanged model
       rerank_chose          end to end, `trial` measured faster than the cost model's pick
                             (numbers: measured_ms, pick, pick_measured_ms, pick_predicted_ms)
@@ -253,10 +254,13 @@ def describe(d: Decision) -> str:
             skipped = int(n.get("skipped", 0))
             return (f"chose trial {d.trial}: faster plans broke the budget on tier 2"
                     + (f" or were predicted to ({skipped} skipped unchecked)" if skipped else ""))
-        unchecked = int(n["unchecked"])
-        return (f"chose trial {d.trial}: the fastest plan of the Pareto front that held on tier 2, found in "
-                f"{int(n['checked'])} checks by bisection over the {int(n['faster'])} plans predicted faster"
-                + (f" ({unchecked} of them, between it and the fastest that broke, not checked)" if unchecked else ""))
+        checked, faster, unchecked = int(n["checked"]), int(n["faster"]), int(n["unchecked"])
+        said = (f"chose trial {d.trial}: the fastest plan of the Pareto front that held on tier 2 in "
+                f"{checked} check{'s' if checked > 1 else ''} by bisection; ")
+        if unchecked == faster:
+            return said + f"the {faster} plans predicted faster were not checked (no checks or time left)"
+        return said + (f"of the {faster} plans predicted faster, those checked broke the budget"
+                       + (f" ({unchecked} between it and the slowest that broke not checked)" if unchecked else ""))
     if d.kind == "tier2_none_held":
         skipped = int(n.get("skipped", 0))
         return (f"none of the {int(n['checked'])} plans checked on tier 2 held"

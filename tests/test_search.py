@@ -234,7 +234,8 @@ def test_tier2_bisects_the_pareto_front_from_the_screened_best():
     assert [(d.kind, d.trial) for d in choice.decisions] == [
         ("tier2_held", 5), ("tier2_rejected", 2), ("tier2_held", 3), ("tier2_chose_slower", 3)]
     assert not choice.trial.feasible  # past the screen, held on tier 2
-    assert "3 checks by bisection over the 3 plans predicted faster" in describe(choice.decisions[-1])
+    assert describe(choice.decisions[-1]).endswith(
+        "in 3 checks by bisection; of the 3 plans predicted faster, those checked broke the budget")
     assert "holds" in describe(choice.decisions[0]) and "rejected" in describe(choice.decisions[1])
 
     # every plan holds: bisection walks to the fastest in log2 steps
@@ -255,6 +256,7 @@ def test_tier2_bisects_the_pareto_front_from_the_screened_best():
     assert checked == [5] and choice.trial is trials[5]
     assert [d.kind for d in choice.decisions] == ["tier2_held", "out_of_time", "tier2_chose_slower"]
     assert choice.decisions[-1].numbers["unchecked"] == 5
+    assert describe(choice.decisions[-1]).endswith("the 5 plans predicted faster were not checked (no checks or time left)")
 
 
 def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wins():
@@ -331,6 +333,7 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
 
     monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
         (plan_us,) * 3 if quantized(model) else (1000.0,) * 3))
+    monkeypatch.setattr(stages, "anchor_cost", lambda bench, ledger: [])  # the final comparison's safety net alone
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
@@ -404,6 +407,7 @@ def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     model = nn.Sequential(nn.Linear(64, 64, bias=False))
     monkeypatch.setattr(stages, "workload_timing", fake)
+    monkeypatch.setattr(stages, "anchor_cost", lambda bench, ledger: [])  # only the final rounds measure
     result = api.optimize(model, [torch.randn(4, 64)], budget=4, candidates=["int8_dyn"],
                           max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
     final = order[-2 * stages.MAX_ROUNDS:] if len(order) >= 2 * stages.MAX_ROUNDS else order
