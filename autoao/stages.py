@@ -50,7 +50,7 @@ from autoao.runfiles import (AccuracyResult, AccuracySpec, AnchorRecord, Candida
 from autoao.search import Group, SearchConfig, SearchOutcome, TrialResult, make_groups, plan_from_params, run_search
 from autoao.search_space import Candidate
 
-TIER2_CHECKS = 4  # plans checked with lm-eval / the user metric, fastest first (choose_tier2)
+TIER2_CHECKS = 4  # plans checked with lm-eval / the user metric, by bisection (choose_tier2)
 # Where tier 2 decides, trials are feasible up to this x the budget on the proxy (the sampler's
 # constraint, and the first plan tier 2 checks: choose_tier2): top-1 agreement moves more than a
 # task's accuracy. SmolLM2, uniform int8_wo: agreement 1.6 points below its floor on a Xeon
@@ -68,7 +68,7 @@ E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's
 ERRORS_SHARE = 0.25  # of what is left after timing: tier-0 layer errors (they only seed the search)
 # lm-eval under a time budget: the baseline and up to TIER2_EVALS - 1 checks share TIER2_SHARE of
 # what is left; the document count per task is fitted from the time of the first PROBE_DOCS (all
-# of a task's documents once FULL_TASK_DOCS fit: the bundled autoao_facts has 372)
+# of a task's documents once they fit, or FULL_TASK_DOCS: the bundled autoao_facts has 372)
 TIER2_SHARE = 0.3
 TIER2_EVALS = 3
 PROBE_DOCS = 24
@@ -267,6 +267,8 @@ class Baselines:
     tier2_seconds: float  # what one tier-2 evaluation costs (the baseline's own time)
     weights_key: str  # the model's weights, for result-cache keys
     proxy_seconds: float = 0.0  # the proxy's reference pass: about what one trial costs
+    # tier-2 checks a time budget keeps room for after the trials (1 to TIER2_CHECKS: tier2_checks)
+    tier2_checks: int = 1
 
 
 def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator | CallableEvaluator | None, *,
@@ -306,7 +308,19 @@ def measure_baselines(model: nn.Module, work: Workload, tier2: LmEvalEvaluator |
         tier2.set_baseline(model, key=f"{weights_key}:{plan_key(Plan())}")
     # what one tier-2 evaluation costs: its own time, also when the baseline came from the cache
     tier2_seconds = tier2.seconds if tier2 is not None else 0.0
-    return Baselines(bf16_us, e2e_seconds, compile, proxy, tier2, tier2_seconds, weights_key, proxy_seconds)
+    return Baselines(bf16_us, e2e_seconds, compile, proxy, tier2, tier2_seconds, weights_key, proxy_seconds,
+                     tier2_checks(tier2_seconds, ledger.remaining()))
+
+
+def tier2_checks(seconds: float, remaining: float | None) -> int:
+    """How many tier-2 checks (of `seconds` each) the search keeps time for after its trials: as many
+    as TIER2_SHARE of the `remaining` budget holds, 1 to TIER2_CHECKS (all of them for a trial
+    budget). Each check halves the stretch of the Pareto front left to search, and is worth more
+    than the trials it displaces: a 15-minute demo search on a 2-core EPYC ran 504 proxy trials
+    and one tier-2 check of 20 s, its only one (benchmarks/results/2026-12-02-epyc/)."""
+    if remaining is None or seconds <= 0:
+        return TIER2_CHECKS
+    return max(1, min(TIER2_CHECKS, int(TIER2_SHARE * remaining / seconds) - 1))
 
 
 @dataclass
@@ -341,10 +355,11 @@ def fit_lm_eval_limit(tier2: LmEvalEvaluator, model: nn.Module, key: str, ledger
     tier2.limit = PROBE_DOCS
     # the evaluation's own seconds, stored with its result: a cached probe costs nothing now but
     # says what a check of a new plan will cost
-    per_doc = tier2.measure(model, key)["seconds"] / (PROBE_DOCS * len(tier2.tasks))
+    probe = tier2.measure(model, key)
+    per_doc = probe["seconds"] / (PROBE_DOCS * len(tier2.tasks))
     remaining = ledger.remaining() or 0.0
     fits = int(TIER2_SHARE * remaining / TIER2_EVALS / max(per_doc, 1e-6) / len(tier2.tasks))
-    if fits >= FULL_TASK_DOCS:
+    if fits >= min(FULL_TASK_DOCS, max(probe.get("documents", {}).values(), default=FULL_TASK_DOCS)):
         tier2.limit = None
     else:
         # under twice the probe: the probe's documents (its baseline is measured) beat a second baseline
@@ -583,10 +598,10 @@ def search_groups(meas: Measurements, work: Workload) -> list[Group]:
 
 def reserve_seconds(base: Baselines) -> float:
     """Seconds a time budget keeps for what runs after the trials: the trial still running when
-    the search's time is up (about one proxy pass); with tier 2, one check on it (more run only if
-    time is left: choose_tier2); without, up to RERANK_PLANS plans measured end to end; then the
-    final comparison."""
-    checks = base.tier2_seconds if base.tier2 is not None else RERANK_PLANS * base.e2e_seconds
+    the search's time is up (about one proxy pass); with tier 2, `base.tier2_checks` checks
+    (choose_tier2 runs more only if time is left); without, up to RERANK_PLANS plans measured end
+    to end; then the final comparison."""
+    checks = base.tier2_checks * base.tier2_seconds if base.tier2 is not None else RERANK_PLANS * base.e2e_seconds
     return base.proxy_seconds + checks + final_seconds(base)
 
 

@@ -1,8 +1,14 @@
 """minilm-l6 on this CPU: the bundled autoao_pairs task under fp32 and uniform plans, then autoao's
-searched plan at 0.5 and 1 point budgets, with its end-to-end speed-up measured against fp32.
+searched plan at 0.5, 1 and 2 point budgets, with its end-to-end speed-up measured against fp32.
 
     python benchmarks/minilm_cpu.py --out benchmarks/results/2026-12-01-cpu/minilm --part uniform   # ~5 min
-    python benchmarks/minilm_cpu.py --out benchmarks/results/2026-12-01-cpu/minilm --part search    # ~5 min
+    python benchmarks/minilm_cpu.py --out benchmarks/results/2026-12-01-cpu/minilm --part search    # ~8 min
+    python benchmarks/minilm_cpu.py --out benchmarks/results/2026-12-02-epyc/minilm --part speed     # ~2 min
+
+`speed`: fp32, `torch.ao.quantization.quantize_dynamic(fp32, {nn.Linear}, qint8)` and the uniform
+plans of the candidates with a fast fp32 CPU kernel (FAST), run on their kernels: each variant's
+autoao_pairs score, then the example batch timed with every variant in turn, one run each a
+round (`--rounds`), and each variant's speed-up over fp32 per round (minilm_speed.json).
 
 Uniform plans: every linear layer of the encoder the candidate supports (the others stay fp32).
 Their accuracy is computed through each quantized module's float32 `reference` path: the same
@@ -31,7 +37,10 @@ import autoao.models as models
 from autoao.kernels._base import QuantizedLinear
 
 UNIFORM = ["int8_dyn", "int8_wo", "int4_wo(group_size=32)", "fp8_dyn(granularity=row)"]
-SEARCH_CANDIDATES = ["int8_dyn"]  # the one quantized candidate with a fast fp32 CPU kernel here
+# the quantized candidates with a fast fp32 CPU kernel: per-token int8 through torch._int_mm, and
+# per-tensor int8 through fbgemm / oneDNN's prepacked dynamic linear (quantize_dynamic's kernel)
+FAST = ["int8_dyn", "int8_dyn(act=tensor)"]
+SEARCH_CANDIDATES = FAST
 
 
 def reference_paths(model: torch.nn.Module) -> None:
@@ -44,9 +53,11 @@ def reference_paths(model: torch.nn.Module) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--part", choices=["uniform", "search"], required=True,
-                    help="uniform plans' accuracy (minilm_uniform.json) or the searches (minilm_search.json)")
+    ap.add_argument("--part", choices=["uniform", "search", "speed"], required=True,
+                    help="uniform plans' accuracy (minilm_uniform.json), the searches (minilm_search.json) "
+                    "or the fast plans' speed and accuracy against quantize_dynamic (minilm_speed.json)")
     ap.add_argument("--search-budget", default="150s")
+    ap.add_argument("--rounds", type=int, default=7, help="--part speed: interleaved rounds")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -54,6 +65,8 @@ def main() -> None:
     model, tok = models.load("minilm-l6")
     work = models.workload("minilm-l6", tok)
     task = work["accuracy"]
+    if args.part == "speed":
+        return speed(model, work, args.rounds, out, t0)
     rows = []
     t = time.perf_counter()
     base = task(model)
@@ -69,7 +82,7 @@ def main() -> None:
                      "eval_s": time.perf_counter() - t})
         print(rows[-1], flush=True)
     searches = []
-    for drop in (0.005, 0.01) if args.part == "search" else ():
+    for drop in (0.005, 0.01, 0.02) if args.part == "search" else ():
         m = copy.deepcopy(model)
         r = autoao.optimize(m, work["example_inputs"], budget=args.search_budget, accuracy=task,
                             max_accuracy_drop=drop, candidates=SEARCH_CANDIDATES, eval_inputs=work["eval_inputs"],
@@ -94,6 +107,51 @@ def main() -> None:
     path = out / f"minilm_{args.part}.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path} in {result['wall_s']:.0f} s")
+
+
+def speed(model: torch.nn.Module, work: dict, rounds: int, out: Path, t0: float) -> None:
+    """fp32, quantize_dynamic and the FAST uniform plans: accuracy, then interleaved rounds."""
+    import statistics
+    import warnings
+
+    from autoao.common import call_model
+
+    task, batch = work["accuracy"], work["example_inputs"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        variants = {"fp32": model,
+                    "quantize_dynamic (fp32, qint8)": torch.ao.quantization.quantize_dynamic(
+                        copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)}
+    for name in FAST:
+        variants[f"autoao uniform {name}"] = autoao.apply(copy.deepcopy(model), autoao.Plan.uniform(model, name))
+    base = task(model)
+    rows = {}
+    for name, m in variants.items():
+        value = task(m)
+        rows[name] = {"variant": name, "autoao_pairs": value, "drop_points": 100 * (base - value), "ms": []}
+        print(rows[name], flush=True)
+    with torch.no_grad():
+        for m in variants.values():  # warm: oneDNN / fbgemm primitives, allocations
+            call_model(m, batch)
+        for _ in range(rounds):
+            for name, m in variants.items():
+                t = time.perf_counter()
+                call_model(m, batch)
+                rows[name]["ms"].append((time.perf_counter() - t) * 1e3)
+    for row in rows.values():
+        ratios = [f / x for f, x in zip(rows["fp32"]["ms"], row["ms"])]
+        row.update(median_ms=statistics.median(row["ms"]), speedup_median=statistics.median(ratios),
+                   speedup_min=min(ratios), speedup_max=max(ratios))
+        print(row["variant"], f"{row['median_ms']:.1f} ms", f"{row['speedup_median']:.2f}x "
+              f"({row['speedup_min']:.2f}-{row['speedup_max']:.2f})", f"pairs {row['autoao_pairs']:.4f}", flush=True)
+    from autoao.evaluators.timing import device_name
+
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "cpu": device_name(torch.device("cpu")), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "batch": "the search's example batch: 32 sentences", "rounds": rounds, "rows": list(rows.values()),
+              "wall_s": time.perf_counter() - t0}
+    (out / "minilm_speed.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {out / 'minilm_speed.json'} in {result['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

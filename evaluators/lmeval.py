@@ -104,6 +104,7 @@ class EvalResult:
     seconds: float  # wall clock of the whole run, task loading included
     limit: int | float | None = None
     config: dict[str, Any] = field(default_factory=dict)  # model wrapper, batch size, lm-eval version
+    documents: dict[str, int] = field(default_factory=dict)  # task -> documents it has (all, whatever `limit`)
 
 
 def evaluate(
@@ -169,6 +170,7 @@ def evaluate(
     return EvalResult(
         metrics={name: _metrics(out["results"][name]) for name in names},
         samples={name: int(out["n-samples"][name]["effective"]) for name in names if name in out["n-samples"]},
+        documents={name: int(out["n-samples"][name]["original"]) for name in names if name in out["n-samples"]},
         seconds=seconds,
         limit=limit,
         config={"lm": type(lm).__name__, "batch_size": batch_size, "max_length": lm.max_length,

@@ -393,7 +393,7 @@ class LmEvalEvaluator:
         accs = [next(m[h] for h in self.HEADLINE if h in m) for m in r.metrics.values()
                 if any(h in m for h in self.HEADLINE)]
         result = {"metrics": r.metrics, "accuracy": sum(accs) / len(accs) if accs else math.nan,
-                  "seconds": r.seconds, "samples": r.samples}
+                  "seconds": r.seconds, "samples": r.samples, "documents": r.documents}
         if full_key:
             self.cache.put(full_key, result)
         return result

@@ -99,7 +99,8 @@ def test_lm_eval_documents_fit_the_time_budget(monkeypatch):
             self.tasks, self.limit, self.per_doc = ["autoao_facts"], None, per_doc
 
         def measure(self, model, key=None):  # returns at once, as a cached result does
-            return {"seconds": self.per_doc * self.limit}  # what the evaluation took when it ran
+            # what the evaluation took when it ran, and the task's size (autoao_facts: 372 documents)
+            return {"seconds": self.per_doc * self.limit, "documents": {"autoao_facts": 372}}
 
     slow = FakeLmEval(0.01)
     stages.fit_lm_eval_limit(slow, None, "k", RunLedger(Budget(seconds=10), progress=False))
@@ -108,3 +109,16 @@ def test_lm_eval_documents_fit_the_time_budget(monkeypatch):
     fast = FakeLmEval(0.00001)
     stages.fit_lm_eval_limit(fast, None, "k", RunLedger(Budget(seconds=600), progress=False))
     assert fast.limit is None
+    # 0.3 x 100 s over 3 evaluations at 0.01 s a document: 1000 fit, more than the task has: all of it
+    enough = FakeLmEval(0.01)
+    stages.fit_lm_eval_limit(enough, None, "k", RunLedger(Budget(seconds=100), progress=False))
+    assert enough.limit is None
+
+
+def test_a_time_budget_keeps_room_for_as_many_tier2_checks_as_its_share_holds():
+    """Each bisection step on tier 2 is kept room for, up to TIER2_CHECKS, when TIER2_SHARE of what
+    is left holds it beside the baseline's evaluation; one at the least."""
+    assert stages.tier2_checks(20.0, 900.0) == stages.TIER2_CHECKS  # 0.3 x 900 s holds 13 evaluations
+    assert stages.tier2_checks(20.0, 250.0) == 2  # 75 s: 3 evaluations of 20 s, the baseline's among them
+    assert stages.tier2_checks(60.0, 250.0) == 1
+    assert stages.tier2_checks(20.0, None) == stages.TIER2_CHECKS  # a trial budget
