@@ -257,9 +257,10 @@ def describe(d: Decision) -> str:
         checked, faster, unchecked = int(n["checked"]), int(n["faster"]), int(n["unchecked"])
         said = (f"chose trial {d.trial}: the fastest plan of the Pareto front that held on tier 2 in "
                 f"{checked} check{'s' if checked > 1 else ''} by bisection; ")
+        plans = f"{faster} plan{'s' if faster != 1 else ''} predicted faster"
         if unchecked == faster:
-            return said + f"the {faster} plans predicted faster were not checked (no checks or time left)"
-        return said + (f"of the {faster} plans predicted faster, those checked broke the budget"
+            return said + f"the {plans} {'were' if faster != 1 else 'was'} not checked (no checks or time left)"
+        return said + (f"of the {plans}, those checked broke the budget"
                        + (f" ({unchecked} between it and the slowest that broke not checked)" if unchecked else ""))
     if d.kind == "tier2_none_held":
         skipped = int(n.get("skipped", 0))
