@@ -150,8 +150,6 @@ def optimize(
         raise ValueError(f"heartbeat must be a whole number of seconds >= 1, got {heartbeat!r}")
     rcache = ResultCache(cache_dir() / "timings.sqlite")
     tier2 = stages.tier2_evaluator(accuracy, tokenizer, lm_eval_limit, rcache)
-    if tier2 is not None:  # the proxy screens, tier 2 decides (choose_tier2)
-        config.screen_drop = min(1.0, stages.TIER1_SCREEN * max_accuracy_drop)
     if isinstance(tier2, CallableEvaluator):
         tier2.set_baseline(model)  # the user's metric, once, on the model as it came
 
@@ -170,6 +168,8 @@ def optimize(
         ledger.say(f"{len(work.prof.layers)} linear layers, token counts {work.tokens}")
         grid = stages.int4_grid_check(model, work, cands, ledger)
         base = stages.measure_baselines(model, work, tier2, cache=rcache, ledger=ledger)
+        if tier2 is not None:  # the proxy screens, tier 2 decides (choose_tier2)
+            config.screen_drop = stages.screen_drop(max_accuracy_drop, base.proxy)
     with ledger.stage("kernel timing and layer errors"):
         ledger.say(f"timing candidates on {work.device}")
         table, health = stages.time_candidates(work, cands, cache=TimingCache(rcache.path), ledger=ledger,

@@ -562,3 +562,18 @@ def test_uniform_plans_measured_end_to_end_anchor_the_cost_model(tmp_path, monke
     assert anchor.factor == pytest.approx(2 / 3)
     assert result.plan.layers and result.summary.speedup.predicted == pytest.approx(1.25)
     assert "cost model anchors" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_the_proxys_screen_is_no_finer_than_its_own_noise():
+    """The screen is TIER1_SCREEN x the budget, or x the proxy's noise (1 - the agreement of the
+    unchanged model with its float32 twin) where that is larger."""
+    from types import SimpleNamespace
+
+    from autoao import stages
+
+    noisy = SimpleNamespace(baseline={"accuracy": 1.0, "noise_agreement": 0.98})
+    assert stages.screen_drop(0.005, noisy) == pytest.approx(stages.TIER1_SCREEN * 0.02)
+    assert stages.screen_drop(0.05, noisy) == pytest.approx(stages.TIER1_SCREEN * 0.05)
+    exact = SimpleNamespace(baseline={"accuracy": 1.0})  # an fp32 model: no lower precision to compare with
+    assert stages.screen_drop(0.01, exact) == pytest.approx(stages.TIER1_SCREEN * 0.01)
+    assert stages.screen_drop(0.5, exact) == 1.0
