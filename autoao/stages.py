@@ -326,7 +326,7 @@ def tier2_checks(seconds: float, remaining: float | None) -> int:
     as TIER2_SHARE of the `remaining` budget holds, 1 to TIER2_CHECKS (all of them for a trial
     budget). Each check halves the stretch of the Pareto front left to search, and is worth more
     than the trials it displaces: a 15-minute demo search on a 2-core EPYC ran 504 proxy trials
-    and one tier-2 check of ~20 s, its only one (benchmarks/results/2026-12-02-epyc/search-one-tier2-check/)."""
+    and one tier-2 check of 34 s, its only one (benchmarks/results/2026-12-02-epyc/search-one-tier2-check/)."""
     if remaining is None or seconds <= 0:
         return TIER2_CHECKS
     return max(1, min(TIER2_CHECKS, int(TIER2_SHARE * remaining / seconds) - 1))
