@@ -440,7 +440,12 @@ def _describe_shapes(example: Any) -> str:
 
 
 def plan_key(plan: Plan) -> str:
-    return digest(sorted((f, c.name) for f, c in plan.layers.items()))
+    """A plan's result-cache key: its candidates, and where it names them its kernels and fusions
+    (a kernel's rounding moves a task's score: benchmarks/results/2026-12-02-epyc/kernels-move-accuracy/)."""
+    layers = sorted((f, c.name) for f, c in plan.layers.items())
+    if not plan.kernels and not plan.fusions:
+        return digest(layers)
+    return digest(layers, sorted(plan.kernels.items()), sorted(plan.fusions))
 
 
 ##### the model under test ######################################################################
@@ -495,9 +500,18 @@ class ModelBench:
         return self.meas.base.proxy(self.model, key=f"{self.meas.base.weights_key}:{plan_key(plan)}")
 
     def tier2(self, plan: Plan) -> Accuracy:
+        """Tier 2 of the plan as it would ship (fused groups, each layer's timed kernels: kernels
+        round differently, and a task's score moves with it), applied fresh and undone after."""
         assert self.meas.base.tier2 is not None
-        self.set(plan)
-        return self.meas.base.tier2(self.model, key=f"{self.meas.base.weights_key}:{plan_key(plan)}")
+        params = {g.name: plan.layers[g.fqns[0]].name if g.fqns[0] in plan.layers else BASELINE for g in self.groups}
+        shipped = self.shipped(params)
+        self.restore()
+        try:
+            with canonical_on_device():  # evaluated and undone: no host copy of its weights
+                apply(self.model, shipped, calibration=self.calibration)
+            return self.meas.base.tier2(self.model, key=f"{self.meas.base.weights_key}:{plan_key(shipped)}")
+        finally:
+            self.restore()
 
     def shipped(self, params: dict[str, str], **metadata: Any) -> Plan:
         """The plan these search params make, as it ships: fused groups, the timed kernel per layer."""

@@ -577,3 +577,34 @@ def test_the_proxys_screen_is_no_finer_than_its_own_noise():
     exact = SimpleNamespace(baseline={"accuracy": 1.0})  # an fp32 model: no lower precision to compare with
     assert stages.screen_drop(0.01, exact) == pytest.approx(stages.TIER1_SCREEN * 0.01)
     assert stages.screen_drop(0.5, exact) == 1.0
+
+
+def test_tier2_scores_the_plan_as_it_ships_with_its_timed_kernels(tmp_path, monkeypatch):
+    """Kernels round differently, so tier 2 judges the plan with the kernels it ships with (here
+    int8_wo's "dequant", timed faster than its default "int8pack"), not the trial modules' defaults."""
+    import torch
+    from torch import nn
+
+    from autoao import api, stages
+    from autoao.evaluators import timing
+    from autoao.evaluators.timing import Timing
+    from autoao.kernels import QuantizedLinear
+
+    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+        m: Timing({"bf16": 400.0}.get(cand.family, 100.0 if kern == "dequant" else 200.0), 0.0, 0.0, 5) for m in tokens})
+    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
+        (500.0,) * 3 if any(isinstance(m, QuantizedLinear) for m in model.modules()) else (1000.0,) * 3))
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    seen = []
+
+    def metric(model):
+        layer = model[0]
+        seen.append(layer.kernel_at(8) if isinstance(layer, QuantizedLinear) else "bf16")
+        return 0.9
+
+    torch.manual_seed(0)
+    result = api.optimize(nn.Sequential(nn.Linear(256, 256, bias=False)), [torch.randn(8, 256)], budget=4,
+                          candidates=["int8_wo"], accuracy=metric, max_accuracy_drop=0.05, out_dir=tmp_path / "out",
+                          progress=False)
+    assert result.plan.kernels == {"0": "dequant"} and result.summary.accuracy.tier == 2
+    assert seen[0] == "bf16" and set(seen[1:]) == {"dequant"}  # the baseline, then each check as shipped
