@@ -12,7 +12,8 @@ cost model input) chose per layer shape for this workload; plus the plan that ta
 candidate timing found fastest (speed only: no accuracy is checked here).
 
 --plan NAME=DIR/plan.json (repeatable) adds a saved plan, e.g. the one `autoao search` chose at a
-given --max-accuracy-drop, as a variant. --accuracy scores every variant on lm-eval autoao_facts
+given --max-accuracy-drop, as a variant; NAME=DIR/model (a search's saved model: plan.json and
+model.safetensors) loads its weights as saved, which a calibrated plan (GPTQ, AWQ) needs. --accuracy scores every variant on lm-eval autoao_facts
 (acc; per question agreement with bf16), after the timing rounds so that it disturbs none.
 
 Writes cpu_bench.json (everything) and cpu_bench.md (the table) to --out. Bounded: --seconds
@@ -144,8 +145,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, help="torch threads (default torch's). On a 2-core machine shared "
                     "with other jobs, 2 threads spin at each parallel region's barrier for a descheduled peer: "
                     "a bf16 workload measured 87 s instead of ~1.5 s there")
-    ap.add_argument("--plan", action="append", default=[], metavar="NAME=PLAN_JSON",
-                    help="a saved plan to run as a variant (repeatable)")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=PATH",
+                    help="a saved plan.json, or a saved model's folder, to run as a variant (repeatable)")
     ap.add_argument("--accuracy", action="store_true", help="score each variant on lm-eval autoao_facts after timing")
     ap.add_argument("--torchao", action="store_true", help="add torchao's Int8WeightOnlyConfig and "
                     "Int8DynamicActivationInt8WeightConfig (quantize_ on a bf16 copy) as variants; needs torchao")
@@ -153,8 +154,8 @@ def main() -> int:
     saved = {}
     for item in args.plan:
         name, sep, path = item.partition("=")
-        if not sep or not Path(path).is_file():
-            ap.error(f"--plan {item!r}: expected NAME=PATH to an existing plan.json")
+        if not sep or not (Path(path).is_file() or (Path(path) / "model.safetensors").is_file()):
+            ap.error(f"--plan {item!r}: expected NAME=PATH to an existing plan.json or saved model folder")
         saved[name] = Path(path)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -188,9 +189,12 @@ def main() -> int:
         variants[f"autoao {name}" if not name.startswith("autoao") else name] = autoao.apply(copy.deepcopy(bf16), plan)
         say(f"applied {name}")
     for name, path in saved.items():
-        plan = Plan.load(path)
-        variants[name] = autoao.apply(copy.deepcopy(bf16), plan)
-        plans[name] = plan
+        if path.is_dir():  # the weights as the search saved them (calibrated fits included)
+            variants[name] = autoao.load(copy.deepcopy(bf16), path)
+            plans[name] = Plan.load(path / "plan.json")
+        else:
+            plans[name] = Plan.load(path)
+            variants[name] = autoao.apply(copy.deepcopy(bf16), plans[name])
         say(f"applied {name} ({path})")
 
     say(f"built {len(variants)} variants")
