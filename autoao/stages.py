@@ -565,8 +565,10 @@ def anchor_cost(bench: ModelBench, ledger: RunLedger) -> list[AnchorRecord]:
     to end (module comment above); its variants that run the same kernels (Candidate.timing_name)
     take the same factor. Only where end-to-end measurements run eagerly (the CPU): compiled
     measurements (CUDA) compile the model once per plan, and there the cells, CUDA-graph replays of
-    the compiled layers, predict the model within a few percent (benchmarks/NOTES.md). A plan that
-    fails to apply is left out. The model is restored afterwards."""
+    the compiled layers, predict the Llama-shaped stacks within a few percent (benchmarks/NOTES.md);
+    not a 1.6 ms encoder batch, whose plans measured 1.4-1.9x where the cells predicted 1.05x
+    (benchmarks/results/2026-12-02-h200/real-models/). A plan that fails to apply is left out. The
+    model is restored afterwards."""
     meas = bench.meas
     if meas.base.compile:
         return []
