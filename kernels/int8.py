@@ -120,8 +120,14 @@ class Int8DynLinear(_Int8Weights):
             if self._handle is None:
                 raise RuntimeError("int8_dyn(act=tensor) runs on the CPU only (torch's fbgemm / oneDNN kernels)")
             y = cpu_int8.linear_dynamic(x2.float().contiguous(), self._handle, self.out_features,
-                                        self._reduce_range)
-            return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+                                        self._reduce_range)  # [M, N] float32, a fresh tensor
+            if self.bias is not None:
+                # in place, in float32, before the one rounding to x.dtype: a second [M, N] tensor
+                # for the sum held MiniLM's 32-sentence batch at 0.78x quantize_dynamic's speed
+                # (the same fbgemm kernel); in place, 0.93x (benchmarks/results/2026-12-02-epyc/
+                # minilm/minilm_speed.json before, minilm_speed_bias.json after)
+                y.add_(self.bias.float())
+            return unflatten_tokens(y.to(x.dtype), x)
         xq, xs = quantize_per_token(x2, torch.int8)  # [M, K] int8, [M, 1] fp32
         y = dequantize_output(self._int_matmul(xq), xs, self.w_scale, self.bias, x.dtype)  # [M, N]
         return unflatten_tokens(y, x)
