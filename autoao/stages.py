@@ -15,6 +15,7 @@ and out, scores plans on the proxy and tier 2, and measures plans end to end.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import statistics
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import optuna
 import torch
@@ -505,13 +506,8 @@ class ModelBench:
         assert self.meas.base.tier2 is not None
         params = {g.name: plan.layers[g.fqns[0]].name if g.fqns[0] in plan.layers else BASELINE for g in self.groups}
         shipped = self.shipped(params)
-        self.restore()
-        try:
-            with canonical_on_device():  # evaluated and undone: no host copy of its weights
-                apply(self.model, shipped, calibration=self.calibration)
+        with self.applied(shipped):
             return self.meas.base.tier2(self.model, key=f"{self.meas.base.weights_key}:{plan_key(shipped)}")
-        finally:
-            self.restore()
 
     def shipped(self, params: dict[str, str], **metadata: Any) -> Plan:
         """The plan these search params make, as it ships: fused groups, the timed kernel per layer."""
@@ -522,11 +518,18 @@ class ModelBench:
     def measure(self, params: dict[str, str]) -> float:
         """End-to-end us of the plan these params make, applied as it would ship; inf if it cannot
         be applied or run (then it is not chosen). The model is restored afterwards."""
+        with self.applied(self.shipped(params)):
+            return measure_examples(self.model, self.work.examples, compile=self.meas.base.compile)
+
+    @contextlib.contextmanager
+    def applied(self, plan: Plan) -> Iterator[nn.Module]:
+        """The model with `plan` applied afresh as it ships (measured or scored, then undone: no
+        host copy of its weights is kept); the original modules are back afterwards, also on error."""
         self.restore()
         try:
-            with canonical_on_device():  # measured and undone: no host copy of its weights
-                apply(self.model, self.shipped(params), calibration=self.calibration)
-            return measure_examples(self.model, self.work.examples, compile=self.meas.base.compile)
+            with canonical_on_device():
+                apply(self.model, plan, calibration=self.calibration)
+            yield self.model
         finally:
             self.restore()
 
@@ -585,24 +588,20 @@ def anchor_cost(bench: ModelBench, ledger: RunLedger) -> list[AnchorRecord]:
             uniform.append((cost.predict(plan), name, params, plan))
     deadline = ledger.deadline(ANCHOR_SHARE, keep=reserve_seconds(meas.base))
     run = meas.base.bf16_us / 1e6  # one workload run; an anchor takes a warm-up and two a round
-    measured: dict[str, tuple[float, Plan, float]] = {}  # name -> (speed-up, plan, cells' prediction)
+    measured: dict[str, tuple[float, Plan, int]] = {}  # name -> (speed-up, plan, rounds)
     bf16_runs: list[float] = [meas.base.bf16_us]
-    for predicted, name, params, plan in sorted(uniform, key=lambda u: u[0]):
+    for _, name, params, plan in sorted(uniform, key=lambda u: u[0]):
         if deadline is not None and time.perf_counter() + (2 * ANCHOR_ROUNDS + 2) * run > deadline:
             break
-        bench.restore()
         try:
-            with canonical_on_device():  # measured and undone: no host copy of its weights
-                apply(bench.model, bench.shipped(params), calibration=bench.calibration)
-            applied = {fqn: bench.model.get_submodule(fqn) for fqn in plan.layers}
-            base, planned = interleaved(bench, applied, ANCHOR_ROUNDS)
+            with bench.applied(bench.shipped(params)) as model:
+                applied = {fqn: model.get_submodule(fqn) for fqn in plan.layers}
+                base, planned = interleaved(bench, applied, ANCHOR_ROUNDS)
         except Exception as e:  # noqa: BLE001 - a plan that cannot run only goes unanchored
             ledger.say(f"{name} everywhere could not be measured end to end ({type(e).__name__}: {e}): its "
                        "cells stay as timed")
             continue
-        finally:
-            bench.restore()
-        measured[name] = (_paired(base, planned).estimate, plan, predicted)
+        measured[name] = (_paired(base, planned).estimate, plan, len(base))
         bf16_runs += [b[0] for b in base]
     if not measured:
         return []
@@ -612,15 +611,14 @@ def anchor_cost(bench: ModelBench, ledger: RunLedger) -> list[AnchorRecord]:
     whole = cost.predict(Plan())
     records: list[AnchorRecord] = []
     low, high = ANCHOR_FACTORS
-    for name, (speedup, plan, predicted) in measured.items():
+    for name, (speedup, plan, rounds) in measured.items():
         changed, unchanged = cost.split(plan)
         factor = min(high, max(low, (whole / speedup - unchanged) / changed)) if changed > 0 else 1.0
-        records.append(AnchorRecord(name, len(plan.layers), ANCHOR_ROUNDS, speedup, whole / cost.predict(plan), factor))
-    if records:
-        factors = {n: r.factor for r in records for n in names if timing_of[n] == r.candidate}
-        meas.cost = cost.scaled(factors)
-        ledger.say("the cost model anchored on uniform plans measured end to end: " + "; ".join(
-            f"{r.candidate} {r.measured:.2f}x (cells {r.predicted:.2f}x, scaled {r.factor:.2f})" for r in records))
+        records.append(AnchorRecord(name, len(plan.layers), rounds, speedup, whole / cost.predict(plan), factor))
+    factors = {n: r.factor for r in records for n in names if timing_of[n] == r.candidate}
+    meas.cost = cost.scaled(factors)
+    ledger.say("the cost model anchored on uniform plans measured end to end: " + "; ".join(
+        f"{r.candidate} {r.measured:.2f}x (cells {r.predicted:.2f}x, scaled {r.factor:.2f})" for r in records))
     return records
 
 
