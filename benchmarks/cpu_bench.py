@@ -13,8 +13,9 @@ candidate timing found fastest (speed only: no accuracy is checked here).
 
 --plan NAME=DIR/plan.json (repeatable) adds a saved plan, e.g. the one `autoao search` chose at a
 given --max-accuracy-drop, as a variant; NAME=DIR/model (a search's saved model: plan.json and
-model.safetensors) loads its weights as saved, which a calibrated plan (GPTQ, AWQ) needs. --accuracy scores every variant on lm-eval autoao_facts
-(acc; per question agreement with bf16), after the timing rounds so that it disturbs none.
+model.safetensors) loads its weights as saved, which a calibrated plan (GPTQ, AWQ) needs.
+--accuracy scores every variant on lm-eval autoao_facts (acc; per question agreement with bf16),
+after the timing rounds so that it disturbs none.
 
 Writes cpu_bench.json (everything) and cpu_bench.md (the table) to --out. Bounded: --seconds
 (default 330) covers loading, timing and rounds; rounds stop when the next would not fit (at least
