@@ -209,11 +209,12 @@ def optimize(
         outcome = stages.search(groups, bench, config, ledger, on_best=lambda p: p.save(out_dir / "best_plan.json"))
         closed = (workers.close(outcome, config, meas.cost, bench.proxy, ledger, keep=stages.reserve_seconds(base))
                   if shared else None)
-    with ledger.stage("choice, re-rank and final measurement"):
+    with ledger.stage("tier-2 checks and re-rank"):
         choice = stages.choose(outcome, bench, max_accuracy_drop, ledger)
         if closed is not None:
             ledger.say(runfiles.describe(closed))
             choice.decisions.insert(0, closed)
+    with ledger.stage("final measurement"):
         final = stages.finalize(bench, choice, ledger)
         summary = stages.run_summary(final, outcome, meas, context, model, ledger, fits_at_start)
 

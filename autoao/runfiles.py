@@ -199,8 +199,10 @@ class Decision:
     kind:
       no_feasible_plan      no trial met the budget on the proxy; the model stays unchanged
       tier2_held            `trial`, a plan of the Pareto front, held on tier 2: it dropped
-                            numbers["drop"] there, numbers["proxy_drop"] on the proxy (reason: source)
-      tier2_rejected        `trial` dropped numbers["drop"] on tier 2, past the budget (reason: source)
+                            numbers["drop"] there, numbers["proxy_drop"] on the proxy (reason: source);
+                            the check took numbers["seconds"]
+      tier2_rejected        `trial` dropped numbers["drop"] on tier 2, past the budget (reason: source;
+                            numbers["seconds"] as for tier2_held)
       tier2_chose_slower    `trial` was chosen: the fastest plan that held, numbers["faster"] plans
                             of the front being faster (numbers["broke"] of them broke on tier 2;
                             numbers["unchecked"], between it and the slowest that broke, were not
@@ -238,6 +240,11 @@ class Decision:
     others: dict[int, float] = field(default_factory=dict)  # trial -> measured ms (rerank_kept)
 
 
+def _took(numbers: dict[str, float]) -> str:
+    """", 12 s" for a check that recorded its seconds (runs written before they did: nothing)."""
+    return f", {numbers['seconds']:.0f} s" if "seconds" in numbers else ""
+
+
 def describe(d: Decision) -> str:
     """The decision as one sentence, for the console and the report."""
     n = d.numbers
@@ -245,10 +252,10 @@ def describe(d: Decision) -> str:
         return "no trial met the accuracy budget on the proxy: keeping the model as it came"
     if d.kind == "tier2_held":
         return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms, proxy drop {n['proxy_drop']:+.4f}) "
-                f"dropped {n['drop']:+.4f} on tier 2 ({d.reason}): holds")
+                f"dropped {n['drop']:+.4f} on tier 2 ({d.reason}{_took(n)}): holds")
     if d.kind == "tier2_rejected":
         return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms) dropped {n['drop']:+.4f} on tier 2 "
-                f"({d.reason}): rejected")
+                f"({d.reason}{_took(n)}): rejected")
     if d.kind == "tier2_chose_slower":
         if "faster" not in n:  # written before the bisection: "skipped" plans were predicted to break
             skipped = int(n.get("skipped", 0))

@@ -688,7 +688,10 @@ def choose(outcome: SearchOutcome, bench: ModelBench, max_drop: float, ledger: R
         return left is None or left > seconds + final
 
     if base.tier2 is not None:
-        return choose_tier2(outcome, bench.tier2, max_drop, ledger, lambda: time_for(base.tier2_seconds))
+        # the baseline's own evaluation prices a check; a check already run prices it better (a
+        # quantized plan's evaluation may run slower kernels or compile for new shapes)
+        return choose_tier2(outcome, bench.tier2, max_drop, ledger,
+                            lambda longest: time_for(max(base.tier2_seconds, longest)))
     choice = rerank(outcome, front[0], bench.measure, ledger, lambda: time_for(base.e2e_seconds))
     t = choice.trial
     assert t is not None
@@ -697,7 +700,7 @@ def choose(outcome: SearchOutcome, bench: ModelBench, max_drop: float, ledger: R
 
 
 def choose_tier2(outcome: SearchOutcome, tier2: Callable[[Plan], Accuracy], max_drop: float,
-                 ledger: RunLedger, time_left: Callable[[], bool] = lambda: True) -> Choice:
+                 ledger: RunLedger, time_left: Callable[[float], bool] = lambda seconds: True) -> Choice:
     """The fastest plan on the search's Pareto front that holds on tier 2 (`tier2(plan)`, seconds
     each), found by bisection in at most TIER2_CHECKS checks.
 
@@ -711,7 +714,8 @@ def choose_tier2(outcome: SearchOutcome, tier2: Callable[[Plan], Accuracy], max_
     int8_dyn 11.3; on autoao_facts int8_wo gains 1.1 points, int4 g64 loses 8, int8_dyn 3.2:
     benchmarks/results/2026-12-02-epyc/search-screen/). Where the task's drop does not grow along
     the front the plan returned still held on tier 2, though a faster one may have too. After the
-    first check, another runs only while `time_left()` says the time budget has room."""
+    first check, another runs only while `time_left(seconds)` says the time budget has room for
+    one more, `seconds` being the longest check so far (each decision records its check's seconds)."""
     front = [r for r in outcome.pareto if any(c != BASELINE for c in r.params.values())]  # fastest first
     decisions: list[Decision] = []
     if not front:
@@ -722,20 +726,23 @@ def choose_tier2(outcome: SearchOutcome, tier2: Callable[[Plan], Accuracy], max_
     start = keys.index(best) if best in keys else len(front) // 2
     lo, hi = -1, len(front)  # front[lo] broke (-1: none known), front[hi] held (len: the unchanged model)
     held: Accuracy | None = None
-    checked = 0
+    checked, longest = 0, 0.0
     mid = start
     while hi - lo > 1:
         if checked == TIER2_CHECKS:
             break
-        if checked and not time_left():
+        if checked and not time_left(longest):
             decisions.append(Decision("out_of_time", front[mid].number, {"checked": checked}, "more tier-2 checks"))
             break
         r = front[mid]
         checked += 1
         ledger.say(f"checking trial {r.number} on tier 2 (plan {mid + 1} of the {len(front)} on the Pareto front, "
                    "fastest first)")
+        t0 = time.perf_counter()
         acc = tier2(plan_from_params(outcome.groups, r.params))
-        numbers = {"predicted_ms": r.predicted_us / 1e3, "drop": acc.drop, "proxy_drop": r.drop}
+        seconds = time.perf_counter() - t0
+        longest = max(longest, seconds)
+        numbers = {"predicted_ms": r.predicted_us / 1e3, "drop": acc.drop, "proxy_drop": r.drop, "seconds": seconds}
         if acc.drop <= max_drop:
             hi, held = mid, acc
             decisions.append(Decision("tier2_held", r.number, numbers, acc.source))

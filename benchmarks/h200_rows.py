@@ -233,7 +233,7 @@ def real(args: argparse.Namespace) -> None:
     rows.add("uniform", {"plan": "unchanged", "accuracy": base_acc, "drop_points": 0.0, "eval_s": time.perf_counter() - t,
                          "load_s": t - t_start, "speedup": 1.0, "speedup_lo": 1.0, "speedup_hi": 1.0})
     prof = profile(model, examples if len(examples) > 1 else examples[0])
-    uniform_names = args.uniform.split(";") if args.uniform else [
+    uniform_names = [] if args.uniform == "none" else args.uniform.split(";") if args.uniform else [
         n for n in default if n not in ("bf16", "fp32_compute")] + (cal if "on" in settings else [])
     for name in uniform_names:
         q = copy.deepcopy(model)
@@ -271,7 +271,7 @@ def real(args: argparse.Namespace) -> None:
             try:
                 res = autoao.optimize(m, examples if len(examples) > 1 else examples[0], budget=args.search_budget,
                                       accuracy=accuracy_arg, tokenizer=tok, max_accuracy_drop=drop, candidates=cands,
-                                      eval_inputs=held, out_dir=work, progress=False, left_out=unrep or None)
+                                      eval_inputs=held, out_dir=work, progress=True, left_out=unrep or None)
             except Exception as e:  # noqa: BLE001 - recorded; the other searches still run
                 rows.data.setdefault("errors", []).append(f"search {drop} {algorithms}: {type(e).__name__}: {e}"[:800])
                 rows.write()
@@ -309,7 +309,7 @@ def main() -> None:
     r.add_argument("--groups", default="64", help="int4 group sizes of the calibrated variants (comma-separated)")
     r.add_argument("--search-budget", default="150s")
     r.add_argument("--rounds", type=int, default=3, help="interleaved rounds for each uniform plan's speed-up")
-    r.add_argument("--uniform", default=None, help="';'-separated uniform plans (default: the whole space)")
+    r.add_argument("--uniform", default=None, help="';'-separated uniform plans (default: the whole space; none: no uniform rows)")
     r.add_argument("--smoke", action="store_true", help="on the CPU, one decode step, 24 lm-eval documents (checks the path, not a result)")
     args = ap.parse_args()
     args.groups = [int(g) for g in args.groups.split(",")]

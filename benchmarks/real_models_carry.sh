@@ -39,7 +39,7 @@ prepare)
     # wheels for Python 3.12 (the GPU machine's); sdists built here are pure Python
     plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
     for n in optuna==5.0.0 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 colorlog==6.12.0 greenlet==3.5.6; do
-        python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d .carry2 "$n"
+        python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d .carry3 "$n"
     done
     for n in lm_eval==0.4.13 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 evaluate==0.4.6 pytablewriter==1.2.1 \
              DataProperty==1.1.1 mbstrdecoder==1.1.5 pathvalidate==3.3.1 tabledata==1.3.5 tcolorpy==0.1.7 \

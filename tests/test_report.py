@@ -106,7 +106,8 @@ def test_loader_reads_the_finished_search(search):
     # the wall time per stage adds up to the search's, in the order the stages ran
     stages = s.stage_seconds
     assert list(stages) == ["profile and baselines", "kernel timing and layer errors", "cost model anchors",
-                            "search trials", "choice, re-rank and final measurement"]
+                            "search trials", "tier-2 checks and re-rank",
+                            "final measurement"]
     assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(s.seconds, rel=1e-3)
     # the timing stage by candidate, largest first, within the stage's wall time
     by_kernel = list(s.timing_seconds.values())

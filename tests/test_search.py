@@ -250,10 +250,19 @@ def test_tier2_bisects_the_pareto_front_from_the_screened_best():
     assert checked == [5, 6, 7] and choice.trial is None
     assert choice.decisions[-1].kind == "tier2_none_held" and choice.decisions[-1].numbers["checked"] == 3
 
-    # the time budget stops the bisection after the first check: the plan that held stands
+    # the time budget stops the bisection after the first check: the plan that held stands; the
+    # budget is asked about one more check priced at the longest check so far
     checked.clear()
-    choice = choose_tier2(outcome, tier2(3), 0.01, RunLedger(Budget(trials=1), progress=False), lambda: False)
+    asked = []
+
+    def slow(plan):
+        time.sleep(0.05)
+        return tier2(3)(plan)
+
+    choice = choose_tier2(outcome, slow, 0.01, RunLedger(Budget(trials=1), progress=False),
+                          lambda seconds: asked.append(seconds) or False)
     assert checked == [5] and choice.trial is trials[5]
+    assert asked == [choice.decisions[0].numbers["seconds"]] and asked[0] >= 0.05
     assert [d.kind for d in choice.decisions] == ["tier2_held", "out_of_time", "tier2_chose_slower"]
     assert choice.decisions[-1].numbers["unchecked"] == 5
     assert describe(choice.decisions[-1]).endswith("the 5 plans predicted faster were not checked (no checks or time left)")
