@@ -215,7 +215,9 @@ def optimize(
             ledger.say(runfiles.describe(closed))
             choice.decisions.insert(0, closed)
     with ledger.stage("final measurement"):
+        t0 = time.perf_counter()
         final = stages.finalize(bench, choice, ledger)
+        stages.record_final(rcache, base, work, final, time.perf_counter() - t0)
         summary = stages.run_summary(final, outcome, meas, context, model, ledger, fits_at_start)
 
     plan = final.plan

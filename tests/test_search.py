@@ -12,6 +12,7 @@ import time
 
 import optuna
 import pytest
+import torch
 
 from autoao.cost import CostModel
 from autoao.evaluators.sensitivity import Accuracy
@@ -206,6 +207,33 @@ def _front(n: int, best: int):
               for i, p in enumerate(params)]
     trials.append(TrialResult(n, {"l0": "bf16", "l1": "bf16", "l2": "bf16"}, 200.0, 0.0, 0.5, True, 1, 0.0, "COMPLETE"))
     return SearchOutcome(None, groups, trials, trials, trials[best], 0.0, "budget spent"), trials
+
+
+def test_a_compiled_final_comparison_is_priced_by_a_cold_compile_and_the_last_one_seen(tmp_path):
+    """Compiled, the plan's graph is new to inductor's cache: the reserve prices it as the unchanged
+    model's cold first measurement, and never below the last final comparison of this model and
+    workload on this device (a warm cache's first measurement alone priced a 100 s one at 71 s)."""
+    from types import SimpleNamespace
+
+    from autoao.evaluators.cache import ResultCache
+    from autoao.stages import WRITE_SECONDS, Baselines, compiled_costs, final_seconds, record_final
+
+    cache = ResultCache(tmp_path / "results.sqlite")
+    work = SimpleNamespace(device=torch.device("cpu"), examples=[torch.zeros(1, 256, dtype=torch.long)])
+    assert compiled_costs(cache, "w", work, 59.0) == {"cold_seconds": 59.0}  # a cold cache's first run
+    cold = Baselines(1.0, 59.0, True, None, None, 0.0, "w", cold_seconds=59.0)
+    assert final_seconds(cold) == pytest.approx(3 * 59.0 + WRITE_SECONDS)
+    record_final(cache, cold, work, SimpleNamespace(rounds=1), 120.0)
+    record_final(cache, cold, work, SimpleNamespace(rounds=0), 0.01)  # an empty plan measured nothing
+    seen = compiled_costs(cache, "w", work, 22.0)  # the next run, on a warm cache
+    assert seen == {"cold_seconds": 59.0, "final_seconds": 120.0}
+    warm = Baselines(1.0, 22.0, True, None, None, 0.0, "w", cold_seconds=59.0, final_seen=120.0)
+    assert final_seconds(warm) == pytest.approx(120.0 + WRITE_SECONDS)
+    assert final_seconds(Baselines(1.0, 22.0, True, None, None, 0.0, "w", cold_seconds=59.0)) == pytest.approx(
+        2 * 22.0 + 59.0 + WRITE_SECONDS)
+    # another workload of the same weights has its own costs
+    other = SimpleNamespace(device=work.device, examples=[torch.zeros(1, 2048, dtype=torch.long)])
+    assert compiled_costs(cache, "w", other, 30.0) == {"cold_seconds": 30.0}
 
 
 def test_tier2_bisects_the_pareto_front_from_the_screened_best():
