@@ -588,8 +588,13 @@ def kernels_for(plan: Plan, prof: ModelProfile, table: LatencyTable) -> dict[str
 # scaled cells. Factors are clamped to ANCHOR_FACTORS: a wider one says the measurement, not the
 # cells, was off (a 5-minute demo search on that EPYC fitted 0.5 to 0.65 for int4, int8_wo and
 # both int8_dyn).
+# Two rounds whose paired ratios differ by more than ANCHOR_AGREE say one of them was disturbed
+# (one plan's per-round ratios spread from 1.11x to 2.06x on a quiet 2-core Xeon; a neighbour's
+# burst on one side makes worse): ANCHOR_ROUNDS more are taken and the median ratio kept, so one
+# disturbed round cannot set a candidate's factor.
 ANCHOR_SHARE = 0.15  # of what a time budget has left after kernel timing and layer errors
 ANCHOR_ROUNDS = 2
+ANCHOR_AGREE = 1.25
 ANCHOR_FACTORS = (0.25, 4.0)
 
 
@@ -620,18 +625,26 @@ def anchor_cost(bench: ModelBench, ledger: RunLedger) -> list[AnchorRecord]:
     run = meas.base.bf16_us / 1e6  # one workload run; an anchor takes a warm-up and two a round
     measured: dict[str, tuple[float, Plan, int]] = {}  # name -> (speed-up, plan, rounds)
     bf16_runs: list[float] = [meas.base.bf16_us]
+
+    def fits(rounds: int) -> bool:  # a warm-up and `rounds` rounds of two runs before the deadline
+        return deadline is None or time.perf_counter() + (2 * rounds + 2) * run <= deadline
+
     for _, name, params, plan in sorted(uniform, key=lambda u: u[0]):
-        if deadline is not None and time.perf_counter() + (2 * ANCHOR_ROUNDS + 2) * run > deadline:
+        if not fits(ANCHOR_ROUNDS):
             break
         try:
             with bench.applied(bench.shipped(params)) as model:
                 applied = {fqn: model.get_submodule(fqn) for fqn in plan.layers}
                 base, planned = interleaved(bench, applied, ANCHOR_ROUNDS)
+                ratios = [b[0] / p[0] for b, p in zip(base, planned)]
+                if max(ratios) > ANCHOR_AGREE * min(ratios) and fits(ANCHOR_ROUNDS):
+                    more_base, more_planned = interleaved(bench, applied, ANCHOR_ROUNDS)
+                    base, planned = base + more_base, planned + more_planned
         except Exception as e:  # noqa: BLE001 - a plan that cannot run only goes unanchored
             ledger.say(f"{name} everywhere could not be measured end to end ({type(e).__name__}: {e}): its "
                        "cells stay as timed")
             continue
-        measured[name] = (_paired(base, planned).estimate, plan, len(base))
+        measured[name] = (statistics.median(b[0] / p[0] for b, p in zip(base, planned)), plan, len(base))
         bf16_runs += [b[0] for b in base]
     if not measured:
         return []

@@ -20,8 +20,9 @@ by a quarter of a point (189 items): small drops show.
 The model is any callable(input_ids, attention_mask) -> [B, D] embedding (autoao.models.
 SentenceEncoder). The first model a task scores is its reference (CallableEvaluator scores the
 unmodified model first); every later call also reports agreement with the reference's embeddings
-(`last_metrics`: mean cosine to the reference embedding, and the share of queries whose top-ranked
-sentence is the reference's).
+(`last_metrics`: mean cosine to the reference embedding, the share of queries whose top-ranked
+sentence is the reference's, the share of pairing decisions the reference made, and the mean
+absolute change of each item's pairing margin).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class RetrievalTask:
         self.pools = [sorted(topics[it["topic"]] - set(ns)) for it, ns in zip(self.items, self.negatives)]
         self.reference: torch.Tensor | None = None  # [S, D] the first scored model's embeddings
         self.reference_top: list[int] | None = None
+        self.reference_margins: list[float] = []
         self.last_metrics: dict[str, float] = {}
 
     def _top(self, emb: torch.Tensor) -> list[int]:
@@ -114,6 +116,11 @@ class RetrievalTask:
             sims = emb[pool] @ emb[q]  # [P]
             tops.append(pool[int(sims.argmax())])
         return tops
+
+    def _margins(self, emb: torch.Tensor) -> list[float]:
+        """For each item, cos(query, paraphrase) - max cos(query, own near miss): > 0 is a pairing hit."""
+        return [float(emb[q] @ emb[p] - max(emb[q] @ emb[m] for m in ns))
+                for q, p, ns in zip(self.queries, self.positives, self.negatives)]
 
     def scores(self, emb: torch.Tensor) -> dict[str, float]:
         """pairing and retrieval accuracy, and their mean, from [S, D] unit embeddings of `sentences`."""
@@ -125,13 +132,17 @@ class RetrievalTask:
 
     def __call__(self, model: nn.Module) -> float:
         emb = embed(model, self.tokenizer, self.sentences)  # [S, D]
-        top = self._top(emb)
+        top, margins = self._top(emb), self._margins(emb)
         if self.reference is None:
-            self.reference, self.reference_top = emb, top
+            self.reference, self.reference_top, self.reference_margins = emb, top, margins
         assert self.reference_top is not None
+        ref = self.reference_margins
         self.last_metrics = {
             **self.scores(emb),
             "cosine_to_reference": float((emb * self.reference).sum(-1).mean()),
             "top1_agreement": sum(a == b for a, b in zip(top, self.reference_top)) / len(self.items),
+            # the pairing decisions the reference made, made again; how far each item's margin moved
+            "pairing_agreement": sum((a > 0) == (b > 0) for a, b in zip(margins, ref)) / len(self.items),
+            "margin_error": sum(abs(a - b) for a, b in zip(margins, ref)) / len(self.items),
         }
         return self.last_metrics["accuracy"]

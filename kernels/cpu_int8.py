@@ -72,17 +72,17 @@ def release(handle: int | None) -> None:
 
 @torch.library.custom_op("autoao::dynamic_qlinear", mutates_args=())
 def dynamic_qlinear(x: torch.Tensor, handle: int, out_features: int, reduce_range: bool) -> torch.Tensor:
-    """x [M, K] float32 -> [M, N] float32 through the packed weight `handle` (prepack)."""
+    """x [..., K] float32 -> [..., N] float32 through the packed weight `handle` (prepack)."""
     return torch.ops.quantized.linear_dynamic(x, _PACKED[handle], reduce_range)
 
 
 @dynamic_qlinear.register_fake
 def _(x, handle, out_features, reduce_range):
-    return x.new_empty(x.shape[0], out_features)
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 def linear_dynamic(x: torch.Tensor, handle: int, out_features: int, reduce_range: bool) -> torch.Tensor:
-    """x [M, K] float32 -> [M, N] float32 through the packed weight `handle`: the custom op
+    """x [..., K] float32 -> [..., N] float32 through the packed weight `handle`: the custom op
     dynamic_qlinear where torch.compile traces, the engine's op directly in eager mode (a custom
     op's Python dispatch costs 10-35 us a call, as much as fbgemm's whole 576x576 product at M=1:
     23 us raw, 58 us through the custom op, 2 threads, AMD EPYC with AVX512-VNNI)."""

@@ -84,7 +84,8 @@ class Int8DynLinear(_Int8Weights):
 
     @classmethod
     def fusable(cls, **params):
-        return params.get("act", "token") == "token"  # one activation scale: numbers span rows
+        # act=tensor: one activation scale, numbers span rows; SmoothQuant: an input scale [K]
+        return super().fusable(**params) and params.get("act", "token") == "token"
 
     def _pack(self, device):
         if device.type == "cuda":
@@ -115,19 +116,21 @@ class Int8DynLinear(_Int8Weights):
         return torch._int_mm(xq, self.w_q.t())[:m]
 
     def _forward(self, x):
-        x2 = flatten_tokens(x)
         if self.act == "tensor":
             if self._handle is None:
                 raise RuntimeError("int8_dyn(act=tensor) runs on the CPU only (torch's fbgemm / oneDNN kernels)")
-            y = cpu_int8.linear_dynamic(x2.float().contiguous(), self._handle, self.out_features,
-                                        self._reduce_range)  # [M, N] float32, a fresh tensor
+            # x [..., K] as it comes: the op flattens the leading dims itself (a reshape each way
+            # cost ~2.5 us of a 576x576 one-token call's 26 us, where fbgemm takes 17)
+            y = cpu_int8.linear_dynamic(x.float().contiguous(), self._handle, self.out_features,
+                                        self._reduce_range)  # [..., N] float32, a fresh tensor
             if self.bias is not None:
                 # in place, in float32, before the one rounding to x.dtype: a second [M, N] tensor
                 # for the sum held MiniLM's 32-sentence batch at 0.78x quantize_dynamic's speed
                 # (the same fbgemm kernel); in place, 0.93x (benchmarks/results/2026-12-02-epyc/
                 # minilm/minilm_speed.json before, minilm_speed_bias.json after)
                 y.add_(self.bias.float())
-            return unflatten_tokens(y.to(x.dtype), x)
+            return y.to(x.dtype)
+        x2 = flatten_tokens(x)
         xq, xs = quantize_per_token(x2, torch.int8)  # [M, K] int8, [M, 1] fp32
         y = dequantize_output(self._int_matmul(xq), xs, self.w_scale, self.bias, x.dtype)  # [M, N]
         return unflatten_tokens(y, x)

@@ -239,6 +239,10 @@ def test_names_timing_fusion_and_calibration_needs():
     assert gptq.name == "int4_wo(group_size=64, algorithm=gptq)"
     assert gptq.timing_name == rtn.name and awq.timing_name == awq.name  # AWQ's x / s is a cost to time
     assert gptq.fusable and not awq.fusable
+    # an input scale [K] is not a row of the output: no input-scaled layer fuses with its siblings
+    smooth = [search_space.get(f"{f}(algorithm=smoothquant)") for f in ("int8_dyn", "sparse24_int8_dyn")
+              if "smoothquant" in getattr(search_space.get(f).module_cls, "algorithms", ())]
+    assert smooth and not any(c.fusable for c in smooth) and search_space.get("int8_dyn").fusable
     assert gptq.calibration_uses == {"sample"} and {"act_mean", "sample"} <= awq.calibration_uses
     assert search_space.get("int8_dyn(algorithm=smoothquant)").calibration_uses == {"act_absmax"}
     with pytest.raises(ValueError, match="did you mean 'gptq'"):

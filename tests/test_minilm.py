@@ -63,6 +63,7 @@ def test_the_task_runs_and_fp32_is_far_from_perfect(minilm):
     assert 0.4 < value < 0.85 and value == m["accuracy"] == pytest.approx((m["pairing"] + m["retrieval"]) / 2)
     assert m["pairing"] < 0.5  # the near misses are hard: word overlap wins
     assert m["cosine_to_reference"] == pytest.approx(1.0) and m["top1_agreement"] == 1.0
+    assert m["pairing_agreement"] == 1.0 and m["margin_error"] == 0.0
     # a model whose embeddings lost their meaning scores far lower (on a quarter of the items: fast)
     part = RetrievalTask(tok, load_items()[::4])
     clean = part(model)
@@ -72,6 +73,7 @@ def test_the_task_runs_and_fp32_is_far_from_perfect(minilm):
         for p in noisy.encoder.encoder.parameters():
             p.add_(torch.randn_like(p) * p.std() * 2)
     assert part(noisy) < clean - 0.15 and part.last_metrics["cosine_to_reference"] < 0.9
+    assert part.last_metrics["pairing_agreement"] < 0.9 and part.last_metrics["margin_error"] > 0.02
 
 
 @requires_minilm

@@ -601,6 +601,37 @@ def test_uniform_plans_measured_end_to_end_anchor_the_cost_model(tmp_path, monke
     assert "cost model anchors" in (tmp_path / "out" / "report.html").read_text()
 
 
+def test_one_disturbed_anchor_round_does_not_set_the_factor(tmp_path, monkeypatch):
+    """The same model as above, but a neighbour's burst slows the plan's side of the first anchor
+    round 2.5x: the two rounds disagree, two more are taken, and the median ratio (1.25x) sets the
+    factor, not the disturbed pair's mean."""
+    from torch import nn
+
+    from autoao import api, runfiles, stages
+    from autoao.evaluators import timing
+    from autoao.evaluators.timing import Timing
+    from autoao.kernels import QuantizedLinear
+
+    planned_runs = []
+
+    def fake(model, examples, *a, **kw):
+        if any(isinstance(m, QuantizedLinear) for m in model.modules()):
+            planned_runs.append(1)
+            return (2000.0 if len(planned_runs) == 1 else 800.0,) * 3
+        return (1000.0,) * 3
+
+    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+        m: Timing({"bf16": 400.0}.get(cand.family, 300.0), 0.0, 0.0, 5) for m in tokens})
+    monkeypatch.setattr(stages, "workload_timing", fake)
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    api.optimize(nn.Sequential(nn.Linear(256, 256, bias=False)), [torch.randn(8, 256)], budget=4,
+                 candidates=["int8_wo"], max_accuracy_drop=0.5, out_dir=tmp_path / "out", progress=False)
+    (anchor,) = runfiles.load_context(tmp_path / "out" / "context.json").anchors
+    assert anchor.rounds == 2 * stages.ANCHOR_ROUNDS
+    assert anchor.measured == pytest.approx(1.25) and anchor.factor == pytest.approx(2 / 3)
+
+
 def test_the_proxys_screen_is_no_finer_than_its_own_noise():
     """The screen is TIER1_SCREEN x the budget, or x the proxy's noise (1 - the agreement of the
     unchanged model with its float32 twin) where that is larger."""
