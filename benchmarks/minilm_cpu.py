@@ -4,6 +4,8 @@ searched plan at 0.5, 1 and 2 point budgets, with its end-to-end speed-up measur
     python benchmarks/minilm_cpu.py --out benchmarks/results/2026-12-01-cpu/minilm --part uniform   # ~5 min
     python benchmarks/minilm_cpu.py --out benchmarks/results/2026-12-01-cpu/minilm --part search    # ~8 min
     python benchmarks/minilm_cpu.py --out benchmarks/results/2026-12-02-epyc/minilm --part speed     # ~2 min
+    python benchmarks/minilm_cpu.py --out DIR --part search --search-budget 120s \
+        --candidates "int8_dyn;int8_dyn(act=tensor);int8_dyn(algorithm=smoothquant);int8_dyn(act=tensor, algorithm=smoothquant)"
 
 `speed`: fp32, `torch.ao.quantization.quantize_dynamic(fp32, {nn.Linear}, qint8)` and the uniform
 plans of the candidates with a fast fp32 CPU kernel (FAST), run on their kernels: each variant's
@@ -57,6 +59,8 @@ def main() -> None:
                     help="uniform plans' accuracy (minilm_uniform.json), the searches (minilm_search.json) "
                     "or the fast plans' speed and accuracy against quantize_dynamic (minilm_speed.json)")
     ap.add_argument("--search-budget", default="150s")
+    ap.add_argument("--candidates", default=";".join(SEARCH_CANDIDATES),
+                    help="--part search: ';'-separated candidates (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=7, help="--part speed: interleaved rounds")
     args = ap.parse_args()
     out = Path(args.out)
@@ -85,7 +89,7 @@ def main() -> None:
     for drop in (0.005, 0.01, 0.02) if args.part == "search" else ():
         m = copy.deepcopy(model)
         r = autoao.optimize(m, work["example_inputs"], budget=args.search_budget, accuracy=task,
-                            max_accuracy_drop=drop, candidates=SEARCH_CANDIDATES, eval_inputs=work["eval_inputs"],
+                            max_accuracy_drop=drop, candidates=args.candidates.split(";"), eval_inputs=work["eval_inputs"],
                             out_dir=out / f"search-{drop}", progress=False)
         s = r.summary
         searches.append({"max_accuracy_drop": drop, "plan": r.plan.summary() or "all fp32",
