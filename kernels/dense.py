@@ -1,8 +1,7 @@
 """Dense linears that change only where the arithmetic happens, not the weights' numbers.
 
-Bf16Linear: for models in another dtype (fp32, fp16): weights stored in bf16, computed in bf16. For
-a bf16 model the `bf16` candidate leaves nn.Linear untouched; this module exists so that a plan can
-say "bf16 here" for an fp32 model and mean it.
+Bf16Linear: the `bf16_compute` candidate, for models in another dtype (fp32, fp16): weights stored
+in bf16, computed in bf16 (the baseline candidate `bf16` leaves every nn.Linear as it came).
 
 Fp32ComputeLinear: a bf16 / fp16 layer's own weights, multiplied in float32 where that is faster:
 on a CPU fp32 GEMV beats bf16 at a few rows (measured 1536x576 at M=1 on an AMX Xeon: 76 us vs

@@ -1,4 +1,6 @@
-"""`bf16`: the baseline. A bf16 layer is left untouched; an fp32/fp16 layer is computed in bf16.
+"""`bf16`: the baseline, every layer as it came (the name is the common case: a bf16 model; an
+fp32 or fp16 layer stays fp32 or fp16, so the cost model's baseline cells time what the unchanged
+model runs). `bf16_compute`: an fp32/fp16 layer's weights cast to bf16 and multiplied in bf16.
 `fp32_compute`: a bf16/fp16 layer's own weights, multiplied in fp32 where that is faster (CPU)."""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from autoao.search_space._registry import register
 @dataclass(frozen=True)
 class Bf16(Candidate):
     family: ClassVar[str] = "bf16"
-    module_cls: ClassVar = Bf16Linear
+    module_cls: ClassVar = None  # the model's own nn.Linear
     summary: ClassVar[str] = "the layer as it came (the baseline)"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuBLAS", "cpu": "torch's CPU matmul (oneDNN / MKL: bf16 {bf16_mm}, fp32 {fp32_mm})"}
     sqnr_bound_db: ClassVar[float] = 40
@@ -32,14 +34,25 @@ class Bf16(Candidate):
         return False  # the baseline keeps the model's own layers (a bf16 model's are not replaced)
 
     def build(self, linear: nn.Linear, stats: LayerStats | None = None, fqn: str = "") -> nn.Module:
-        if linear.weight.dtype == torch.bfloat16:
-            return linear  # already the baseline: no copy, no change
-        return super().build(linear, stats, fqn)
+        return linear  # the baseline: no copy, no change
 
     def empty(self, layer: LayerSpec, device: torch.device | str) -> nn.Module:
+        return nn.Linear(layer.in_features, layer.out_features, layer.bias, device=device, dtype=layer.dtype)
+
+
+@register
+@dataclass(frozen=True)
+class Bf16Compute(Candidate):
+    family: ClassVar[str] = "bf16_compute"
+    module_cls: ClassVar = Bf16Linear
+    summary: ClassVar[str] = "an fp32 / fp16 layer's weights cast to bf16, multiplied in bf16"
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuBLAS", "cpu": "torch's bf16 matmul ({bf16_mm})"}
+    sqnr_bound_db: ClassVar[float] = 40
+
+    def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         if layer.dtype == torch.bfloat16:
-            return nn.Linear(layer.in_features, layer.out_features, layer.bias, device=device, dtype=layer.dtype)
-        return super().empty(layer, device)
+            return "the layer already computes in bf16"
+        return None
 
 
 @register
