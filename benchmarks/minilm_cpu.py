@@ -39,9 +39,10 @@ import autoao.models as models
 from autoao.kernels._base import QuantizedLinear
 
 UNIFORM = ["int8_dyn", "int8_wo", "int4_wo(group_size=32)", "fp8_dyn(granularity=row)"]
-# the quantized candidates with a fast fp32 CPU kernel: per-token int8 through torch._int_mm, and
-# per-tensor int8 through fbgemm / oneDNN's prepacked dynamic linear (quantize_dynamic's kernel)
-FAST = ["int8_dyn", "int8_dyn(act=tensor)"]
+# the candidates with a fast CPU kernel for an fp32 model: per-token int8 through torch._int_mm,
+# per-tensor int8 through fbgemm / oneDNN's prepacked dynamic linear (quantize_dynamic's kernel),
+# and the weights cast to bf16 (one bf16 matmul: AMX where the CPU has it)
+FAST = ["int8_dyn", "int8_dyn(act=tensor)", "bf16_compute"]
 SEARCH_CANDIDATES = FAST
 
 
@@ -62,6 +63,8 @@ def main() -> None:
     ap.add_argument("--candidates", default=";".join(SEARCH_CANDIDATES),
                     help="--part search: ';'-separated candidates (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=7, help="--part speed: interleaved rounds")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=DIR",
+                    help="--part speed: also a model folder `autoao search` saved (DIR/model), as row NAME")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +73,7 @@ def main() -> None:
     work = models.workload("minilm-l6", tok)
     task = work["accuracy"]
     if args.part == "speed":
-        return speed(model, work, args.rounds, out, t0)
+        return speed(model, work, args.rounds, out, t0, args.plan)
     rows = []
     t = time.perf_counter()
     base = task(model)
@@ -113,8 +116,9 @@ def main() -> None:
     print(f"wrote {path} in {result['wall_s']:.0f} s")
 
 
-def speed(model: torch.nn.Module, work: dict, rounds: int, out: Path, t0: float) -> None:
-    """fp32, quantize_dynamic and the FAST uniform plans: accuracy, then interleaved rounds."""
+def speed(model: torch.nn.Module, work: dict, rounds: int, out: Path, t0: float, plans: list[str] = ()) -> None:
+    """fp32, quantize_dynamic, the FAST uniform plans and the saved `plans` (NAME=DIR): accuracy,
+    then interleaved rounds."""
     import statistics
     import warnings
 
@@ -128,6 +132,9 @@ def speed(model: torch.nn.Module, work: dict, rounds: int, out: Path, t0: float)
                         copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)}
     for name in FAST:
         variants[f"autoao uniform {name}"] = autoao.apply(copy.deepcopy(model), autoao.Plan.uniform(model, name))
+    for spec in plans:
+        name, _, folder = spec.partition("=")
+        variants[name] = autoao.load(copy.deepcopy(model), Path(folder))
     base = task(model)
     rows = {}
     for name, m in variants.items():
