@@ -230,7 +230,7 @@ def optimize(
     runfiles.write(out_dir / "summary.json", summary)
     save(model, out_dir / "model")
     acc = summary.accuracy
-    ledger.say(f"plan: {plan.summary() or 'all bf16'}; predicted {summary.speedup.predicted:.2f}x, measured "
+    ledger.say(f"plan: {plan.summary() or 'unchanged'}; predicted {summary.speedup.predicted:.2f}x, measured "
                f"{summary.speedup.measured:.2f}x; accuracy drop {acc.drop if acc else 0:+.4f} "
                f"(tier {acc.tier if acc else '-'}); written to {out_dir}/")
     from autoao.reports import render  # lazy: jinja2 and matplotlib load only here

@@ -372,8 +372,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise
     stop_workers(started)
     s = result.summary
-    print(f"plan: {result.plan.summary() or 'all bf16'}")
-    print(f"latency: bf16 {s.baseline_ms.measured:.2f} ms -> {s.plan_ms.measured:.2f} ms measured "
+    print(f"plan: {result.plan.summary() or 'unchanged'}")
+    print(f"latency: {s.baseline_ms.measured:.2f} ms as the model came -> {s.plan_ms.measured:.2f} ms measured "
           f"({s.speedup.measured:.2f}x; predicted {s.speedup.predicted:.2f}x) on {s.device}")
     if s.accuracy:
         print(f"accuracy drop: {s.accuracy.drop:+.4f} (tier {s.accuracy.tier}: {s.accuracy.source}; budget {drop})")

@@ -67,12 +67,12 @@ def write_csvs(tables: dict[str, pd.DataFrame], html_path: Path) -> list[Path]:
 
 
 def plan_text(data: ReportData, params: dict[str, str]) -> str:
-    """"int8_dyn x4, int4_wo(group_size=64) x2" (layers per candidate, bf16 left out; "all bf16")."""
+    """"int8_dyn x4, int4_wo(group_size=64) x2" (layers per candidate, the baseline left out; "unchanged")."""
     counts: dict[str, int] = {}
     for cand in plan_of(data.groups, params).values():
         if cand != BASELINE:
             counts[cand] = counts.get(cand, 0) + 1
-    return ", ".join(f"{c} x{n}" for c, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "all bf16"
+    return ", ".join(f"{c} x{n}" for c, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "unchanged"
 
 
 def summary_items(data: ReportData) -> list[tuple[str, str]]:
@@ -103,7 +103,7 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
     final = s.accuracy if s else None
     drop, tier = ((final.drop, final.tier) if final else (chosen.drop, chosen.tier) if chosen and not s else
                   (None, None))
-    items += [("accuracy drop", _num(drop) if drop is not None else "0 (all bf16)"),
+    items += [("accuracy drop", _num(drop) if drop is not None else "0 (unchanged)"),
               ("accuracy drop tier", str(tier) if tier is not None else ""),
               ("max accuracy drop", _num(data.max_drop)),
               ("budget", ctx.budget), ("seed", str(ctx.seed)),
