@@ -124,10 +124,12 @@ class RetrievalTask:
 
     def scores(self, emb: torch.Tensor) -> dict[str, float]:
         """pairing and retrieval accuracy, and their mean, from [S, D] unit embeddings of `sentences`."""
+        return self._scores(self._top(emb), self._margins(emb))
+
+    def _scores(self, top: list[int], margins: list[float]) -> dict[str, float]:
         n = len(self.items)
-        pairing = sum(bool(emb[q] @ emb[p] > max(emb[q] @ emb[m] for m in ns))
-                      for q, p, ns in zip(self.queries, self.positives, self.negatives)) / n
-        retrieval = sum(t == p for t, p in zip(self._top(emb), self.positives)) / n
+        pairing = sum(m > 0 for m in margins) / n
+        retrieval = sum(t == p for t, p in zip(top, self.positives)) / n
         return {"accuracy": (pairing + retrieval) / 2, "pairing": pairing, "retrieval": retrieval}
 
     def __call__(self, model: nn.Module) -> float:
@@ -138,7 +140,7 @@ class RetrievalTask:
         assert self.reference_top is not None
         ref = self.reference_margins
         self.last_metrics = {
-            **self.scores(emb),
+            **self._scores(top, margins),
             "cosine_to_reference": float((emb * self.reference).sum(-1).mean()),
             "top1_agreement": sum(a == b for a, b in zip(top, self.reference_top)) / len(self.items),
             # the pairing decisions the reference made, made again; how far each item's margin moved

@@ -29,12 +29,8 @@ class Bf16(Candidate):
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         return None
 
-    @property
-    def fusable(self) -> bool:
-        return False  # the baseline keeps the model's own layers (a bf16 model's are not replaced)
-
     def build(self, linear: nn.Linear, stats: LayerStats | None = None, fqn: str = "") -> nn.Module:
-        return linear  # the baseline: no copy, no change
+        return linear  # the baseline: no copy, no change (and no module class: never fused)
 
     def empty(self, layer: LayerSpec, device: torch.device | str) -> nn.Module:
         return nn.Linear(layer.in_features, layer.out_features, layer.bias, device=device, dtype=layer.dtype)
