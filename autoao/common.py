@@ -6,7 +6,7 @@
     offline_env()            Hugging Face libraries read only local files inside this block
     atomic_write(path, fn)   readers see the old file or the new one, never a partial one
     process_age()            seconds since this process started
-    model_device(model), triton_version()
+    model_device(model), triton_version(), is_conv1d(module)
 """
 
 from __future__ import annotations
@@ -49,6 +49,14 @@ def process_age() -> float:
         return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers.pytorch_utils.Conv1D (GPT-2 family: y = x @ W + b, W stored [in, out]), without
+    importing transformers."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, torch.Tensor) \
+        and weight.dim() == 2
 
 
 def model_device(model: nn.Module) -> torch.device:

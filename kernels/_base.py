@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from autoao.calibration import LayerStats
+from autoao.common import is_conv1d  # noqa: F401  (re-exported)
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -43,14 +44,6 @@ Route = tuple[tuple[str, "int | None"], ...]
 GEMV_MAX_ROWS = 8
 
 _CANONICAL_ON_DEVICE = contextvars.ContextVar("autoao_canonical_on_device", default=False)
-
-
-def is_conv1d(module: nn.Module) -> bool:
-    """transformers.pytorch_utils.Conv1D (GPT-2 family: y = x @ W + b, W stored [in, out]), without
-    importing transformers."""
-    weight = getattr(module, "weight", None)
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, torch.Tensor) \
-        and weight.dim() == 2
 
 
 def as_linear(module: nn.Module) -> nn.Linear:

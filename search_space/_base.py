@@ -22,32 +22,12 @@ import torch
 from torch import nn
 
 from autoao.calibration import LayerStats
+from autoao.types import LayerSpec  # noqa: F401  (re-exported)
 from autoao.kernels import QuantizedLinear, as_linear, cpu_isa, is_conv1d
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEVICE_TYPES = ("cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """What a candidate needs to know about a linear layer (no weights)."""
-
-    fqn: str  # fully qualified module name, e.g. "model.layers.0.mlp.up_proj"
-    in_features: int  # K
-    out_features: int  # N
-    bias: bool
-    dtype: torch.dtype  # the layer's weight dtype (= its activation dtype)
-
-    @classmethod
-    def from_linear(cls, fqn: str, linear: nn.Module) -> LayerSpec:
-        """An nn.Linear's spec; or a GPT-2 Conv1D's (weight [K, N])."""
-        k, n = linear.weight.shape if is_conv1d(linear) else (linear.in_features, linear.out_features)
-        return cls(fqn, k, n, linear.bias is not None, linear.weight.dtype)
-
-    @property
-    def shape(self) -> str:
-        return f"{self.out_features}x{self.in_features}"
 
 
 def cuda_capability(device: torch.device) -> tuple[int, int]:

@@ -17,18 +17,27 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"autoao": "autoao", "search_space": "autoao.search_space", "kernels": "autoao.kernels",
            "evaluators": "autoao.evaluators", "reports": "autoao.reports"}
 
-# Lowest first. A module may import from its own layer and the ones before it, never after.
+# DESIGN.md's order, lowest first: leaves, then the data flow profile -> candidates -> measure ->
+# search -> plan -> apply -> report, its stages in the order optimize calls them. A module may
+# import from its own layer and the ones before it, never after.
 LAYERS = [
-    ["autoao.common", "autoao.clock", "autoao.calibration", "autoao.runfiles"],  # leaves: nothing from autoao
+    ["autoao.common", "autoao.clock", "autoao.calibration", "autoao.types", "autoao.decisions",
+     "autoao.records", "autoao.runfiles"],  # leaves: the values every stage passes on, and the run files
     ["autoao.kernels"],
     ["autoao.search_space"],
     ["autoao.profile", "autoao.plan"],
     ["autoao.evaluators"],
-    ["autoao.cost"],
+    ["autoao.cost", "autoao.budget"],
     ["autoao.search"],
-    ["autoao.ledger", "autoao.stages", "autoao.workers"],
+    ["autoao.workload", "autoao.ledger", "autoao.stages"],
+    ["autoao.measure"],
+    ["autoao.bench"],
+    ["autoao.anchors", "autoao.choose"],
+    ["autoao.finalize"],
+    ["autoao.workers"],
     ["autoao.reports"],
-    ["autoao.api", "autoao.models"],
+    ["autoao.export"],
+    ["autoao.options", "autoao.api", "autoao.models"],
     ["autoao.cli", "autoao"],  # the package's __init__ re-exports the API
 ]
 LAZY_REASON = re.compile(r"#.*\b(light|lazy|lazily|heavy|optional)\b", re.I)
