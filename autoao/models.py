@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 import torch
 
-import autoao.evaluators
+from autoao.evaluators.heldout import bundled_text
 from autoao.evaluators.retrieval import RetrievalTask, bundled_sentences, encode
 from autoao.common import OFFLINE_ENV, cache_dir, offline_env  # noqa: F401  (re-exported)
 
@@ -295,19 +295,7 @@ def _check_packages(spec: BuiltinModel, *, convert: bool, needed: list[str] | No
 
 
 def text_inputs(tokenizer: Any, *, seq_len: int = 256, n_seqs: int = 1, held_out: bool = False) -> list[torch.Tensor]:
-    """Token-id batches [1, seq_len] cut from autoao's bundled original prose (autoao_text).
-
-    Calibration inputs (held_out=False) come from the first half of the documents, held-out inputs
-    (for the tier-1 proxy) from the second half, so the proxy never scores the text the profiler
-    calibrated Wanda's activation norms on.
-    """
-    import json
-
-    path = Path(autoao.evaluators.__file__).parent / "tasks" / "autoao_text.jsonl"
-    docs = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
-    half = len(docs) // 2
-    text = "\n\n".join(docs[half:] if held_out else docs[:half])
-    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
-    if ids.numel() < seq_len * n_seqs:
-        raise ValueError(f"the bundled text has {ids.numel()} tokens; asked for {n_seqs} x {seq_len}")
-    return [ids[i * seq_len:(i + 1) * seq_len][None, :] for i in range(n_seqs)]
+    """Token-id batches [1, seq_len] cut from autoao's bundled original prose (autoao_text): calibration
+    inputs (held_out=False) from the first half of the documents, held-out inputs from the second
+    (autoao.evaluators.heldout.bundled_text, which says how many tokens the text has when too few)."""
+    return bundled_text(tokenizer, seq_len=seq_len, n_seqs=n_seqs, held_out=held_out)

@@ -1,0 +1,182 @@
+"""Greedy-generation agreement of a causal LM with its unmodified self, as users run it.
+
+    judge = GenerationJudge(reference, prompts, new_tokens=16)  # prompts: [P, L] int64 token ids
+    evidence = judge.evidence(plan_model)   # autoao.types.Evidence: judge "generation", tier 1
+    autoao.types.judge(evidence, 0.01)      # holds / breaks / unresolved
+    judge.free_run(plan_model)              # matched prefix length per prompt, for display
+
+The decode path (`decode`) is the one `generate()` runs: the prompt in one forward, then one token
+per forward. For a transformers model that can generate, every step after the prompt feeds one
+token against the KV cache (the M=1 matmuls a quantized decode kernel serves); for any other module
+mapping input_ids [B, T] -> logits [B, T, V] (a tensor, or an object with .logits) the whole prefix
+is recomputed each step, which gives the same tokens without a cache.
+
+What a plan is scored on: the reference's greedy continuation of every prompt is computed once.
+The plan is then teacher-forced along it through the decode path, and at each step it agrees (1)
+when its argmax is the reference's next token. Teacher forcing keeps one early divergence from
+deciding every later step, so each step is evidence about the plan, not about its own earlier
+mistakes. The baseline is the model's own noise: the reference run in float32 (its bf16 / fp16
+weights upcast, then put back bit-exact) teacher-forced along the same continuation. A plan that
+agrees with bf16 as often as float32 does has dropped nothing. An fp32 reference has no noise: its
+baseline agreement is 1.
+
+This module knows nothing of plans, budgets or the search: it turns a model into Evidence.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from autoao.common import call_model, model_device
+from autoao.evaluators.sensitivity import _logits, upcast
+from autoao.types import Evidence, Stratum
+
+# choose(logits [B, V] of the current step, step index) -> the [B] token ids fed next
+Choose = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+##### the decode path ###########################################################################
+
+def uses_kv_cache(model: nn.Module) -> bool:
+    """True for a transformers model that can generate(): `decode` then feeds one token a step
+    against its KV cache. Checked by type, without importing transformers (a PreTrainedModel
+    cannot exist unless transformers was imported)."""
+    transformers = sys.modules.get("transformers")
+    return (transformers is not None and isinstance(model, transformers.PreTrainedModel)
+            and bool(model.can_generate()))
+
+
+def _cache_names(model: nn.Module) -> tuple[str, str]:
+    """(forward keyword, output attribute) of the KV cache: transformers 5.x renamed
+    `past_key_values` to `cache`; both are accepted, the newer first."""
+    params = inspect.signature(model.forward).parameters
+    return ("cache", "cache") if "cache" in params else ("past_key_values", "past_key_values")
+
+
+def decode(model: nn.Module, prompts: torch.Tensor, steps: int, choose: Choose) -> torch.Tensor:
+    """Run `model` along `prompts` [B, L] for `steps` steps: at step i, choose(logits [B, V], i)
+    picks the [B] tokens fed next (greedy: the argmax; teacher-forced: given tokens). Returns the
+    chosen tokens [B, steps] on the model's device. No grad; eval mode, training flag restored.
+    The last chosen tokens are never fed (their logits are not needed): `steps` forwards in all."""
+    ids = prompts.to(model_device(model))
+    was = model.training
+    model.eval()
+    chosen: list[torch.Tensor] = []
+    try:
+        with torch.no_grad():
+            step = _cached_steps(model, ids) if uses_kv_cache(model) else _recomputed_steps(model, ids)
+            logits = next(step)  # [B, V] after the prompt
+            for i in range(steps):
+                chosen.append(choose(logits, i).to(ids.device))
+                if i + 1 < steps:
+                    logits = step.send(chosen[-1])
+    finally:
+        model.train(was)
+    return torch.stack(chosen, 1) if chosen else ids.new_zeros(ids.shape[0], 0)
+
+
+def _cached_steps(model: nn.Module, ids: torch.Tensor) -> Any:
+    """Generator: yields the last position's logits [B, V]; is sent the next [B] tokens. The
+    prompt runs once, then one token a step with the KV cache, as generate() runs it."""
+    kwarg, attr = _cache_names(model)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    out = model(input_ids=ids, use_cache=True, **keep)
+    while True:
+        token = yield _logits(out)[:, -1]  # [B, V]
+        out = model(input_ids=token[:, None], use_cache=True, **{kwarg: getattr(out, attr)}, **keep)
+
+
+def _recomputed_steps(model: nn.Module, ids: torch.Tensor) -> Any:
+    """Generator as _cached_steps, for a module without a cache: the whole prefix each step."""
+    while True:
+        token = yield _logits(call_model(model, ids))[:, -1]  # [B, V]
+        ids = torch.cat([ids, token[:, None]], 1)  # [B, T + 1]
+
+
+def greedy(model: nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The model's greedy continuation [B, new_tokens] of `prompts` [B, L] through the decode path."""
+    return decode(model, prompts, new_tokens, lambda logits, i: logits.argmax(-1))
+
+
+def forced_argmax(model: nn.Module, prompts: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Teacher-force `model` along `tokens` [B, N] after `prompts` [B, L] through the decode path:
+    (its argmax at each step [B, N], on the CPU; whether every logit it produced was finite)."""
+    tokens = tokens.to(model_device(model))
+    argmax: list[torch.Tensor] = []
+    finite = True
+
+    def feed(logits: torch.Tensor, i: int) -> torch.Tensor:
+        nonlocal finite
+        argmax.append(logits.argmax(-1).cpu())  # [B]
+        finite = finite and bool(torch.isfinite(logits).all())
+        return tokens[:, i]
+
+    decode(model, prompts, tokens.shape[1], feed)
+    return torch.stack(argmax, 1), finite
+
+
+##### the judge #################################################################################
+
+class GenerationJudge:
+    """Tier 1 for causal LMs: greedy-continuation agreement with the unmodified model, on the
+    decode path users run, against the model's own float32-vs-bf16 noise (see the module
+    docstring). Built once from the reference; `evidence(model)` scores any model of the same
+    vocabulary on the same prompts."""
+
+    def __init__(self, reference: nn.Module, prompts: torch.Tensor, new_tokens: int) -> None:
+        """reference: the unmodified model (upcast and put back bit-exact for the noise; otherwise
+        unchanged). prompts: [P, L] integer token ids, P >= 1 prompts of one length L >= 1.
+        new_tokens: greedy steps per prompt, >= 1. ValueError naming the bad argument."""
+        if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.dtype.is_floating_point \
+                or prompts.dtype == torch.bool or prompts.numel() == 0:
+            got = (f"a {prompts.dtype} tensor of shape {tuple(prompts.shape)}" if isinstance(prompts, torch.Tensor)
+                   else type(prompts).__name__)
+            raise ValueError(f"prompts must be a [P, L] integer tensor of token ids with P, L >= 1; got {got}")
+        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+            raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
+        self.prompts = prompts.long().cpu()  # [P, L]
+        self.new_tokens = new_tokens
+        self.tokens = greedy(reference, self.prompts, new_tokens).cpu()  # [P, N] the reference's continuation
+        with upcast(reference) as changed:
+            if changed:
+                argmax, finite = forced_argmax(reference, self.prompts, self.tokens)
+                self.noise = (argmax == self.tokens) & finite  # [P, N] float32 agrees with bf16
+            else:
+                self.noise = torch.ones_like(self.tokens, dtype=torch.bool)
+        self.noise_floor = self.noise.float().mean().item()
+
+    def agreement(self, model: nn.Module) -> torch.Tensor:
+        """[P, N] bool: at each step of the reference's continuation, teacher-forced, whether
+        `model`'s argmax is the reference's next token; all False where any of its logits were not
+        finite (such a plan is useless, whatever its argmax)."""
+        argmax, finite = forced_argmax(model, self.prompts, self.tokens)
+        return (argmax == self.tokens) & finite
+
+    def evidence(self, model: nn.Module) -> Evidence:
+        """Paired per-prompt evidence: one unit per prompt, its diff the sum over its new_tokens
+        steps of (noise agreement - plan agreement), `changed` the steps where the two differ."""
+        plan = self.agreement(model).float()  # [P, N]
+        noise = self.noise.float()
+        diffs = (noise - plan).sum(1)  # [P]
+        stratum = Stratum(tuple(diffs.tolist()), (self.new_tokens,) * len(diffs),
+                          changed=int((noise != plan).sum()))
+        return Evidence("generation", 1, "greedy-continuation agreement", "generated tokens", (stratum,),
+                        baseline=self.noise_floor, score=plan.mean().item(), discrete=True)
+
+    def free_run(self, model: nn.Module) -> list[int]:
+        """Per prompt, how many leading tokens of `model`'s own greedy continuation (its tokens fed
+        back, not the reference's) equal the reference's: 'matched 1 of 16 tokens'."""
+        own = greedy(model, self.prompts, self.new_tokens).cpu()  # [P, N]
+        same = (own == self.tokens).long()
+        return same.cumprod(1).sum(1).tolist()
+
+    def describe(self) -> str:
+        """What the evidence measures, in words."""
+        p, n = self.tokens.shape
+        return (f"greedy-continuation agreement with the unmodified model on {p} prompts x {n} new tokens "
+                f"(teacher-forced, decode path); noise floor {self.noise_floor:.4f} (float32 vs its own dtype)")
