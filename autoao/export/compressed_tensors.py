@@ -1,0 +1,305 @@
+"""compressed-tensors checkpoints: what vLLM, SGLang and transformers load, with autoao's own codes.
+
+One config group per scheme, its `targets` the exact layer names, its `format` the scheme's own;
+with several formats the top-level format is "mixed-precision". Layers a plan leaves as they came
+are listed in `ignore` and stored in the model's dtype. Each scheme holds autoao's canonical
+tensors unchanged (never re-quantized from float weights: compressed-tensors' own quantizer would
+flip codes at rounding ties and pick other scales):
+
+    candidate                     scheme                 format            tensors per layer
+    int8_wo (rtn, gptq)           W8A16, per channel     pack-quantized    weight_packed int32 [N, K/4], weight_scale [N, 1], weight_shape
+    int8_dyn (per token; rtn)     W8A8 int8, dynamic     int-quantized     weight int8 [N, K], weight_scale [N, 1]
+    fp8_dyn (row / tensor)        FP8 dynamic            float-quantized   weight e4m3 [N, K], weight_scale [N, 1] / [1]
+    fp8_wo                        FP8 weight-only        float-quantized   weight e4m3 [N, K], weight_scale [N, 1]
+
+(scales float32, exactly autoao's). What the format cannot hold is refused, layer by layer, with
+the reason (`scheme_of` returns it): int4_wo's zero points are floats (w = (q - 8) * scale + zero,
+tinygemm's convention) where compressed-tensors stores integers; SmoothQuant's and AWQ's input
+scales [K] have no tensor there; int8_dyn(act=tensor) quantizes activations asymmetrically with
+one scale per call; 2:4 sparsity is loaded by no engine any more; bf16_compute / fp32_compute
+change a layer's compute dtype, which a checkpoint of one dtype cannot say; GGUF types belong in
+a GGUF file.
+
+After writing, `reload_check` loads the directory in a fresh Python process with transformers and
+compares every linear layer's scheme with the plan, so a layer that would silently run another
+scheme (or none) is caught before anyone serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoao.kernels import QuantizedLinear
+from autoao.search_space import Candidate
+
+FORMAT = "compressed-tensors"
+WEIGHTS_FILE = "model.safetensors"
+
+_INT4_FLOAT_ZEROS = ("int4_wo stores float zero points (w = (q - 8) * scale + zero, tinygemm's convention); "
+                     "compressed-tensors stores integer zero points, so its codes cannot be written exactly")
+_SPARSE = ("2:4 sparsity: no serving engine loads sparse compressed-tensors checkpoints (vLLM removed 2:4 "
+           "support, compressed-tensors and transformers dropped sparse compression); it runs only in "
+           "autoao's own runtime (autoao.save / autoao.load)")
+
+
+@dataclass(frozen=True)
+class CtScheme:
+    """What one layer is in a compressed-tensors checkpoint: its format and quantization args (as
+    compressed_tensors.QuantizationArgs fields), plus the engines' usual name for it."""
+
+    label: str  # e.g. "W8A16", "W8A8-INT8 dynamic", "FP8 dynamic"
+    format: str  # "pack-quantized" | "int-quantized" | "float-quantized"
+    weights: tuple[tuple[str, Any], ...]
+    input_activations: tuple[tuple[str, Any], ...] | None = None
+
+    def args(self) -> dict[str, Any]:
+        """{"weights": {...}, "input_activations": {...} or None}: the QuantizationScheme fields."""
+        return {"weights": dict(self.weights),
+                "input_activations": None if self.input_activations is None else dict(self.input_activations)}
+
+    @property
+    def weight_only(self) -> bool:
+        return self.input_activations is None
+
+
+def _args(num_bits: int, type_: str, strategy: str, dynamic: bool = False) -> tuple[tuple[str, Any], ...]:
+    return (("num_bits", num_bits), ("type", type_), ("symmetric", True), ("strategy", strategy),
+            ("dynamic", dynamic))
+
+
+W8A16 = CtScheme("W8A16 (int8 weight-only, per channel)", "pack-quantized", _args(8, "int", "channel"))
+W8A8_INT8 = CtScheme("W8A8-INT8 (dynamic per-token activations)", "int-quantized", _args(8, "int", "channel"),
+                     _args(8, "int", "token", dynamic=True))
+FP8_DYNAMIC = CtScheme("FP8 dynamic (per-channel weights, per-token activations)", "float-quantized",
+                       _args(8, "float", "channel"), _args(8, "float", "token", dynamic=True))
+FP8_DYNAMIC_TENSOR = CtScheme("FP8 dynamic (per-tensor weights and activations)", "float-quantized",
+                              _args(8, "float", "tensor"), _args(8, "float", "tensor", dynamic=True))
+FP8_W8A16 = CtScheme("FP8 weight-only (per channel)", "float-quantized", _args(8, "float", "channel"))
+
+
+def scheme_of(candidate: Candidate | None) -> CtScheme | str | None:
+    """The compressed-tensors scheme that holds `candidate`'s numbers exactly; None for a layer left
+    as it came (bf16: `ignore`); a str saying why the format cannot hold it."""
+    if candidate is None or candidate.family == "bf16":
+        return None
+    family, algorithm = candidate.family, candidate.algorithm
+    params = candidate.params()
+    if family == "int8_wo":
+        return W8A16  # rtn and gptq: per-channel scales, no input scale
+    if family == "int8_dyn":
+        if params.get("act", "token") != "token":
+            return ("int8_dyn(act=tensor) quantizes activations asymmetrically (uint8) with one scale per call; "
+                    "compressed-tensors engines quantize int8 activations symmetrically per token")
+        if algorithm == "smoothquant":
+            return ("SmoothQuant divides the layer's input by a per-channel scale [K] that compressed-tensors "
+                    "has no tensor for")
+        return W8A8_INT8
+    if family == "fp8_dyn":
+        return FP8_DYNAMIC if params.get("granularity", "row") == "row" else FP8_DYNAMIC_TENSOR
+    if family == "fp8_wo":
+        return FP8_W8A16
+    if family == "int4_wo":
+        return _INT4_FLOAT_ZEROS
+    if family.startswith("sparse24"):
+        return _SPARSE
+    if family in ("bf16_compute", "fp32_compute"):
+        return (f"{family} changes one layer's compute dtype; a checkpoint stores unquantized layers in the "
+                "model's one dtype, so an engine would not compute it as planned")
+    if family == "gguf":
+        return "a GGUF block type: export it with --format gguf (llama.cpp)"
+    return f"no compressed-tensors scheme holds {candidate.name}"
+
+
+##### tensors ###################################################################################
+
+def layer_tensors(fqn: str, module: QuantizedLinear, scheme: CtScheme) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of one applied layer, from its canonical tensors (bit-exact)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    c = module.canonical()
+    q, scale = c["qweight"].cpu(), c["scale"].cpu().float()
+    out: dict[str, torch.Tensor] = {}
+    if scheme.format == "pack-quantized":  # [N, K] int8 -> 4 codes (offset by 128) per int32
+        out[f"{fqn}.weight_packed"] = pack_to_int32(q, 8)
+        out[f"{fqn}.weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+    else:
+        out[f"{fqn}.weight"] = q
+    out[f"{fqn}.weight_scale"] = scale.reshape(1) if scale.dim() == 0 else scale.reshape(-1, 1)
+    if module.bias is not None:
+        out[f"{fqn}.bias"] = module.bias.detach().cpu()
+    return out
+
+
+def checkpoint_tensors(model: nn.Module, schemes: dict[str, CtScheme]) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint: the quantized layers' (layer_tensors) and the rest of the
+    state dict as it is (embeddings, norms, unplanned layers). A tensor stored under two names (tied
+    embeddings) is kept under its first name only; transformers re-ties it from the config."""
+    out: dict[str, torch.Tensor] = {}
+    quantized = {f"{fqn}." for fqn in schemes}
+    seen: set[tuple] = set()
+    for name, t in model.state_dict().items():
+        if any(name.startswith(p) for p in quantized):
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().cpu().contiguous()
+    modules = dict(model.named_modules())
+    for fqn, scheme in schemes.items():
+        out.update(layer_tensors(fqn, modules[fqn], scheme))  # type: ignore[arg-type]
+    return out
+
+
+##### config ####################################################################################
+
+def quantization_config(schemes: dict[str, CtScheme], ignore: list[str]) -> dict[str, Any]:
+    """config.json's `quantization_config`: one group per scheme (targets: exact layer names, in
+    model order), `ignore` the layers left as they came; no sparsity_config."""
+    from compressed_tensors import __version__ as ct_version
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+
+    by_scheme: dict[CtScheme, list[str]] = {}
+    for fqn, scheme in schemes.items():
+        by_scheme.setdefault(scheme, []).append(fqn)
+    groups = {}
+    for i, (scheme, targets) in enumerate(by_scheme.items()):
+        args = scheme.args()
+        groups[f"group_{i}"] = QuantizationScheme(
+            targets=targets, weights=QuantizationArgs(**args["weights"]),
+            input_activations=None if args["input_activations"] is None else QuantizationArgs(**args["input_activations"]),
+            format=scheme.format)
+    formats = sorted({s.format for s in by_scheme})
+    config = QuantizationConfig(config_groups=groups, format=formats[0] if len(formats) == 1 else "mixed-precision",
+                                quantization_status="compressed", ignore=ignore)
+    return {"version": ct_version, **config.model_dump(), "quant_method": "compressed-tensors"}
+
+
+def write_config(model: nn.Module, directory: Path, qconfig: dict[str, Any]) -> None:
+    """config.json (the model's transformers config plus `quantization_config`) and
+    generation_config.json where the model has one."""
+    config = model.config.to_dict()  # type: ignore[union-attr]
+    config["quantization_config"] = qconfig
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(directory)
+
+
+##### the fresh-process reload check ##############################################################
+
+_RELOAD_SCRIPT = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=getattr(torch, sys.argv[2]))
+out = {}
+for name, m in model.named_modules():
+    if isinstance(m, torch.nn.Linear):
+        s = getattr(m, "quantization_scheme", None)
+        out[name] = None if s is None else {
+            "weights": None if s.weights is None else s.weights.model_dump(mode="json"),
+            "input_activations": None if s.input_activations is None else s.input_activations.model_dump(mode="json")}
+print("AUTOAO_RELOAD " + json.dumps(out))
+"""
+
+_COMPARED = ("num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder")
+
+
+def _same_args(loaded: dict[str, Any] | None, planned: dict[str, Any] | None) -> bool:
+    if loaded is None or planned is None:
+        return loaded is None and planned is None
+    return all(loaded.get(k) == planned.get(k) for k in _COMPARED if k in planned or loaded.get(k))
+
+
+def reload_check(directory: Path, schemes: dict[str, CtScheme | None], dtype: torch.dtype,
+                 timeout: float = 600) -> list[str]:
+    """Load `directory` with transformers in a fresh Python process and compare every linear
+    layer's scheme with `schemes` (fqn -> planned scheme, None: unquantized). Returns one line per
+    layer that loads as something else, or why the load failed; [] when all match."""
+    cmd = [sys.executable, "-c", _RELOAD_SCRIPT, str(directory), str(dtype).removeprefix("torch.")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    line = next((ln for ln in run.stdout.splitlines() if ln.startswith("AUTOAO_RELOAD ")), None)
+    if run.returncode != 0 or line is None:
+        tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
+        return [f"transformers could not load {directory} in a fresh process: {' | '.join(tail)}"]
+    loaded: dict[str, Any] = json.loads(line.removeprefix("AUTOAO_RELOAD "))
+    problems = []
+    for fqn, scheme in schemes.items():
+        if fqn not in loaded:
+            problems.append(f"  {fqn}: not a linear layer of the reloaded model")
+            continue
+        got, want = loaded[fqn], None if scheme is None else scheme.args()
+        if (got is None) != (want is None) or (want is not None and not (
+                _same_args(got["weights"], want["weights"])
+                and _same_args(got["input_activations"], want["input_activations"]))):
+            planned = "unquantized" if scheme is None else scheme.label
+            problems.append(f"  {fqn}: planned {planned}, reloaded as {json.dumps(got)}")
+    return problems
+
+
+##### what an engine will see: static checks on the written config ################################
+
+def config_problems(qconfig: dict[str, Any], specs: dict[str, Any], target: Any) -> list[str]:
+    """What `target` (an autoao.export.targets.Target) would refuse or silently mis-run in a
+    written `quantization_config`, read from the config itself (not the plan): a fused group whose
+    shards differ in scheme, a weight-only int layer outside Marlin's shapes and group sizes,
+    GPTQ act-order, a `sparsity_config`. One line per problem; [] for none."""
+    from autoao.export.targets import fused_groups, marlin_reason
+
+    problems = []
+    if qconfig.get("sparsity_config"):
+        problems.append("  quantization_config: has a sparsity_config, which no engine loads any more")
+    scheme_at: dict[str, str] = {}
+    for name, group in qconfig.get("config_groups", {}).items():
+        weights = group.get("weights") or {}
+        key = json.dumps({"format": group.get("format"), "weights": weights,
+                          "input_activations": group.get("input_activations")}, sort_keys=True)
+        for fqn in group.get("targets", []):
+            scheme_at[fqn] = key
+            if weights.get("actorder"):
+                problems.append(f"  {fqn}: {name} uses GPTQ act-order ({weights['actorder']}), which is refused")
+            spec = specs.get(fqn)
+            if target.marlin and group.get("format") == "pack-quantized" and spec is not None:
+                reason = marlin_reason(spec.in_features, spec.out_features, weights.get("group_size"))
+                if reason:
+                    problems.append(f"  {fqn} ({spec.shape}): {reason}")
+    if target.fuses:
+        for fused, shards in fused_groups(list(specs)):
+            if len({scheme_at.get(s, "unquantized") for s in shards}) > 1:
+                problems.append(f"  {fused}: {target.engine} fuses {', '.join(shards)} but their config groups "
+                                "differ (a mixed fused layer fails to load or loads with the wrong scheme)")
+    return problems
+
+
+##### writing ###################################################################################
+
+def write(model: nn.Module, directory: Path, specs: dict[str, Any], tokenizer: Any = None) -> dict[str, CtScheme | None]:
+    """Write the checkpoint of the applied `model` into `directory` (which exists): weights,
+    config.json with `quantization_config`, generation and tokenizer files where known. The
+    caller has checked the plan (targets.check_plan). Returns fqn -> scheme (None: ignored) for
+    every linear layer, for the reload check and SERVING.md."""
+    from safetensors.torch import save_file
+
+    from autoao.search_space import candidate_of
+
+    modules = dict(model.named_modules())
+    layer_schemes: dict[str, CtScheme | None] = {}
+    for fqn in specs:
+        scheme = scheme_of(candidate_of(modules[fqn]))
+        assert not isinstance(scheme, str), f"{fqn}: the plan was not checked before writing ({scheme})"
+        layer_schemes[fqn] = scheme
+    schemes = {f: s for f, s in layer_schemes.items() if s is not None}
+    qconfig = quantization_config(schemes, [f for f, s in layer_schemes.items() if s is None])
+    save_file(checkpoint_tensors(model, schemes), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_config(model, directory, qconfig)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    return layer_schemes
