@@ -14,20 +14,21 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import autoao.models
-from autoao import search_space
-from autoao.api import optimize
+from autoao import search_space, workers
+from autoao.api import _run
 from autoao.common import BASELINE, atomic_write, process_age
 from autoao.evaluators.cache import TimingCache, cache_dir
 from autoao.evaluators.timing import measure_latencies
 from autoao.kernels import describe_route, parse_route
+from autoao.options import Options, RunHooks, check_storage
 from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
-from autoao.search import Budget
-from autoao.stages import check_out_dir, check_storage
-from autoao import workers
+from autoao.types import Budget
 
 
 class CLIError(Exception):
@@ -234,79 +235,11 @@ def parse_drop(text: str) -> float:
 
 
 def load_model(spec: str, device):
-    """A built-in name, or `module:factory` (a path to a .py file or an importable module). The
-    factory returns a model, (model, tokenizer), or a dict with model / tokenizer / example_inputs /
-    eval_inputs. Returns that dict, the model and any inputs moved to `device`."""
-    import importlib
-    import importlib.util
-    from pathlib import Path
-
-
-    if ":" not in spec:
-        if spec not in autoao.models.available():
-            raise CLIError(f"unknown --model {spec!r}: give a built-in name ({', '.join(autoao.models.available())}) "
-                           "or module:factory (e.g. mymodels.py:build)")
-        try:
-            model, tok = autoao.models.load(spec, device=device)
-        except (ImportError, ValueError) as e:
-            raise CLIError(str(e)) from None
-        out = {"model": model, "tokenizer": tok, "name": spec}
-        if autoao.models.MODELS[spec].kind == "encoder":  # its inputs and task come with it
-            out.update(autoao.models.workload(spec, tok, device=device))
-        return out
-    mod_name, _, factory = spec.rpartition(":")
+    """autoao.models.load_spec, its ValueError as a one-line CLI error."""
     try:
-        if mod_name.endswith(".py") or "/" in mod_name:
-            path = Path(mod_name)
-            if not path.is_file():
-                raise CLIError(f"--model {spec!r}: file {path} does not exist")
-            loader = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)
-        else:
-            module = importlib.import_module(mod_name)
-    except CLIError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's model file
-        raise CLIError(f"--model {spec!r}: cannot import {mod_name} ({type(e).__name__}: {e})") from None
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        raise CLIError(f"--model {spec!r}: {mod_name} has no callable {factory!r}")
-    try:
-        made = fn()
-    except Exception as e:  # noqa: BLE001
-        raise CLIError(f"--model {spec!r}: {factory}() failed ({type(e).__name__}: {e})") from None
-    if isinstance(made, dict):
-        out = dict(made)
-    elif isinstance(made, tuple):
-        out = {"model": made[0], "tokenizer": made[1] if len(made) > 1 else None}
-    else:
-        out = {"model": made}
-    import torch
-
-    if not isinstance(out.get("model"), torch.nn.Module):
-        raise CLIError(f"--model {spec!r}: {factory}() must return an nn.Module, (model, tokenizer) or a dict "
-                       f"with 'model'; got {type(made).__name__}")
-    out["model"] = out["model"].to(device)
-    # the factory cannot know --device: its inputs follow the model there
-    for key in ("example_inputs", "eval_inputs"):
-        if out.get(key) is not None:
-            out[key] = _to_device(out[key], device)
-    out["name"] = spec
-    return out
-
-
-def _to_device(obj: Any, device) -> Any:
-    """Tensors inside obj (nested lists, tuples, dicts) moved to device; anything else as is."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(v, device) for v in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj
+        return autoao.models.load_spec(spec, device)
+    except (ImportError, ValueError) as e:
+        raise CLIError(str(e).replace("\n", " ")) from None
 
 
 def checked(flag: str, check: Any, value: Any) -> None:
@@ -318,52 +251,35 @@ def checked(flag: str, check: Any, value: Any) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     # every argument is checked before the model is loaded or anything is measured
-    try:
-        budget = Budget.parse(args.budget)
-    except ValueError as e:
-        raise CLIError(f"bad --budget: {e}") from None
-    drop = parse_drop(args.max_accuracy_drop)
-    candidates = parse_candidates(args.candidates)
-    device = parse_device(args.device)
-    out = Path(args.out)
-    if args.resume and not (out / "study.db").is_file() and not args.storage:
-        raise CLIError(f"--resume: no study to continue in {out}/ (study.db not found)")
-    tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
-    tasks = None if tasks in ("", "none", "proxy") else tasks
-    checked("--out", check_out_dir, out)
-    storage = workers.driver_url(args.storage) if args.storage else None
+    if args.resume and not (Path(args.out) / "study.db").is_file() and not args.storage:
+        raise CLIError(f"--resume: no study to continue in {args.out}/ (study.db not found)")
     if args.workers < 0:
         raise CLIError(f"bad --workers {args.workers}: expected 0 or more worker processes")
     if args.heartbeat < 1:
         raise CLIError(f"bad --heartbeat {args.heartbeat}: expected whole seconds >= 1")
-    if args.workers and not (storage and workers.is_server(storage)):
+    tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
+    tasks = None if tasks in ("", "none", "proxy") else tasks
+    candidates = parse_candidates(args.candidates)
+    opts = search_options(args, tasks, candidates)
+    if args.workers and not opts.shared:
         raise CLIError(f"--workers {args.workers} needs --storage on a database server (e.g. "
                        "postgresql://user@host/db): SQLite serves one process")
-    if storage:
-        checked("--storage", check_storage, storage)
-    if tasks:
-        from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
-
-        checked("--tasks", lmeval.check_tasks, split_list(tasks))
     # every argument checked: what is left out is said now
-    candidates, left_out = provenance_filter(args.model, candidates, args.candidates is None)
-    loaded = load_model(args.model, device)
-    model, tok = loaded["model"], loaded.get("tokenizer")
-    examples, held_out = workload_inputs(args, loaded, device)
+    candidates, left_out = provenance_filter(args.model, list(opts.candidates), args.candidates is None)
+    loaded = load_model(args.model, opts_device(args))
+    examples, held_out = workload_inputs(args, loaded, opts_device(args))
     # a built-in encoder (or a factory) brings its own metric; --tasks still overrides it
-    accuracy = loaded["accuracy"] if args.tasks is None and loaded.get("accuracy") is not None else tasks
+    accuracy = loaded["accuracy"] if args.tasks is None and loaded.get("accuracy") is not None else opts.accuracy
+    opts = replace(opts, candidates=tuple(candidates), accuracy=accuracy, tokenizer=loaded.get("tokenizer"),
+                   eval_inputs=held_out)
     started: list = []
+    hooks = RunHooks(command="autoao " + " ".join(args.argv), spent=process_age(), left_out=left_out,
+                     study_name=args.study, heartbeat=args.heartbeat,
+                     on_study=lambda name: started.extend(start_workers(args, opts.storage, name, opts_device(args),
+                                                                        opts.out_dir)))
     try:
-        result = optimize(model, examples, budget=budget, accuracy=accuracy, tokenizer=tok, max_accuracy_drop=drop,
-                          candidates=candidates, eval_inputs=held_out, storage=storage, out_dir=out,
-                          seed=args.seed, fuse_groups=not args.no_fuse, allow_emulated=args.allow_emulated,
-                          lm_eval_limit=args.lm_eval_limit, left_out=left_out, progress=not args.quiet,
-                          command="autoao " + " ".join(args.argv), spent=process_age(), study_name=args.study,
-                          heartbeat=args.heartbeat,
-                          on_study=lambda name: started.extend(start_workers(args, storage, name, device, out)))
+        result = _run(loaded["model"], examples, opts, hooks)
     except ValueError as e:
         stop_workers(started, grace=0.0)
         raise CLIError(str(e)) from None
@@ -371,17 +287,51 @@ def cmd_search(args: argparse.Namespace) -> int:
         stop_workers(started, grace=0.0)
         raise
     stop_workers(started)
+    print_result(result, opts)
+    return 0
+
+
+def search_options(args: argparse.Namespace, tasks: str | None, candidates: list) -> Options:
+    """The search's options from its flags, checked as optimize checks them (the tasks' tokenizer
+    comes with the model, loaded after)."""
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as e:
+        raise CLIError(f"bad --budget: {e}") from None
+    drop = parse_drop(args.max_accuracy_drop)
+    if tasks:
+        from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
+
+        checked("--tasks", lmeval.check_tasks, split_list(tasks))
+    try:
+        opts = Options.check(budget=budget, accuracy=None, tokenizer=None, max_accuracy_drop=drop,
+                             candidates=candidates, eval_inputs=None, storage=args.storage, out_dir=args.out,
+                             seed=args.seed, progress=not args.quiet, fuse_groups=not args.no_fuse,
+                             allow_emulated=args.allow_emulated)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    return replace(opts, accuracy=tuple(split_list(tasks))) if tasks else opts
+
+
+def opts_device(args: argparse.Namespace):
+    """--device, parsed once per command."""
+    if not hasattr(args, "_device"):
+        args._device = parse_device(args.device)
+    return args._device
+
+
+def print_result(result, opts: Options) -> None:
     s = result.summary
     print(f"plan: {result.plan.summary() or 'unchanged'}")
     print(f"latency: {s.baseline_ms.measured:.2f} ms as the model came -> {s.plan_ms.measured:.2f} ms measured "
-          f"({s.speedup.measured:.2f}x; predicted {s.speedup.predicted:.2f}x) on {s.device}")
-    if s.accuracy:
-        print(f"accuracy drop: {s.accuracy.drop:+.4f} (tier {s.accuracy.tier}: {s.accuracy.source}; budget {drop})")
+          f"({s.speedup.measured:.2f}x, at least {s.speedup_bound:.2f}x over {s.rounds} interleaved rounds; "
+          f"predicted {s.speedup.predicted:.2f}x) on {s.device}")
+    for v in s.verdicts:
+        print(f"accuracy: {v.describe()}")
     for note in s.notes:
         print(f"note: {note}")
-    print(f"wrote {out}/plan.json, pareto.json, summary.json, study.db, model/"
+    print(f"wrote {opts.out_dir}/plan.json, pareto.json, summary.json, study.db, model/"
           + (f", {result.report_path}" if result.report_path else ""))
-    return 0
 
 
 def workload_inputs(args: argparse.Namespace, loaded: dict, device) -> tuple[Any, Any]:
@@ -469,7 +419,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     examples, held_out = workload_inputs(args, loaded, device)
     try:
         outcome = workers.run_worker(loaded["model"], examples, held_out, shared, storage=storage,
-                                     study_name=args.study, budget=budget, progress=not args.quiet)
+                                     study_name=args.study, tokenizer=loaded.get("tokenizer"), budget=budget,
+                                     progress=not args.quiet)
     except ValueError as e:
         raise CLIError(f"--model {args.model}: {e}") from None
     done = sum(r.state == "COMPLETE" for r in outcome.trials if r.worker == workers.label("worker"))

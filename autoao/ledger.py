@@ -5,6 +5,7 @@
         ...
     ledger.say("searching ...")
     ledger.remaining()          # seconds of the budget left (None for a trial-count budget)
+    ledger.clock()              # the one clock deadlines are on (autoao.budget.TimePlan sets them)
     ledger.stage_seconds()      # wall seconds per stage, in the order the stages ran
 
 The budget covers the whole run, from the ledger's creation to the report written. The stages
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Iterator
 
-from autoao.search import Budget
+from autoao.types import Budget
 
 
 class RunLedger:
@@ -33,14 +34,18 @@ class RunLedger:
         self._open: str | None = None
         self._mark = self.start  # where the next stage starts
 
+    @staticmethod
+    def clock() -> float:
+        """The run's one clock (time.perf_counter): every deadline is on it."""
+        return time.perf_counter()
+
+    @staticmethod
+    def wall_time(seconds: float) -> float:
+        """time.time() `seconds` from now: a deadline other processes read (a shared study's)."""
+        return time.time() + seconds
+
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
-
-    def deadline(self, share: float, keep: float = 0.0) -> float | None:
-        """The time.perf_counter() by which `share` of what a time budget has left, less `keep`
-        seconds held back for later stages, is spent (None for a trial budget)."""
-        remaining = self.remaining()
-        return None if remaining is None else time.perf_counter() + share * max(remaining - keep, 0.0)
 
     def remaining(self) -> float | None:
         """Seconds of a time budget not yet spent (may be negative); None for a trial budget."""

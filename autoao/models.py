@@ -299,3 +299,70 @@ def text_inputs(tokenizer: Any, *, seq_len: int = 256, n_seqs: int = 1, held_out
     inputs (held_out=False) from the first half of the documents, held-out inputs from the second
     (autoao.evaluators.heldout.bundled_text, which says how many tokens the text has when too few)."""
     return bundled_text(tokenizer, seq_len=seq_len, n_seqs=n_seqs, held_out=held_out)
+
+
+##### a model named on the command line #######################################################
+
+def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """A built-in name, or `module:factory` (a path to a .py file or an importable module). The
+    factory returns a model, (model, tokenizer), or a dict with model / tokenizer / example_inputs /
+    eval_inputs / accuracy. Returns that dict, the model and any inputs moved to `device`;
+    ValueError (one line, naming the spec) for a name or factory that cannot be loaded."""
+    if ":" not in spec:
+        if spec not in available():
+            raise ValueError(f"unknown --model {spec!r}: give a built-in name ({', '.join(available())}) "
+                             "or module:factory (e.g. mymodels.py:build)")
+        model, tok = load(spec, device=device)
+        out = {"model": model, "tokenizer": tok, "name": spec}
+        if MODELS[spec].kind == "encoder":  # its inputs and task come with it
+            out.update(workload(spec, tok, device=device))
+        return out
+    mod_name, _, factory = spec.rpartition(":")
+    try:
+        if mod_name.endswith(".py") or "/" in mod_name:
+            path = Path(mod_name)
+            if not path.is_file():
+                raise ValueError(f"--model {spec!r}: file {path} does not exist")
+            loader = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod_name)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's model file
+        raise ValueError(f"--model {spec!r}: cannot import {mod_name} ({type(e).__name__}: {e})") from None
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        raise ValueError(f"--model {spec!r}: {mod_name} has no callable {factory!r}")
+    try:
+        made = fn()
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"--model {spec!r}: {factory}() failed ({type(e).__name__}: {e})") from None
+    if isinstance(made, dict):
+        out = dict(made)
+    elif isinstance(made, tuple):
+        out = {"model": made[0], "tokenizer": made[1] if len(made) > 1 else None}
+    else:
+        out = {"model": made}
+    if not isinstance(out.get("model"), torch.nn.Module):
+        raise ValueError(f"--model {spec!r}: {factory}() must return an nn.Module, (model, tokenizer) or a dict "
+                         f"with 'model'; got {type(made).__name__}")
+    out["model"] = out["model"].to(device)
+    # the factory cannot know --device: its inputs follow the model there
+    for key in ("example_inputs", "eval_inputs"):
+        if out.get(key) is not None:
+            out[key] = _to_device(out[key], device)
+    out["name"] = spec
+    return out
+
+
+def _to_device(obj: Any, device: torch.device | str) -> Any:
+    """Tensors inside obj (nested lists, tuples, dicts) moved to device; anything else as is."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj

@@ -1,32 +1,39 @@
-"""What a run writes and the report reads: typed, versioned records, and the sentences of decisions.
+"""What a run writes and the report reads: typed, versioned records. A leaf module (it imports only
+autoao.common, autoao.types and autoao.decisions), so the writer (the stages) and the reader
+(autoao.reports) share these classes and no one indexes raw JSON by string.
 
     context.json   RunContext: everything known before the first trial (so an interrupted run can
                    still be reported): model, device, versions, candidates, per-layer timings/SQNR
-    summary.json   RunSummary: only when the run finished: measured latencies, final accuracy,
-                   the plan, where the time went, and the Decisions that led to the plan
+    summary.json   RunSummary: only when the run finished: measured latencies, the shipped plan's
+                   verdicts, the plan, where the time went (planned and spent per stage), and the
+                   decisions that led to the plan
+    pareto.json    ParetoRow per plan of the front
+    the study      one TrialRecord per trial, written by the search's objective (`TrialRecord.attrs`)
+                   and read back by the search, the workers and the report (`TrialRecord.read`)
 
-Both carry `version` (RUN_FILES_VERSION). `load_context` / `load_summary` read a file written by
-this or an earlier autoao (unversioned files, autoao 0.1.0 before the records were typed, are
-upgraded in memory); a newer or unreadable file raises RunFileError naming the file and what to do.
-The writer (autoao's stages) and the reader (autoao.reports) share these classes, so no one indexes
-raw JSON by string. It imports only autoao.common: every layer may use it.
+Files carry `version` (RUN_FILES_VERSION). `load_context` / `load_summary` read a file written by
+this or an earlier autoao (upgraded in memory: decisions of version 1 become notes); a newer or
+unreadable file raises RunFileError naming the file and what to do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 from autoao.common import atomic_write
+from autoao.decisions import Decision, Note, decision_fields, decision_type
+from autoao.types import Accuracy, Verdict
 
-# 1: the first typed version. Bump it when a field changes meaning or is removed, and teach
-# _upgrade the step from the previous version.
-RUN_FILES_VERSION = 1
+# 1: the first typed version; 2: decisions as typed records, accuracy with verdicts, stages planned
+# and spent. Bump it when a field changes meaning or is removed, and teach _upgrade the step.
+RUN_FILES_VERSION = 2
 
 
 class RunFileError(ValueError):
@@ -41,17 +48,6 @@ class Latency:
 
     predicted: float | None = None
     measured: float | None = None
-
-
-@dataclass
-class AccuracyResult:
-    """An accuracy measurement of one plan: the tier that made it (1 proxy, 2 lm-eval / user metric)."""
-
-    tier: int
-    accuracy: float
-    drop: float  # baseline minus plan, in the accuracy's own units (positive = worse)
-    metrics: dict[str, float] = field(default_factory=dict)
-    source: str = ""
 
 
 ##### context.json ##############################################################################
@@ -84,6 +80,8 @@ class AccuracySpec:
     baseline_tier2: float | None = None  # the unchanged model's tier-2 accuracy (mean headline metric)
     baseline_tier2_metrics: dict[str, float] = field(default_factory=dict)  # "task/metric" -> value (lm-eval)
     proxy: str = ""  # what the proxy's accuracy and drop mean (the budget's unit on tier 1)
+    held_out: str = ""  # the inputs the label-free judges score (HeldOut.describe)
+    unit: str = ""  # the deciding metric, in words
 
 
 @dataclass
@@ -173,7 +171,7 @@ class RunContext:
     accuracy: AccuracySpec
     storage: str
     study_name: str
-    baseline_ms: Latency  # the unchanged model: cost model's prediction, measured at the start
+    baseline_ms: Latency  # the unchanged model: the cost model's prediction (measured: in the summary)
     rest_ms: float  # what is not a linear layer, measured (the cost model's constant)
     candidates: list[CandidateRecord]
     groups: list[GroupRecord]
@@ -191,141 +189,6 @@ class RunContext:
 
 
 ##### summary.json ##############################################################################
-
-@dataclass
-class Decision:
-    """One step of the final choice, as data: `describe` makes the sentence.
-
-    kind:
-      no_feasible_plan      no trial met the budget on the proxy; the model stays unchanged
-      tier2_held            `trial`, a plan of the Pareto front, held on tier 2: it dropped
-                            numbers["drop"] there, numbers["proxy_drop"] on the proxy (reason: source);
-                            the check took numbers["seconds"]
-      tier2_rejected        `trial` dropped numbers["drop"] on tier 2, past the budget (reason: source;
-                            numbers["seconds"] as for tier2_held)
-      tier2_chose_slower    `trial` was chosen: the fastest plan that held, numbers["faster"] plans
-                            of the front being faster (numbers["broke"] of them broke on tier 2;
-                            numbers["unchecked"], between it and the slowest that broke, were not
-                            checked in numbers["checked"] bisection steps)
-      tier2_none_held       none of numbers["checked"] plans held on tier 2; unchanged model
-      rerank_chose          end to end, `trial` measured faster than the cost model's pick
-                            (numbers: measured_ms, pick, pick_measured_ms, pick_predicted_ms)
-      rerank_kept           the cost model's pick stays; `others` are the other plans' measured ms
-      plan_unmeasurable     a plan predicted as fast could not be run (reason: the error)
-      kept_unchanged        the chosen plan was not shown faster than the unchanged model over the
-                            interleaved rounds (numbers: plan_ms, baseline_ms, low and high per-round
-                            ratio, rounds; on the CPU also the paired estimate and its 95% lower
-                            bound): the model stays as it came
-      best_is_unchanged     the search's fastest feasible plan (`trial`) changes no layer
-      busy_cpu              the CPU was busy with other work: the smallest example took
-                            numbers["threads_ms"] ms on numbers["threads"] threads and
-                            numbers["one_ms"] ms on one, so the run timed and measured on one thread
-      nothing_to_try        no layer had a candidate but bf16 to pick (numbers["not_timed"]: cells
-                            the time budget left untimed)
-      out_of_time           the time budget left no room for `reason` (more tier-2 checks, the re-rank)
-      small_inputs          the proxy's inputs held numbers["tokens"] token positions, too few to judge a
-                            plan; numbers["held_out"] > 0: it scored that many tokens of held-out text
-                            instead
-      study_closed          several processes ran the trials (reason: "process count, ..." of finished
-                            trials); at the close the coordinator waited numbers["waited_s"], ran
-                            numbers["retried"] retried trials itself, and numbers["running"] were
-                            still running (left out of the choice)
-      note                  free text (reason), from run files written before decisions were typed
-    """
-
-    kind: str
-    trial: int | None = None
-    numbers: dict[str, float] = field(default_factory=dict)
-    reason: str = ""
-    others: dict[int, float] = field(default_factory=dict)  # trial -> measured ms (rerank_kept)
-
-
-def _took(numbers: dict[str, float]) -> str:
-    """", 12 s" for a check that recorded its seconds (runs written before they did: nothing)."""
-    return f", {numbers['seconds']:.0f} s" if "seconds" in numbers else ""
-
-
-def describe(d: Decision) -> str:
-    """The decision as one sentence, for the console and the report."""
-    n = d.numbers
-    if d.kind == "no_feasible_plan":
-        return "no trial met the accuracy budget on the proxy: keeping the model as it came"
-    if d.kind == "tier2_held":
-        return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms, proxy drop {n['proxy_drop']:+.4f}) "
-                f"dropped {n['drop']:+.4f} on tier 2 ({d.reason}{_took(n)}): holds")
-    if d.kind == "tier2_rejected":
-        return (f"trial {d.trial} (predicted {n['predicted_ms']:.3f} ms) dropped {n['drop']:+.4f} on tier 2 "
-                f"({d.reason}{_took(n)}): rejected")
-    if d.kind == "tier2_chose_slower":
-        if "faster" not in n:  # written before the bisection: "skipped" plans were predicted to break
-            skipped = int(n.get("skipped", 0))
-            return (f"chose trial {d.trial}: faster plans broke the budget on tier 2"
-                    + (f" or were predicted to ({skipped} skipped unchecked)" if skipped else ""))
-        checked, faster, unchecked = int(n["checked"]), int(n["faster"]), int(n["unchecked"])
-        said = (f"chose trial {d.trial}: the fastest plan of the Pareto front that held on tier 2 in "
-                f"{checked} check{'s' if checked > 1 else ''} by bisection; ")
-        plans = f"{faster} plan{'s' if faster != 1 else ''} predicted faster"
-        if unchecked == faster:
-            return said + f"the {plans} {'were' if faster != 1 else 'was'} not checked (no checks or time left)"
-        return said + (f"of the {plans}, those checked broke the budget"
-                       + (f" ({unchecked} between it and the slowest that broke not checked)" if unchecked else ""))
-    if d.kind == "tier2_none_held":
-        skipped = int(n.get("skipped", 0))
-        return (f"none of the {int(n['checked'])} plans checked on tier 2 held"
-                + (f" ({skipped} more predicted not to)" if skipped else "") + ": keeping the model as it came")
-    if d.kind == "rerank_chose":
-        return (f"chose trial {d.trial}: measured end to end at {n['measured_ms']:.3f} ms, "
-                f"{n['pick_measured_ms'] / n['measured_ms']:.2f}x faster than trial {int(n['pick'])}, the cost "
-                f"model's pick ({n['pick_measured_ms']:.3f} ms measured, {n['pick_predicted_ms']:.3f} ms predicted)")
-    if d.kind == "rerank_kept":
-        others = ", ".join(f"trial {t} {ms:.3f} ms" for t, ms in d.others.items())
-        return (f"kept trial {d.trial} ({n['measured_ms']:.3f} ms measured end to end); the plans predicted "
-                f"within {n['band']:.0%} of it were not more than {n['margin']:.0%} faster: {others}")
-    if d.kind == "plan_unmeasurable":
-        return f"a plan predicted as fast (trial {d.trial}) could not be measured: {d.reason}"
-    if d.kind == "best_is_unchanged":
-        return (f"the fastest plan found that holds the accuracy budget changes no layer (trial {d.trial}); "
-                "a larger budget lets the search try more plans")
-    if d.kind == "nothing_to_try":
-        if n.get("not_timed"):
-            return (f"the time budget was spent measuring the unchanged model before any candidate but bf16 was "
-                    f"timed ({int(n['not_timed'])} cells not timed), so no plan could be tried; a larger budget "
-                    "lets the search try plans")
-        return "no layer has a candidate other than bf16 that runs here, so no plan could be tried"
-    if d.kind == "study_closed":
-        text = (f"{int(n['processes'])} processes ran the trials ({d.reason}); at the close the coordinator "
-                f"waited {n['waited_s']:.1f} s for running trials")
-        if n.get("retried"):
-            text += f" and ran {int(n['retried'])} retried trial(s) of a lost process itself"
-        if n.get("running"):
-            text += f"; {int(n['running'])} trial(s) still running were left out of the choice"
-        return text
-    if d.kind == "out_of_time":
-        return f"the time budget left no room for {d.reason} (after trial {d.trial})"
-    if d.kind == "kept_unchanged":
-        where = ""
-        if "rounds" in n:
-            paired = (f"; paired {n['estimate']:.2f}x, at least {n['bound']:.2f}x with 95% confidence"
-                      if "bound" in n else "")
-            where = (f" (per round {n['low']:.2f}x to {n['high']:.2f}x over {int(n['rounds'])} interleaved "
-                     f"rounds{paired})")
-        faster = n["estimate"] > 1.0 if "estimate" in n else n.get("high", 0.0) > 1.0
-        verdict = "no measurable change" if faster else "not faster"
-        return (f"the chosen plan (trial {d.trial}) measured {n['plan_ms']:.3f} ms end to end, bf16 "
-                f"{n['baseline_ms']:.3f} ms{where}: {verdict}, so the model stays as it came")
-    if d.kind == "busy_cpu":
-        return (f"the CPU is busy with other work: one call of the smallest example took {n['threads_ms']:.1f} ms on "
-                f"{int(n['threads'])} threads and {n['one_ms']:.1f} ms on one, so this run timed and measured "
-                "everything on one thread (its speed-ups are one thread's; run again on an idle machine to "
-                f"measure {int(n['threads'])} threads)")
-    if d.kind == "small_inputs":
-        lead = f"the example inputs hold {int(n['tokens'])} token positions, too few to judge accuracy"
-        if n.get("held_out"):
-            return lead + f": the proxy scored {int(n['held_out'])} tokens of held-out text in the model's tokenizer"
-        return (lead + ": the proxy judged on them (no tokenizer known; pass tokenizer= or eval_inputs= for "
-                "held-out text)")
-    return d.reason
-
 
 @dataclass
 class UniformRow:
@@ -357,6 +220,15 @@ class WeightBytes:
 
 
 @dataclass
+class StageTime:
+    """One stage of the run: the seconds the time plan gave it and the seconds it took."""
+
+    name: str
+    spent_s: float
+    planned_s: float | None = None  # None: measured before the plan existed, or no time budget
+
+
+@dataclass
 class RunSummary:
     device: str
     budget: str
@@ -367,7 +239,7 @@ class RunSummary:
     baseline_ms_at_start: float | None
     plan_ms: Latency
     speedup: Latency  # predicted and measured speed-ups (not ms: same two fields)
-    accuracy: AccuracyResult | None  # the shipped plan's; None: the model is unchanged
+    accuracy: Accuracy | None  # the shipped plan's, on the tier that decides; None: the model is unchanged
     max_accuracy_drop: float
     decisions: list[Decision]
     storage: str
@@ -386,24 +258,114 @@ class RunSummary:
     # [1, 1] and 0 rounds for an unchanged model (nothing to compare)
     speedup_range: list[float] = field(default_factory=lambda: [1.0, 1.0])
     rounds: int = 0
-    # what the shipped plan was shown to be at least: on the CPU the 95% lower confidence bound of
-    # the rounds' paired speed-up, on CUDA the one round's lowest ratio; 1.0 for an unchanged model
+    # what the shipped plan was shown to be at least: the 95% lower confidence bound of the rounds'
+    # paired speed-up; 1.0 for an unchanged model
     speedup_bound: float = 1.0
     # wall seconds the calibrated algorithms spent fitting (GPTQ, AWQ, ...), within the stages above
     algorithm_seconds: dict[str, float] = field(default_factory=dict)
+    # every judge's verdict on the shipped plan (empty: the model is unchanged)
+    verdicts: list[Verdict] = field(default_factory=list)
+    stages: list[StageTime] = field(default_factory=list)  # planned and spent per stage
     version: int = RUN_FILES_VERSION
 
     @property
     def notes(self) -> list[str]:
         """The decisions as sentences."""
-        return [describe(d) for d in self.decisions]
+        return [d.describe() for d in self.decisions]
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The verdict the plan shipped on: the deciding tier's (None: the model is unchanged)."""
+        deciding = [v for v in self.verdicts if self.accuracy is None or v.tier == self.accuracy.tier]
+        return deciding[0] if deciding else None
+
+
+@dataclass
+class ParetoRow:
+    """A plan of the search's Pareto front (pareto.json)."""
+
+    trial: int
+    predicted_ms: float
+    drop: float
+    accuracy: float
+    tier: int
+    feasible: bool
+    plan: dict[str, int]  # candidate -> layers
+
+
+##### trial records ############################################################################
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial of the study, as the search wrote it: its plan, predicted latency, the proxy's
+    accuracy with the screen verdict, and whether it was feasible (decided once, when it ran)."""
+
+    ATTR: ClassVar[str] = "autoao.trial"  # the user attribute that holds it
+
+    number: int
+    state: str  # COMPLETE / FAIL / RUNNING / WAITING / PRUNED
+    params: dict[str, str]  # group name -> candidate name
+    predicted_us: float  # inf unless COMPLETE
+    accuracy: Accuracy | None  # tier 1, with its screen verdict; None unless COMPLETE
+    feasible: bool
+    elapsed_s: float = math.nan  # seconds since its process's search started, when it ended
+    duration_s: float | None = None
+    error: str = ""
+    worker: str = ""  # the process that ran it, when several share the study
+    warm_start: bool = False  # enqueued by the warm start, not sampled
+
+    @property
+    def drop(self) -> float:
+        return self.accuracy.drop if self.accuracy is not None else math.inf
+
+    @property
+    def tier(self) -> int:
+        return self.accuracy.tier if self.accuracy is not None else 1
+
+    @property
+    def predicted_ms(self) -> float:
+        return self.predicted_us / 1e3
+
+    @staticmethod
+    def attrs(accuracy: Accuracy, feasible: bool, elapsed_s: float) -> dict[str, Any]:
+        """What the objective stores under ATTR (JSON data)."""
+        return {"accuracy": to_dict(accuracy), "feasible": feasible, "elapsed_s": elapsed_s}
+
+    @classmethod
+    def read(cls, t: Any) -> TrialRecord:
+        """The record of an Optuna FrozenTrial (any object with its fields); trials of an earlier
+        autoao, which stored loose attributes, read too."""
+        done = t.state.name == "COMPLETE" and t.values is not None
+        stored = t.user_attrs.get(cls.ATTR)
+        if stored is not None:
+            acc = from_dict(Accuracy, stored["accuracy"]) if done else None
+            feasible, elapsed = done and bool(stored["feasible"]), stored.get("elapsed_s", math.nan)
+        else:  # loose attributes: accuracy, tier, metrics, constraint, elapsed
+            value = t.user_attrs.get("accuracy")
+            acc = Accuracy(int(t.user_attrs.get("tier", 1)), value if value is not None else -math.inf,
+                           t.values[1] if t.values[1] < 1e9 else math.inf,
+                           dict(t.user_attrs.get("metrics") or {})) if done else None
+            feasible, elapsed = done and t.user_attrs.get("constraint", math.inf) <= 0, t.user_attrs.get("elapsed", math.nan)
+        duration = ((t.datetime_complete - t.datetime_start).total_seconds()
+                    if t.datetime_start and t.datetime_complete else None)
+        return cls(t.number, t.state.name, dict(t.params), t.values[0] if done else math.inf, acc, feasible,
+                   elapsed, duration, "" if done else str(t.system_attrs.get("fail_reason", "")),
+                   str(t.user_attrs.get("worker", "")), t.user_attrs.get("seed") == "warm start")
 
 
 ##### reading and writing #######################################################################
 
-def to_dict(record: Any) -> dict[str, Any]:
-    """A record as plain JSON data (dataclasses.asdict)."""
-    return dataclasses.asdict(record)
+def to_dict(record: Any) -> Any:
+    """A record as plain JSON data: dataclasses as objects (decisions with their kind), tuples as lists."""
+    if isinstance(record, Decision):
+        return {k: to_dict(v) for k, v in decision_fields(record).items()}
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: to_dict(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, (list, tuple)):
+        return [to_dict(v) for v in record]
+    if isinstance(record, dict):
+        return {k: to_dict(v) for k, v in record.items()}
+    return record
 
 
 def write(path: Path, record: Any) -> None:
@@ -435,6 +397,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _upgrade_context(d: dict[str, Any]) -> dict[str, Any]:
+    if d.get("version") == 1:  # nothing in the context changed meaning
+        d = dict(d, version=RUN_FILES_VERSION)
     if d.get("version", 0) == 0:  # untyped context.json of autoao 0.1.0
         d = dict(d, version=RUN_FILES_VERSION)
         model = dict(d["model"])
@@ -472,7 +436,20 @@ def _upgrade_summary(d: dict[str, Any]) -> dict[str, Any]:
         d.setdefault("kernels", {})
         d.setdefault("measured_plans", [])
         d.setdefault("uniform", [])
+    elif d.get("version") == 1:  # decisions were a kind and a dict of numbers: kept as their words
+        d = dict(d, version=RUN_FILES_VERSION)
+        d["decisions"] = [{"kind": "note", "reason": _v1_words(x)} for x in d.get("decisions", [])]
     return d
+
+
+def _v1_words(d: dict[str, Any]) -> str:
+    """A version-1 decision as text: its reason, else its kind with its numbers."""
+    if d.get("kind") == "note" or not d.get("numbers") and d.get("reason"):
+        return str(d.get("reason", ""))
+    numbers = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                        for k, v in (d.get("numbers") or {}).items())
+    trial = f" (trial {d['trial']})" if d.get("trial") is not None else ""
+    return f"{d.get('kind', 'decision').replace('_', ' ')}{trial}: {numbers}" + (f"; {d['reason']}" if d.get("reason") else "")
 
 
 T = TypeVar("T")
@@ -501,6 +478,10 @@ def _build(tp: Any, value: Any, where: str) -> Any:
             except (KeyError, TypeError, ValueError) as e:
                 errors.append(str(e))
         raise TypeError(f"{where}: {errors[0]}")
+    if tp is Decision:
+        if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+            raise TypeError(f"{where} should be a decision object with a kind")
+        return _build(decision_type(value["kind"]), {k: v for k, v in value.items() if k != "kind"}, where)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise TypeError(f"{where} should be an object, got {type(value).__name__}")
@@ -512,6 +493,11 @@ def _build(tp: Any, value: Any, where: str) -> Any:
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise KeyError(f"{where}.{f.name} is missing")
         return tp(**kwargs)
+    if origin is tuple:
+        item = typing.get_args(tp)[0]
+        if not isinstance(value, list):
+            raise TypeError(f"{where} should be a list, got {type(value).__name__}")
+        return tuple(_build(item, v, f"{where}[{i}]") for i, v in enumerate(value))
     if origin is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, list):

@@ -4,8 +4,10 @@ Each trial picks one candidate per group (sibling layers that read the same inpu
 profile, e.g. q/k/v and gate/up, share one choice by default, and run as one fused kernel where
 the cost model says that is faster: CostModel.fusion_pays). Two objectives, both
 minimized: the predicted latency (autoao.cost.CostModel: cached per-layer timings + the measured
-rest) and the accuracy drop (tier 1 proxy per trial). `max_accuracy_drop` is an Optuna constraint
-(`Trial.set_constraint`), so infeasible trials still teach the sampler without ever being returned.
+rest) and the accuracy drop (tier 1 proxy per trial). Feasibility is the accuracy budget's
+(autoao.budget.AccuracyBudget.feasible), decided once per trial and recorded with it
+(autoao.records.TrialRecord); it is also an Optuna constraint (`Trial.set_constraint`), so
+infeasible trials still teach the sampler without ever being returned.
 
 Warm start: the first trials are enqueued: all-bf16, every uniform plan, and greedy plans that
 maximize time saved under an additive tier-0 noise budget (a knapsack by savings per unit of
@@ -30,53 +32,19 @@ the cost model and the accuracy evaluator (so tests drive it with fakes).
 from __future__ import annotations
 
 import math
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import optuna
 
 from autoao import search_space
+from autoao.budget import AccuracyBudget
 from autoao.common import BASELINE
 from autoao.cost import CostModel
-from autoao.evaluators.sensitivity import Accuracy
 from autoao.plan import Plan
-from autoao.runfiles import pareto_front  # noqa: F401  (re-exported: the report's front is the search's)
-
-##### budget ####################################################################################
-
-@dataclass(frozen=True)
-class Budget:
-    """A wall-time budget (seconds) or a trial-count budget."""
-
-    seconds: float | None = None
-    trials: int | None = None
-
-    @classmethod
-    def parse(cls, text: str | int | float | Budget) -> Budget:
-        """"10m", "90s", "1.5h", "2h30m" -> seconds; "200" or 200 -> trials."""
-        if isinstance(text, Budget):
-            return text
-        if isinstance(text, int) and not isinstance(text, bool):
-            if text < 1:
-                raise ValueError(f"budget must be at least 1 trial, got {text}")
-            return cls(trials=text)
-        s = str(text).strip().lower().replace(" ", "")
-        if s.isdigit():
-            return cls.parse(int(s))
-        parts = re.fullmatch(r"((?:\d+(?:\.\d+)?[hms])+)", s)
-        if not parts:
-            raise ValueError(f"budget {text!r} is neither a time (e.g. 90s, 10m, 1.5h, 1h30m) nor a number "
-                             "of trials (e.g. 200)")
-        seconds = sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", s))
-        if seconds <= 0:
-            raise ValueError(f"budget {text!r} is zero")
-        return cls(seconds=seconds)
-
-    def __str__(self) -> str:
-        return f"{self.trials} trials" if self.trials is not None else f"{self.seconds:g} s"
-
+from autoao.records import TrialRecord, pareto_front
+from autoao.types import Accuracy
 
 ##### groups ####################################################################################
 
@@ -184,65 +152,38 @@ def warm_start(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[
 
 ##### the study #################################################################################
 
-@dataclass
+@dataclass(frozen=True)
 class SearchConfig:
-    """How the search runs. Every field has a default that suits the demo."""
+    """How the search runs, built once by the caller. Every field but the accuracy budget has a
+    default that suits one process."""
 
-    budget: Budget = field(default_factory=lambda: Budget(seconds=300))
-    max_accuracy_drop: float = 0.01  # absolute, in the accuracy's own units (e.g. 0.01 = 1 point of acc)
+    accuracy: AccuracyBudget
+    trials: int | None = None  # a trial budget (None: until `seconds`, `stop` or the study's budget)
+    seconds: float | None = None  # the time the trials may take (None: no time limit)
     seed: int = 0
     storage: str | None = None  # Optuna RDB URL; None = in memory (the API passes SQLite in out_dir)
     study_name: str = "autoao"
-    reserve_seconds: float = 0.0  # of a time budget, kept for what runs after the trials (final checks)
     # Several processes on one study (autoao.workers): None = this process alone (the default);
     # "coordinator" or "worker": the trial budget and `deadline` are the study's, every trial
-    # records `worker` (this process's label) as a user attribute.
+    # records `worker` (this process's label).
     role: str | None = None
     worker: str = ""
     deadline: float | None = None  # time.time() after which no process starts a trial (a shared time budget)
     heartbeat: int | None = None  # seconds between a running trial's heartbeats (RDB storage only)
     fresh_seed: bool = False  # sample unseeded (a worker: its draws must not repeat the coordinator's)
-    # The tier-1 drop under which a trial is feasible; None: max_accuracy_drop (the proxy decides).
-    # Where a tier-2 judge decides (lm-eval, the user's metric), the proxy only screens, wider.
-    screen_drop: float | None = None
-
-    @property
-    def tier1_limit(self) -> float:
-        """The drop a trial's tier-1 score may reach and stay feasible."""
-        return self.max_accuracy_drop if self.screen_drop is None else self.screen_drop
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.max_accuracy_drop <= 1.0:
-            raise ValueError(f"max_accuracy_drop must be in [0, 1] (0.01 = 1%), got {self.max_accuracy_drop}")
         if self.role not in (None, "coordinator", "worker"):
             raise ValueError(f"role must be None, 'coordinator' or 'worker', got {self.role!r}")
-
-
-@dataclass
-class TrialResult:
-    """One finished trial, as the report and the final selection read it."""
-
-    number: int
-    params: dict[str, str]
-    predicted_us: float
-    drop: float
-    accuracy: float
-    feasible: bool
-    tier: int
-    seconds: float  # since the search started (this process)
-    state: str  # COMPLETE / FAIL
-    error: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)  # the proxy's metrics (kl, loss, ...)
-    worker: str = ""  # the process that ran it (several processes on one study), else ""
 
 
 @dataclass
 class SearchOutcome:
     study: optuna.Study
     groups: list[Group]
-    trials: list[TrialResult]
-    pareto: list[TrialResult]  # feasible or not, non-dominated on (latency, drop)
-    best: TrialResult | None  # fastest feasible
+    trials: list[TrialRecord]
+    pareto: list[TrialRecord]  # feasible or not, non-dominated on (latency, drop)
+    best: TrialRecord | None  # fastest feasible
     seconds: float
     stopped_because: str
 
@@ -254,70 +195,72 @@ def run_search(
     config: SearchConfig,
     *,
     layer_sqnr: dict[str, dict[str, float]] | None = None,
-    on_trial: Callable[[TrialResult, SearchOutcome], None] | None = None,
+    on_trial: Callable[[TrialRecord, SearchOutcome], None] | None = None,
+    stop: Callable[[], bool] | None = None,
     progress: bool = True,
 ) -> SearchOutcome:
     """Run (or continue) the study until the budget is spent; return every trial and the Pareto set.
 
-    evaluate(plan) -> Accuracy must not raise for a bad plan (score it inf/-inf instead); if it does
-    raise, the trial fails and the search goes on (Optuna's `catch`).
+    evaluate(plan) -> Accuracy (the proxy's, with its screen verdict) must not raise for a bad plan
+    (score it inf/-inf instead); if it does raise, the trial fails and the search goes on (Optuna's
+    `catch`). `stop()`, asked after every trial, ends the search early (the time plan's re-planned
+    deadline).
     """
     study = open_study(config)
     if config.role != "worker":  # a worker scores the coordinator's search space; it never redefines it
         study.set_user_attr("groups", [[g.name, list(g.fqns), list(g.choices)] for g in groups])
-        study.set_user_attr("max_accuracy_drop", config.max_accuracy_drop)
-    done_before = [t for t in study.trials if t.state.is_finished()]
-    if config.role != "worker":
+        study.set_user_attr("max_accuracy_drop", config.accuracy.max_drop)
         seed_study(study, groups, cost, layer_sqnr)
+    done_before = [TrialRecord.read(t) for t in study.trials if t.state.is_finished()]
     start = time.perf_counter()
-    results = [_result(t, start) for t in done_before]
-    objective = make_objective(groups, cost, evaluate, config, start)
+    from tqdm.auto import tqdm  # lazy: tqdm.auto looks for notebooks at import
 
-    from tqdm.auto import tqdm
-
-    total = config.budget.trials
-    bar = tqdm(total=total, desc="search", disable=not progress, unit="trial")
-    outcome = SearchOutcome(study, groups, results, [], None, 0.0, "")
+    bar = tqdm(total=config.trials, desc="search", disable=not progress, unit="trial")
+    outcome = SearchOutcome(study, groups, done_before, [], None, 0.0, "")
 
     def callback(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
-        r = _result(ft, start)
+        r = TrialRecord.read(ft)
         outcome.trials.append(r)
-        _refresh(outcome)
+        refresh(outcome)
         b = outcome.best
-        bar.set_postfix_str(f"best {b.predicted_us / 1e3:.2f} ms, drop {b.drop:+.4f}" if b else "no feasible plan yet")
+        bar.set_postfix_str(f"best {b.predicted_ms:.2f} ms, drop {b.drop:+.4f}" if b else "no feasible plan yet")
         bar.update(1)
         if on_trial:
             on_trial(r, outcome)
+        if budget_spent(st, config) or (stop is not None and stop()):
+            st.stop()
 
-    callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [callback]
-    timeout = None
-    if config.budget.seconds is not None:
-        timeout = max(config.budget.seconds - config.reserve_seconds, 1.0)
-    n_trials = None if config.budget.trials is None else max(config.budget.trials - len(done_before), 0)
-    stopped = "budget spent"
-    if config.role is not None:
-        # the study's budget, whoever runs the trials, checked before the first trial and after each;
-        # a worker also stops at its own budget (--budget), counted alone
-        n_trials = None if config.role == "coordinator" else config.budget.trials
-        if config.deadline is not None:
-            timeout = min(timeout or math.inf, max(config.deadline - time.time(), 0.0))
-        callbacks.append(lambda st, ft: st.stop() if budget_spent(st, config) else None)
-        if budget_spent(study, config):
-            n_trials = 0
-    if all(len(g.choices) == 1 for g in groups):  # one plan in the space: scored once
-        n_trials, stopped = (0 if done_before else 1), "the search space has one plan"
+    n_trials, timeout, stopped = _limits(study, groups, config, len(done_before))
     try:
         if n_trials != 0 and (timeout is None or timeout > 0):
-            study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks,
-                           catch=(Exception,), gc_after_trial=False)
+            study.optimize(make_objective(groups, cost, evaluate, config, start), n_trials=n_trials, timeout=timeout,
+                           callbacks=[callback], catch=(Exception,), gc_after_trial=False)
     except KeyboardInterrupt:
         stopped = "interrupted (finished trials are in the storage; run again to continue)"
     finally:
         bar.close()
     outcome.seconds = time.perf_counter() - start
     outcome.stopped_because = stopped
-    _refresh(outcome)
+    refresh(outcome)
     return outcome
+
+
+def _limits(study: optuna.Study, groups: list[Group], config: SearchConfig, done: int
+            ) -> tuple[int | None, float | None, str]:
+    """(trials to run, seconds, why they stop). Alone: the config's trials less those done before
+    and its seconds; in a shared study: the study's budget, whoever runs the trials (a worker also
+    stops at its own trial count), and the shared deadline."""
+    timeout = max(config.seconds, 1.0) if config.seconds is not None else None
+    n_trials = None if config.trials is None else max(config.trials - done, 0)
+    if config.role is not None:
+        n_trials = None if config.role == "coordinator" else config.trials
+        if config.deadline is not None:
+            timeout = min(timeout or math.inf, max(config.deadline - time.time(), 0.0))
+        if budget_spent(study, config):
+            n_trials = 0
+    if all(len(g.choices) == 1 for g in groups):  # one plan in the space: scored once
+        return (0 if done else 1), timeout, "the search space has one plan"
+    return n_trials, timeout, "budget spent"
 
 
 def seed_study(study: optuna.Study, groups: list[Group], cost: CostModel,
@@ -349,24 +292,21 @@ def open_study(config: SearchConfig) -> optuna.Study:
 
 def make_objective(groups: list[Group], cost: CostModel, evaluate: Callable[[Plan], Accuracy],
                    config: SearchConfig, start: float) -> Callable[[optuna.Trial], tuple[float, float]]:
-    """The trial: params -> plan -> (predicted us, accuracy drop), with the constraint and the
-    accuracy's details as user attributes (the same in every process of a shared study)."""
+    """The trial: params -> plan -> (predicted us, accuracy drop); the accuracy budget decides its
+    feasibility, recorded with it (TrialRecord.attrs) and given to the sampler as the constraint."""
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         if config.worker:  # first: a trial whose process dies mid-way still says whose it was
             trial.set_user_attr("worker", config.worker)
         params = {g.name: trial.suggest_categorical(g.name, list(g.choices)) for g in groups}
         plan = plan_from_params(groups, params, fuse=cost.fusion_pays)
-        predicted = cost.predict(plan)
         acc = evaluate(plan)
+        feasible = config.accuracy.feasible(acc)
         drop = acc.drop if math.isfinite(acc.drop) else math.inf
-        trial.set_constraint("max_accuracy_drop", drop - config.tier1_limit)
-        trial.set_user_attr("constraint", drop - config.tier1_limit)
-        trial.set_user_attr("accuracy", acc.accuracy if math.isfinite(acc.accuracy) else None)
-        trial.set_user_attr("tier", acc.tier)
-        trial.set_user_attr("metrics", {k: v for k, v in acc.metrics.items() if math.isfinite(v)})
-        trial.set_user_attr("elapsed", time.perf_counter() - start)
-        return predicted, drop if math.isfinite(drop) else 1e9
+        # <= 0 is feasible for the sampler; an infeasible trial's distance past the screen (1 if not finite)
+        trial.set_constraint("max_accuracy_drop", 0.0 if feasible else min(drop - config.accuracy.limit(acc.tier), 1.0))
+        trial.set_user_attr(TrialRecord.ATTR, TrialRecord.attrs(acc, feasible, time.perf_counter() - start))
+        return cost.predict(plan), drop
 
     return objective
 
@@ -392,30 +332,18 @@ def budget_spent(study: optuna.Study, config: SearchConfig) -> bool:
     shared deadline, or the trial budget taken (trials_toward_budget). Trials already running
     when it is spent finish; so processes that start a trial together can take one trial each
     past a trial budget."""
+    if config.role is None:
+        return False
     if study.user_attrs.get(CLOSED):
         return True
     if config.deadline is not None and time.time() >= config.deadline:
         return True
-    trials = config.budget.trials if config.role == "coordinator" else study.user_attrs.get(TRIALS)
+    trials = config.trials if config.role == "coordinator" else study.user_attrs.get(TRIALS)
     return trials is not None and trials_toward_budget(study.get_trials(deepcopy=False)) >= trials
 
 
-def _result(t: optuna.trial.FrozenTrial, start: float) -> TrialResult:
-    ok = t.state == optuna.trial.TrialState.COMPLETE and t.values is not None
-    pred, drop = (t.values if ok else (math.inf, math.inf))
-    drop = math.inf if drop >= 1e9 else drop
-    acc = t.user_attrs.get("accuracy")
-    return TrialResult(
-        number=t.number, params=dict(t.params), predicted_us=pred, drop=drop,
-        accuracy=acc if acc is not None else -math.inf,
-        feasible=ok and t.user_attrs.get("constraint", math.inf) <= 0, tier=t.user_attrs.get("tier", 1),
-        seconds=t.user_attrs.get("elapsed", math.nan), state=t.state.name,
-        error=str(t.system_attrs.get("fail_reason", "")) if not ok else "",
-        metrics=dict(t.user_attrs.get("metrics") or {}), worker=str(t.user_attrs.get("worker", "")),
-    )
-
-
-def _refresh(outcome: SearchOutcome) -> None:
+def refresh(outcome: SearchOutcome) -> None:
+    """The outcome's best (fastest feasible) trial and Pareto front, from its trials."""
     done = [r for r in outcome.trials if r.state == "COMPLETE"]
     feasible = [r for r in done if r.feasible]
     outcome.best = min(feasible, key=lambda r: (r.predicted_us, r.drop)) if feasible else None

@@ -37,20 +37,24 @@ import optuna
 import torch
 from torch import nn
 
+from autoao.bench import ModelBench
+from autoao.budget import AccuracyBudget
 from autoao.common import cache_dir, model_device
 from autoao.cost import CostModel
+from autoao.decisions import StudyClosed
 from autoao.evaluators.cache import ResultCache, digest
-from autoao.evaluators.sensitivity import Accuracy, ProxyEvaluator
-from autoao.evaluators.timing import LatencyTable
+from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.ledger import RunLedger
+from autoao.measure import Judges, plan_key
 from autoao.plan import Plan
-from autoao.runfiles import Decision
-from autoao.search import (CLOSED, TRIALS, Budget, Group, SearchConfig, SearchOutcome, _refresh, _result,
-                           make_objective, open_study, run_search, seed_study)
-from autoao import stages
+from autoao.records import TrialRecord
+from autoao.search import (CLOSED, TRIALS, Group, SearchConfig, SearchOutcome, make_objective, open_study, refresh,
+                           run_search, seed_study)
+from autoao.types import Accuracy, Budget
+from autoao.workload import Workload, build_workload
 
 SHARED = "autoao.shared"  # study user attribute: SharedInputs as JSON
-FORMAT = 1  # of SharedInputs; a worker refuses another
+FORMAT = 2  # of SharedInputs; a worker refuses another
 DEFAULT_HEARTBEAT = 10  # seconds; a silent trial is failed after 3x this
 
 
@@ -93,7 +97,7 @@ class Fingerprint:
     """What the coordinator measured; a worker's model must give the same."""
 
     model: str  # the model's class
-    weights: str  # digest of its state dict (stages.Baselines.weights_key)
+    weights: str  # digest of its state dict (measure.Baselines.weights_key)
     inputs: str  # digest of the example and held-out inputs (inputs_digest)
     device: str  # device type: timings and errors are measured on it
 
@@ -125,7 +129,7 @@ def fingerprint(model: nn.Module, weights_key: str, examples: Any, eval_inputs: 
 
 
 def weights_key(model: nn.Module) -> str:
-    """The key measure_baselines gives the model's weights."""
+    """The key measure.measure_baselines gives the model's weights."""
     return digest("model", *[t for t in model.state_dict().values()])
 
 
@@ -138,12 +142,11 @@ class SharedInputs:
     cost: CostModel
     sqnr: dict[str, dict[str, float]]  # tier 0: FQN -> candidate -> SQNR (dB)
     proxy_baseline: dict[str, float]  # tier 1 of the unchanged model: every process's drops are from it
-    bf16_us: float
-    max_accuracy_drop: float
+    accuracy: AccuracyBudget  # the budget every process's trials are judged against
     trials: int | None  # the study's trial budget
     deadline: float | None  # time.time() after which no trial starts
     heartbeat: int
-    screen_drop: float | None = None  # SearchConfig.screen_drop: the tier-1 bound where tier 2 decides
+    seed: int = 0  # the coordinator's: held-out inputs it drew are drawn alike here
 
     def to_json(self) -> str:
         cost = {"layer_us": self.cost.layer_us, "rest_us": self.cost.rest_us,
@@ -152,9 +155,9 @@ class SharedInputs:
         # inf (a candidate that failed on a layer) is written as JSON's Infinity, which json reads back
         return json.dumps({"format": FORMAT, "fingerprint": asdict(self.fingerprint),
                            "groups": [[g.name, list(g.fqns), list(g.choices)] for g in self.groups], "cost": cost,
-                           "sqnr": self.sqnr, "proxy_baseline": self.proxy_baseline, "bf16_us": self.bf16_us,
-                           "max_accuracy_drop": self.max_accuracy_drop, "trials": self.trials,
-                           "deadline": self.deadline, "heartbeat": self.heartbeat, "screen_drop": self.screen_drop})
+                           "sqnr": self.sqnr, "proxy_baseline": self.proxy_baseline,
+                           "accuracy": asdict(self.accuracy), "trials": self.trials, "deadline": self.deadline,
+                           "heartbeat": self.heartbeat, "seed": self.seed})
 
     @classmethod
     def from_json(cls, text: str) -> SharedInputs:
@@ -166,30 +169,29 @@ class SharedInputs:
         cost = CostModel(c["layer_us"], {f: set(v) for f, v in c["emulated"].items()}, c["rest_us"],
                          {tuple(g): per for g, per in c["fused_us"]})
         return cls(Fingerprint(**d["fingerprint"]), [Group(n, tuple(f), tuple(ch)) for n, f, ch in d["groups"]],
-                   cost, d["sqnr"], d["proxy_baseline"], d["bf16_us"], d["max_accuracy_drop"], d["trials"],
-                   d["deadline"], d["heartbeat"], d.get("screen_drop"))
+                   cost, d["sqnr"], d["proxy_baseline"], AccuracyBudget(**d["accuracy"]), d["trials"], d["deadline"],
+                   d["heartbeat"], d["seed"])
 
 
 ##### the coordinator ###########################################################################
 
-def publish(config: SearchConfig, groups: list[Group], meas: stages.Measurements, model: nn.Module,
-            work: stages.Workload) -> optuna.Study:
+def publish(config: SearchConfig, groups: list[Group], cost: CostModel, sqnr: dict[str, dict[str, float]],
+            judges: Judges, model: nn.Module, work: Workload) -> optuna.Study:
     """Open the study, enqueue the warm start, then publish the shared inputs (workers wait for
     them, so they never see a study without its seeds)."""
     study = open_study(config)
-    seed_study(study, groups, meas.cost, meas.sqnr)
-    shared = SharedInputs(fingerprint(model, meas.base.weights_key, work.examples, work.eval_inputs, work.device),
-                          groups, meas.cost, meas.sqnr, dict(meas.base.proxy.baseline), meas.base.bf16_us,
-                          config.max_accuracy_drop, config.budget.trials, config.deadline, config.heartbeat or 0,
-                          config.screen_drop)
-    study.set_user_attr(TRIALS, config.budget.trials)
+    seed_study(study, groups, cost, sqnr)
+    shared = SharedInputs(fingerprint(model, judges.weights_key, work.examples, work.held_out.inputs, work.device),
+                          groups, cost, sqnr, dict(judges.proxy.baseline), judges.budget, config.trials,
+                          config.deadline, config.heartbeat or 0, config.seed)
+    study.set_user_attr(TRIALS, config.trials)
     study.set_user_attr(CLOSED, False)
     study.set_user_attr(SHARED, shared.to_json())
     return study
 
 
 def close(outcome: SearchOutcome, config: SearchConfig, cost: CostModel, evaluate: Callable[[Plan], Accuracy],
-          ledger: RunLedger, keep: float = 0.0) -> Decision:
+          ledger: RunLedger, keep: float = 0.0) -> StudyClosed:
     """End the study's trials: no process starts another; the running ones are waited for, up to
     3x the median trial (at least the heartbeat's grace period and one beat, so a dead process's
     trial is found and failed) within what a time budget has left after `keep` seconds; queued retries (trials
@@ -227,16 +229,15 @@ def close(outcome: SearchOutcome, config: SearchConfig, cost: CostModel, evaluat
         except Exception:  # noqa: BLE001 - as Optuna's catch: the trial fails, the choice goes on
             study.tell(trial, state=states.FAIL)
         retried += 1
-    outcome.trials = [_result(t, 0.0) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    _refresh(outcome)
+    outcome.trials = [TrialRecord.read(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    refresh(outcome)
     per: dict[str, int] = {}
     for r in outcome.trials:
         if r.state == "COMPLETE":
             per[r.worker or "?"] = per.get(r.worker or "?", 0) + 1
     running_left = len(study.get_trials(deepcopy=False, states=(states.RUNNING,)))
-    return Decision("study_closed", None, {"processes": len(per), "waited_s": round(waited, 2),
-                                           "running": running_left, "retried": retried},
-                    ", ".join(f"{w} {n}" for w, n in sorted(per.items())))
+    return StudyClosed(len(per), round(waited, 2), running_left, retried,
+                       ", ".join(f"{w} {n}" for w, n in sorted(per.items())))
 
 
 def _fail_stale(study: optuna.Study) -> None:
@@ -271,39 +272,43 @@ def join(storage: str, study_name: str, wait: float = 0.0) -> SharedInputs:
                      "(`autoao search --storage ...`) prints its name")
 
 
-def scorer(model: nn.Module, key: str, examples: Any, eval_inputs: Any, shared: SharedInputs) -> stages.ModelBench:
-    """A ModelBench that scores trials as the coordinator's does (`.proxy(plan)`): the model
-    profiled here (calibration), the proxy's reference outputs computed here, its baseline, the
-    cost model and the layer errors the coordinator's. key: the model's weights_key."""
-    device = model_device(model)
-    work = stages.profile_workload(model, examples, eval_inputs)
-    proxy = ProxyEvaluator(model, work.eval_inputs, cache=ResultCache(cache_dir() / "timings.sqlite"),
-                           reference_key=f"{key}:{stages.plan_key(Plan())}")
+def scorer(model: nn.Module, key: str, work: Workload, shared: SharedInputs) -> tuple[ModelBench, Callable[[Plan], Accuracy]]:
+    """A bench and the trial scorer that score as the coordinator's do: the model profiled here
+    (calibration), the proxy's reference outputs and noise floor computed here on the same held-out
+    inputs, the coordinator's baseline, budget, cost model and layer errors. key: the model's weights_key."""
+    proxy = ProxyEvaluator(model, work.held_out.inputs, cache=ResultCache(cache_dir() / "timings.sqlite"),
+                           reference_key=f"{key}:{plan_key(Plan())}")
+    proxy.calibrate(model)
     proxy.baseline = dict(shared.proxy_baseline)  # drops from the coordinator's baseline, as its trials
-    base = stages.Baselines(shared.bf16_us, 0.0, False, proxy, None, 0.0, key)
-    meas = stages.Measurements(base, LatencyTable(device.type, "", "", [], 0, 0.0), shared.cost, {}, {}, shared.sqnr)
-    return stages.ModelBench(model, work, meas, shared.groups)
+
+    def screen(m: nn.Module, plan: Plan) -> Accuracy:
+        acc, evidence = proxy.score(m, f"{key}:{plan_key(plan)}")
+        return acc.with_verdict(shared.accuracy.judge(evidence))
+
+    bench = ModelBench(model, work.prof, work.examples, compile=False, groups=shared.groups, cost=shared.cost)
+    return bench, bench.scorer(screen)
 
 
 def run_worker(model: nn.Module, examples: Any, eval_inputs: Any, shared: SharedInputs, *, storage: str,
-               study_name: str, budget: Budget | None = None, progress: bool = True) -> SearchOutcome:
+               study_name: str, tokenizer: Any = None, budget: Budget | None = None,
+               progress: bool = True) -> SearchOutcome:
     """Run trials of the study until its budget (or this worker's own `budget`) is spent. The model
     must be the coordinator's (same weights, inputs and device type): ValueError naming both
     sides otherwise, before any trial."""
     device = model_device(model)
     key = weights_key(model)
-    # as the coordinator's Workload holds them: examples as a list, held-out inputs as given
-    mine = fingerprint(model, key, examples if isinstance(examples, list) else [examples],
-                       eval_inputs if eval_inputs is not None else examples, device)
+    work = build_workload(model, examples, eval_inputs=eval_inputs, tokenizer=tokenizer, seed=shared.seed)
+    mine = fingerprint(model, key, work.examples, work.held_out.inputs, device)
     if mine != shared.fingerprint:
         raise ValueError(f"this worker's model is not the study's: here {mine.text()}, study {study_name!r} "
                          f"measured {shared.fingerprint.text()}; start the worker with the coordinator's --model "
                          "and --device type")
-    bench = scorer(model, key, examples, eval_inputs, shared)
-    config = SearchConfig(budget=budget or Budget(), max_accuracy_drop=shared.max_accuracy_drop, storage=storage,
+    bench, score = scorer(model, key, work, shared)
+    budget = budget or Budget()
+    config = SearchConfig(shared.accuracy, trials=budget.trials, seconds=budget.seconds, storage=storage,
                           study_name=study_name, role="worker", worker=label("worker"), deadline=shared.deadline,
-                          heartbeat=shared.heartbeat or None, fresh_seed=True, screen_drop=shared.screen_drop)
+                          heartbeat=shared.heartbeat or None, fresh_seed=True)
     try:
-        return run_search(shared.groups, shared.cost, bench.proxy, config, progress=progress)
+        return run_search(shared.groups, shared.cost, score, config, progress=progress)
     finally:
         bench.restore()

@@ -105,6 +105,8 @@ class EvalResult:
     limit: int | float | None = None
     config: dict[str, Any] = field(default_factory=dict)  # model wrapper, batch size, lm-eval version
     documents: dict[str, int] = field(default_factory=dict)  # task -> documents it has (all, whatever `limit`)
+    # task -> doc id -> {"score": its headline metric, "margin": its gold answer's log-likelihood lead}
+    per_doc: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
 
 def evaluate(
@@ -113,11 +115,13 @@ def evaluate(
     tasks: list[str] | str,
     *,
     limit: int | float | None = None,
+    samples: dict[str, list[int]] | None = None,
     batch_size: int = 8,
     device: torch.device | str | None = None,
     max_length: int | None = None,
 ) -> EvalResult:
-    """Score `model` on lm-eval `tasks` (zero-shot) and return the metrics and how long it took.
+    """Score `model` on lm-eval `tasks` (zero-shot) and return the metrics, each document's score
+    and how long it took.
 
     Args:
         model: a transformers `PreTrainedModel` (scored through lm-eval's HFLM), or any causal LM
@@ -127,11 +131,45 @@ def evaluate(
         tasks: task names, as a list or comma-separated; `task_names()` lists the bundled ones.
         limit: score only the first `limit` documents of each task (a fraction if < 1), for a fast
             run. The bundled facts are stored in a shuffled order, so a prefix mixes every category.
+        samples: task -> the indices of the documents to score (instead of `limit`): a judge that
+            samples a task's documents in a random order scores them in chunks.
         batch_size: sequences per forward pass.
         device: where inputs go; default the device of the model's parameters. The model must
             already be there.
         max_length: context window in tokens; default the HF config's, or 2048 for other models.
     """
+    names = _check_args(model, tokenizer, tasks, batch_size)
+    start = time.perf_counter()
+    with _offline_env(), tempfile.TemporaryDirectory(prefix="autoao-lmeval-") as tmp:
+        import lm_eval
+
+        manager = _task_manager(Path(tmp), names)
+        lm = _wrap(model, tokenizer, batch_size=batch_size, device=device, max_length=max_length)
+        was_training = model.training
+        model.eval()
+        try:
+            out = lm_eval.simple_evaluate(
+                model=lm, tasks=names, task_manager=manager, limit=None if samples else limit, samples=samples,
+                log_samples=True, bootstrap_iters=0,  # stderrs: the judges compute their own, paired
+                # leave the caller's RNG state alone (nothing here samples)
+                random_seed=None, numpy_random_seed=None, torch_random_seed=None,
+            )
+        finally:
+            model.train(was_training)
+    return EvalResult(
+        metrics={name: _metrics(out["results"][name]) for name in names},
+        samples={name: int(out["n-samples"][name]["effective"]) for name in names if name in out["n-samples"]},
+        documents={name: int(out["n-samples"][name]["original"]) for name in names if name in out["n-samples"]},
+        seconds=time.perf_counter() - start,
+        limit=limit,
+        config={"lm": type(lm).__name__, "batch_size": batch_size, "max_length": lm.max_length,
+                "lm_eval": lm_eval.__version__},
+        per_doc={name: _per_doc(out.get("samples", {}).get(name, [])) for name in names},
+    )
+
+
+def _check_args(model: nn.Module, tokenizer: Any, tasks: list[str] | str, batch_size: int) -> list[str]:
+    """The task names; ValueError naming the bad argument."""
     names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     if not names:
         raise ValueError(f"tasks is empty; give at least one task name, e.g. {task_names()}")
@@ -142,40 +180,44 @@ def evaluate(
         raise ValueError(f"model must be a torch nn.Module (a causal LM), got {type(model).__qualname__}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return names
 
-    start = time.perf_counter()
+
+def _task_manager(tmp: Path, names: list[str]) -> Any:
+    """lm-eval's TaskManager with the bundled tasks; lm-eval's own ~15k task YAMLs are indexed
+    (seconds) only when a task is not bundled."""
+    from lm_eval.tasks import TaskManager
+
+    include = _write_bundled_tasks(tmp)
+    manager = TaskManager(include_path=str(include), include_defaults=any(n not in task_names() for n in names))
+    _check_task_names(names, manager.all_tasks)
+    return manager
+
+
+def task_sizes(tasks: list[str]) -> dict[str, int]:
+    """Task -> how many documents lm-eval scores on it (its evaluation split)."""
+    from lm_eval.tasks import get_task_dict
+
     with _offline_env(), tempfile.TemporaryDirectory(prefix="autoao-lmeval-") as tmp:
-        import lm_eval
-        from lm_eval.tasks import TaskManager
+        loaded = get_task_dict(tasks, _task_manager(Path(tmp), tasks))
+        return {name: len(list(task.eval_docs)) for name, task in loaded.items()}
 
-        include = _write_bundled_tasks(Path(tmp))
-        # Indexing lm-eval's own ~15k task YAMLs takes seconds; skip it when only bundled tasks run.
-        needs_defaults = any(n not in task_names() for n in names)
-        manager = TaskManager(include_path=str(include), include_defaults=needs_defaults)
-        _check_task_names(names, manager.all_tasks)
 
-        lm = _wrap(model, tokenizer, batch_size=batch_size, device=device, max_length=max_length)
-        was_training = model.training
-        model.eval()
-        try:
-            out = lm_eval.simple_evaluate(
-                model=lm, tasks=names, task_manager=manager, limit=limit, log_samples=False,
-                bootstrap_iters=1000,  # stderr for bootstrapped metrics; acc's is closed-form anyway
-                # leave the caller's RNG state alone (nothing here samples)
-                random_seed=None, numpy_random_seed=None, torch_random_seed=None,
-            )
-        finally:
-            model.train(was_training)
-    seconds = time.perf_counter() - start
-    return EvalResult(
-        metrics={name: _metrics(out["results"][name]) for name in names},
-        samples={name: int(out["n-samples"][name]["effective"]) for name in names if name in out["n-samples"]},
-        documents={name: int(out["n-samples"][name]["original"]) for name in names if name in out["n-samples"]},
-        seconds=seconds,
-        limit=limit,
-        config={"lm": type(lm).__name__, "batch_size": batch_size, "max_length": lm.max_length,
-                "lm_eval": lm_eval.__version__},
-    )
+def _per_doc(logged: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """lm-eval's logged samples -> doc id -> {"score": the headline metric (acc, else the first
+    number), "margin": multiple choice: the gold answer's log-likelihood above the best other}."""
+    out: dict[int, dict[str, float]] = {}
+    for row in logged:
+        metric = next((row[m] for m in ("acc", "acc_norm", "exact_match") if isinstance(row.get(m), (int, float))), None)
+        if metric is None:
+            continue
+        entry = {"score": float(metric)}
+        lls = [r[0] for r in row.get("filtered_resps", []) if isinstance(r, (tuple, list)) and r]
+        gold = row.get("target")
+        if isinstance(gold, int) and 0 <= gold < len(lls) and len(lls) > 1:
+            entry["margin"] = float(lls[gold] - max(v for i, v in enumerate(lls) if i != gold))
+        out[int(row["doc_id"])] = entry
+    return out
 
 
 ##### tasks #####################################################################################

@@ -1,0 +1,159 @@
+"""The two budgets a run keeps, each with one owner.
+
+    AccuracyBudget   the accuracy drop the user allows: created once, it judges evidence into
+                     verdicts and decides which trials are feasible; the search, the workers, the
+                     chooser and the report read what it decided
+    TimePlan         the time budget: built once after the baselines from what they cost, it hands
+                     each stage its deadline from one table of shares and re-plans at every stage
+                     boundary from the rates measured since, so a machine that slows down shrinks
+                     the later stages instead of overrunning them
+
+Both read one clock, the run's ledger (autoao.ledger: time.perf_counter since the run began).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from autoao.ledger import RunLedger
+from autoao.types import Accuracy, Evidence, Verdict, judge
+
+##### accuracy ##################################################################################
+
+# Where tier 2 decides (lm-eval tasks, the user's metric), the label-free tier-1 judges (the proxy,
+# greedy generation) only screen: a plan is feasible in the search, and passes the generation
+# check, up to this x the budget or x the proxy's own noise, whichever is larger. Top-1 agreement
+# moves more than a task's accuracy: SmolLM2 with int8_wo everywhere lost 1.6 to 4.1 points of
+# agreement below its float32 floor while autoao_facts rose 1.1 points
+# (benchmarks/results/2026-12-02-epyc/search-screen/, benchmarks/results/2026-11-30-cpu/accuracy_table.md).
+TIER1_SCREEN = 5.0
+
+
+@dataclass(frozen=True)
+class AccuracyBudget:
+    """The largest accuracy drop a shipped plan may have, on the tier that decides, and the screen
+    the label-free judges apply where a task or metric decides."""
+
+    max_drop: float  # absolute, in the deciding metric's units (0.01 = 1 point)
+    tier: int  # 1: the proxy decides; 2: the user's tasks or metric decide
+    screen: float  # the tier-1 drop up to which a trial is feasible (max_drop where tier 1 decides)
+    unit: str = ""  # the deciding metric, in words
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_drop <= 1.0:
+            raise ValueError(f"max_accuracy_drop must be in [0, 1] (0.01 = 1 point), got {self.max_drop}")
+
+    @classmethod
+    def create(cls, max_drop: float, *, tier2: bool, proxy_noise: float = 0.0, unit: str = "") -> AccuracyBudget:
+        """`proxy_noise`: 1 - the agreement the unmodified model reaches with its float32 twin: no
+        screen is finer than the proxy resolves."""
+        screen = min(1.0, TIER1_SCREEN * max(max_drop, proxy_noise)) if tier2 else max_drop
+        return cls(max_drop, 2 if tier2 else 1, screen, unit)
+
+    def limit(self, tier: int) -> float:
+        """The drop a judge of `tier` may find: the budget on the deciding tier, the screen below it."""
+        return self.max_drop if tier >= self.tier else self.screen
+
+    def feasible(self, acc: Accuracy) -> bool:
+        """A trial's feasibility in the search: its tier-1 drop within the screen (a point estimate:
+        the search ranks; the chooser's verdicts decide what ships)."""
+        return math.isfinite(acc.drop) and acc.drop <= self.limit(acc.tier)
+
+    def judge(self, evidence: Evidence, looks: int = 1) -> Verdict:
+        """The verdict of `evidence` against this budget (autoao.types.judge)."""
+        return judge(evidence, self.limit(evidence.tier), looks)
+
+
+##### time ######################################################################################
+
+# Of the time a budget leaves once the baselines are measured and the reserve (the accuracy
+# verdicts and the final measurement, priced from what the baselines cost) is set aside, each
+# flexible stage's share. A stage that does not run (anchors on CUDA) gives its share to the
+# others; a stage that ends early leaves its time to the later ones.
+SHARES = {"kernel timing": 0.40, "layer errors": 0.10, "anchors": 0.10, "search trials": 0.40}
+STAGES = ("profile and baselines", *SHARES, "accuracy verdicts", "final measurement")
+WRITE_SECONDS = 5.0  # saving the model and rendering the report
+MAX_CHECKS = 4  # plans the chooser judges at most (bisection of the Pareto front)
+CHECK_SHARE = 0.3  # of the budget left after the baselines, at most this is reserved for checks
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the run's repeated steps cost, measured on the unchanged model before the plan."""
+
+    proxy_s: float  # scoring one trial: a proxy pass over the screen inputs
+    check_s: float  # judging one plan to a verdict, at worst (all the evidence the judges can take)
+    final_s: float  # the final end-to-end comparison
+    run_s: float = 0.0  # one end-to-end run of the workload
+    once_s: float = 0.0  # judging's one-off part: the unmodified model's side of the first check
+    write_s: float = WRITE_SECONDS
+
+
+class TimePlan:
+    """Deadlines for the stages of a run with a time budget (a trial budget has none: every
+    deadline is None). Built once after the baselines; `observe` feeds it what repeated steps
+    really took, and every later deadline and the reserve scale by that slowdown."""
+
+    def __init__(self, ledger: RunLedger, costs: Costs, skip: tuple[str, ...] = ()) -> None:
+        self.ledger, self.costs = ledger, costs
+        self.shares = {s: v for s, v in SHARES.items() if s not in skip}
+        remaining = ledger.remaining()
+        fits = int(CHECK_SHARE * remaining / costs.check_s) if remaining is not None and costs.check_s > 0 else MAX_CHECKS
+        self.checks = max(1, min(MAX_CHECKS, fits))  # checks the reserve keeps time for
+        self.planned: dict[str, float] = {}
+        self._ratios: list[float] = []
+
+    @property
+    def slowdown(self) -> float:
+        """How much slower repeated steps run now than when the baselines measured them (the median
+        of the last three observations; 1 before any)."""
+        return max(1.0, statistics.median(self._ratios[-3:])) if self._ratios else 1.0
+
+    def observe(self, planned_s: float, took_s: float) -> None:
+        """A repeated step priced at `planned_s` took `took_s`."""
+        if planned_s > 0 and took_s > 0:
+            self._ratios.append(took_s / planned_s)
+
+    def final_reserve(self) -> float:
+        return self.slowdown * self.costs.final_s + self.costs.write_s
+
+    def reserve(self) -> float:
+        """Seconds kept for what runs after the trials: the checks and the final measurement."""
+        return self.slowdown * (self.checks * self.costs.check_s + self.costs.once_s) + self.final_reserve()
+
+    def deadline(self, stage: str) -> float | None:
+        """The ledger.clock() by which `stage` (one of SHARES) ends: its share of what the budget
+        leaves after the reserve, among itself and the stages after it. Records what it planned."""
+        seconds = self._seconds(stage)
+        if seconds is None:
+            return None
+        self.planned[stage] = seconds
+        return self.ledger.clock() + seconds
+
+    def past(self, stage: str) -> bool:
+        """Whether `stage` has used its time, re-planned now (at today's slowdown)."""
+        seconds = self._seconds(stage)
+        return seconds is not None and seconds <= 0.0
+
+    def _seconds(self, stage: str) -> float | None:
+        remaining = self.ledger.remaining()
+        if remaining is None:
+            return None
+        later = list(self.shares)[list(self.shares).index(stage):]
+        return max(remaining - self.reserve(), 0.0) * self.shares[stage] / sum(self.shares[s] for s in later)
+
+    def allows(self, seconds: float) -> bool:
+        """Whether a step of `seconds` (priced at today's rates: scaled by the slowdown) still leaves
+        the final measurement its reserve."""
+        remaining = self.ledger.remaining()
+        return remaining is None or remaining - self.slowdown * seconds >= self.final_reserve()
+
+    def plan_verdicts(self) -> None:
+        """Record what the accuracy verdicts and the final measurement are planned to take, at the
+        stage boundary where they start."""
+        remaining = self.ledger.remaining()
+        if remaining is not None:
+            self.planned["accuracy verdicts"] = max(remaining - self.final_reserve(), 0.0)
+            self.planned["final measurement"] = self.final_reserve()

@@ -1,0 +1,314 @@
+"""The decisions a run records: one frozen dataclass per kind, each with its own `describe()`, in a
+registry keyed by kind (as the candidates are). A leaf module: the stages write decisions, the report
+reads them, and neither parses the other's prose.
+
+    BusyCpu(threads=2, threads_ms=18.8, one_ms=0.55).describe()
+    decision_from_dict({"kind": "busy_cpu", ...}) -> BusyCpu(...)
+
+`ends_unchanged`: a decision that, when it is the run's last word, is why the model stayed as it came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from autoao.types import Verdict
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step of a run's choice, as data."""
+
+    kind: ClassVar[str] = ""
+    ends_unchanged: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def trial_number(self) -> int | None:
+        """The trial the decision is about, if any."""
+        return getattr(self, "trial", None)
+
+
+DECISIONS: dict[str, type[Decision]] = {}
+
+
+def decision(cls: type[Decision]) -> type[Decision]:
+    """Register a decision class by its `kind`."""
+    if not cls.kind or cls.kind in DECISIONS:
+        raise ValueError(f"decision kind {cls.kind!r} is empty or taken")
+    DECISIONS[cls.kind] = cls
+    return cls
+
+
+def decision_type(kind: str) -> type[Decision]:
+    """The class of `kind`; ValueError with the close names otherwise."""
+    if kind in DECISIONS:
+        return DECISIONS[kind]
+    close = difflib.get_close_matches(kind, DECISIONS, n=3)
+    raise ValueError(f"unknown decision kind {kind!r}." + (f" Did you mean: {', '.join(close)}?" if close else "")
+                     + f" Known: {', '.join(DECISIONS)}")
+
+
+def decision_fields(d: Decision) -> dict[str, Any]:
+    """The decision's fields with its kind, for JSON."""
+    return {"kind": d.kind, **{f.name: getattr(d, f.name) for f in dataclasses.fields(d)}}
+
+
+def _s(n: float) -> str:
+    return "" if n == 1 else "s"
+
+
+##### the inputs ###############################################################################
+
+@decision
+@dataclass(frozen=True)
+class Note(Decision):
+    """Free text (run files of an earlier autoao, whose decisions were not typed)."""
+
+    kind: ClassVar[str] = "note"
+    reason: str = ""
+
+    def describe(self) -> str:
+        return self.reason
+
+
+@decision
+@dataclass(frozen=True)
+class BusyCpu(Decision):
+    """Another process had the CPU: the smallest example ran faster on one thread, so the run did."""
+
+    kind: ClassVar[str] = "busy_cpu"
+    threads: int = 0
+    threads_ms: float = 0.0
+    one_ms: float = 0.0
+
+    def describe(self) -> str:
+        return (f"the CPU is busy with other work: one call of the smallest example took {self.threads_ms:.1f} ms on "
+                f"{self.threads} threads and {self.one_ms:.1f} ms on one, so this run timed and measured everything on "
+                f"one thread (its speed-ups are one thread's; run again on an idle machine to measure {self.threads})")
+
+
+@decision
+@dataclass(frozen=True)
+class HeldOutInputs(Decision):
+    """The judges' inputs: the caller's held too few positions, so autoao built held-out ones."""
+
+    kind: ClassVar[str] = "held_out_inputs"
+    given: int = 0  # positions (or rows) in the inputs the proxy would have judged on
+    minimum: int = 0
+    positions: int = 0  # what the proxy judges on instead
+    source: str = ""  # "tokenizer text", "the model's own samples", "inputs like the examples"
+
+    def describe(self) -> str:
+        return (f"the example inputs hold {self.given} positions, fewer than the {self.minimum} a verdict needs at "
+                f"least: the accuracy judges score {self.positions} held-out positions of {self.source}")
+
+
+##### the search and the judges ################################################################
+
+@decision
+@dataclass(frozen=True)
+class NoFeasiblePlan(Decision):
+    kind: ClassVar[str] = "no_feasible_plan"
+    ends_unchanged: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return "no trial met the accuracy budget on the proxy: keeping the model as it came"
+
+
+@decision
+@dataclass(frozen=True)
+class Judged(Decision):
+    """A plan of the Pareto front judged by the accuracy judges before it could ship."""
+
+    kind: ClassVar[str] = "judged"
+    trial: int = -1
+    predicted_ms: float = 0.0
+    proxy_drop: float = 0.0  # on the search's screen
+    status: str = ""  # holds / breaks / unresolved: every judge's verdict combined
+    verdicts: tuple[Verdict, ...] = ()
+    seconds: float = 0.0  # what judging it took
+
+    def describe(self) -> str:
+        said = "; ".join(v.describe() for v in self.verdicts) or "no judge ran"
+        return (f"trial {self.trial} (predicted {self.predicted_ms:.3f} ms, screen drop {self.proxy_drop:+.4f}) "
+                f"{self.status}, {self.seconds:.0f} s: {said}")
+
+
+@decision
+@dataclass(frozen=True)
+class ChoseSlower(Decision):
+    """The fastest plan that held was not the fastest on the front."""
+
+    kind: ClassVar[str] = "chose_slower"
+    trial: int = -1
+    checked: int = 0  # plans judged
+    faster: int = 0  # plans of the front predicted faster
+    broke: int = 0  # of those judged, the ones that broke
+    unresolved: int = 0  # of those judged, the ones the evidence could not settle
+    unchecked: int = 0  # faster plans, between it and the slowest that did not hold, never judged
+
+    def describe(self) -> str:
+        said = (f"chose trial {self.trial}: the fastest plan of the Pareto front that held, in {self.checked} "
+                f"check{_s(self.checked)} by bisection; ")
+        plans = f"{self.faster} plan{_s(self.faster)} predicted faster"
+        if self.unchecked == self.faster:
+            return said + f"the {plans} {'were' if self.faster != 1 else 'was'} not judged (no checks or time left)"
+        return said + (f"of the {plans}, {self.broke} broke the budget and {self.unresolved} stayed unresolved"
+                       + (f" ({self.unchecked} between it and the slowest that failed not judged)"
+                          if self.unchecked else ""))
+
+
+@decision
+@dataclass(frozen=True)
+class NoneHeld(Decision):
+    kind: ClassVar[str] = "none_held"
+    ends_unchanged: ClassVar[bool] = True
+    checked: int = 0
+    unresolved: int = 0  # of them, plans the evidence the budget allowed could not settle
+
+    def describe(self) -> str:
+        why = (f" ({self.unresolved} unresolved: too few positions or documents within the time budget to show "
+               "them within it; a larger budget judges on more)" if self.unresolved else "")
+        return f"none of the {self.checked} plans judged held{why}: keeping the model as it came"
+
+
+@decision
+@dataclass(frozen=True)
+class OutOfTime(Decision):
+    kind: ClassVar[str] = "out_of_time"
+    trial: int | None = None
+    what: str = ""  # "more checks", "the re-rank", "more evidence"
+
+    def describe(self) -> str:
+        after = f" (after trial {self.trial})" if self.trial is not None else ""
+        return f"the time budget left no room for {self.what}{after}"
+
+
+##### end to end ################################################################################
+
+@decision
+@dataclass(frozen=True)
+class RerankChose(Decision):
+    kind: ClassVar[str] = "rerank_chose"
+    trial: int = -1
+    measured_ms: float = 0.0
+    pick: int = -1  # the cost model's pick
+    pick_measured_ms: float = 0.0
+    pick_predicted_ms: float = 0.0
+
+    def describe(self) -> str:
+        return (f"chose trial {self.trial}: measured end to end at {self.measured_ms:.3f} ms, "
+                f"{self.pick_measured_ms / self.measured_ms:.2f}x faster than trial {self.pick}, the cost model's pick "
+                f"({self.pick_measured_ms:.3f} ms measured, {self.pick_predicted_ms:.3f} ms predicted)")
+
+
+@decision
+@dataclass(frozen=True)
+class RerankKept(Decision):
+    kind: ClassVar[str] = "rerank_kept"
+    trial: int = -1
+    measured_ms: float = 0.0
+    band: float = 0.0
+    margin: float = 0.0
+    others: dict[int, float] = field(default_factory=dict)  # trial -> measured ms
+
+    def describe(self) -> str:
+        others = ", ".join(f"trial {t} {ms:.3f} ms" for t, ms in self.others.items())
+        return (f"kept trial {self.trial} ({self.measured_ms:.3f} ms measured end to end); the plans predicted within "
+                f"{self.band:.0%} of it were not more than {self.margin:.0%} faster: {others}")
+
+
+@decision
+@dataclass(frozen=True)
+class PlanUnmeasurable(Decision):
+    kind: ClassVar[str] = "plan_unmeasurable"
+    trial: int = -1
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"a plan predicted as fast (trial {self.trial}) could not be measured: {self.reason}"
+
+
+@decision
+@dataclass(frozen=True)
+class KeptUnchanged(Decision):
+    """The chosen plan was not shown faster than the model as it came."""
+
+    kind: ClassVar[str] = "kept_unchanged"
+    ends_unchanged: ClassVar[bool] = True
+    trial: int | None = None
+    plan_ms: float = 0.0
+    baseline_ms: float = 0.0
+    low: float = 0.0  # lowest per-round ratio
+    high: float = 0.0
+    rounds: int = 0
+    estimate: float | None = None  # the paired speed-up (where rounds give one)
+    bound: float | None = None  # its 95% lower bound
+
+    def describe(self) -> str:
+        paired = (f"; paired {self.estimate:.2f}x, at least {self.bound:.2f}x with 95% confidence"
+                  if self.estimate is not None and self.bound is not None else "")
+        faster = self.estimate > 1.0 if self.estimate is not None else self.high > 1.0
+        return (f"the chosen plan (trial {self.trial}) measured {self.plan_ms:.3f} ms end to end, the model as it came "
+                f"{self.baseline_ms:.3f} ms (per round {self.low:.2f}x to {self.high:.2f}x over {self.rounds} interleaved "
+                f"rounds{paired}): {'no measurable change' if faster else 'not faster'}, so the model stays as it came")
+
+
+@decision
+@dataclass(frozen=True)
+class BestIsUnchanged(Decision):
+    kind: ClassVar[str] = "best_is_unchanged"
+    ends_unchanged: ClassVar[bool] = True
+    trial: int = -1
+
+    def describe(self) -> str:
+        return (f"the fastest plan found that holds the accuracy budget changes no layer (trial {self.trial}); a larger "
+                "budget lets the search try more plans")
+
+
+@decision
+@dataclass(frozen=True)
+class NothingToTry(Decision):
+    """No plan could be tried: no candidate runs here, or the time budget ran out first."""
+
+    kind: ClassVar[str] = "nothing_to_try"
+    ends_unchanged: ClassVar[bool] = True
+    not_timed: int = 0  # cells the time budget left untimed
+    stage: str = ""  # the stage that spent the budget
+    stage_s: float = 0.0
+    suggest_s: float = 0.0  # a time budget that would let the search try plans
+
+    def describe(self) -> str:
+        if not self.not_timed and not self.stage:
+            return "no layer has a candidate other than the unchanged one that runs here, so no plan could be tried"
+        return (f"the time budget was spent before any plan could be tried: '{self.stage}' took {self.stage_s:.0f} s "
+                f"({self.not_timed} timing cells never timed); a budget of about {self.suggest_s:.0f} s lets the search "
+                "try plans")
+
+
+@decision
+@dataclass(frozen=True)
+class StudyClosed(Decision):
+    """Several processes ran the trials; what the coordinator did at the close."""
+
+    kind: ClassVar[str] = "study_closed"
+    processes: int = 0
+    waited_s: float = 0.0
+    running: int = 0
+    retried: int = 0
+    per_process: str = ""  # "coordinator@h:1 12, worker@h:2 9"
+
+    def describe(self) -> str:
+        text = (f"{self.processes} processes ran the trials ({self.per_process}); at the close the coordinator waited "
+                f"{self.waited_s:.1f} s for running trials")
+        if self.retried:
+            text += f" and ran {self.retried} retried trial(s) of a lost process itself"
+        if self.running:
+            text += f"; {self.running} trial(s) still running were left out of the choice"
+        return text

@@ -1,0 +1,117 @@
+"""Stage 5: the chosen plan applied for real and measured against the model as it came.
+
+    final = finalize(bench, choice, cost, base, ledger)   -> Final
+
+bf16 and the plan are measured in alternation, round by round, and the speed-up is the rounds'
+paired estimate with its 95% interval (autoao.clock.paired_speedup). A plan is shipped only when
+shown faster (the interval's lower bound above 1.00x): per-layer timings summed can promise a
+speed-up the whole model does not deliver (SmolLM2 at M=2048 on the H200, 2:4 everywhere predicted
+1.03x, measured 0.87x). On the CPU rounds continue from MIN_ROUNDS up to MAX_ROUNDS or what the time
+budget leaves, until the bound is above 1 or the estimate is not; each CPU round runs the workload
+once per side (the same bf16 demo workload measured 2.1 to 2.8 s in consecutive rounds on a quiet
+Xeon). Compiled (CUDA), each side is compiled once and its CUDA-graph replays alternate with the
+other's. An empty plan is the unchanged model: 1.00x by definition, not measured again.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from autoao.bench import ModelBench, Sample, interleaved
+from autoao.choose import Choice
+from autoao.clock import PairedSpeedup, paired_speedup
+from autoao.common import BASELINE
+from autoao.cost import CostModel
+from autoao.decisions import BestIsUnchanged, Decision, KeptUnchanged, NothingToTry
+from autoao.ledger import RunLedger
+from autoao.measure import Baselines, Measurements
+from autoao.plan import Plan, apply
+from autoao.records import MeasuredPlan
+from autoao.types import Accuracy, Verdict
+from autoao.evaluators.timing import NOT_TIMED
+
+MIN_ROUNDS, MAX_ROUNDS = 3, 10
+
+
+@dataclass(frozen=True)
+class Final:
+    """The plan applied to the model, and its end-to-end time next to the unchanged model's."""
+
+    plan: Plan
+    accuracy: Accuracy | None  # None: the model is unchanged
+    verdicts: tuple[Verdict, ...]  # every judge's verdict on the shipped plan
+    baseline_us: float  # bf16: median over the interleaved rounds
+    plan_us: float
+    speedup: PairedSpeedup  # the rounds' paired speed-up and its interval (1.00x: unchanged)
+    speedup_range: tuple[float, float]  # lowest and highest per-round ratio
+    predicted_baseline_us: float
+    predicted_us: float
+    decisions: tuple[Decision, ...]
+    measured_plans: tuple[MeasuredPlan, ...]
+
+    @property
+    def rounds(self) -> int:
+        return self.speedup.rounds
+
+
+UNCHANGED = PairedSpeedup(1.0, 1.0, 1.0, 0)
+
+
+def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostModel, base: Baselines,
+             notes: tuple[Decision, ...], ledger: RunLedger) -> Final:
+    """Apply the chosen plan (fresh modules, validated) and compare it with the model as it came,
+    measured in alternation (module docstring); a plan not shown faster leaves the model unchanged."""
+    model = bench.model
+    decisions = [*notes, *choice.decisions]
+    bench.restore()
+    trial = choice.trial
+    plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
+    predicted_base = cost.predict(Plan())
+    if not plan.layers:
+        if all(ch == [BASELINE] for ch in meas.choices.values()):
+            decisions.append(NothingToTry(sum(r.timing.error == NOT_TIMED for r in meas.table.rows)))
+        elif trial is not None:  # the best plan that held changes no layer
+            decisions.append(BestIsUnchanged(trial.number))
+            plan = bench.shipped({})
+        return Final(plan, None, (), base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0), predicted_base,
+                     predicted_base, tuple(decisions), choice.measured_plans)
+    apply(model, plan, calibration=bench.calibration)
+    rounds = MAX_ROUNDS if not base.compile else MIN_ROUNDS
+    got_base, got_plan = interleaved(bench, bench.modules(plan), _rounds(base, ledger, rounds), settled=_settled)
+    paired = _paired(got_base, got_plan)
+    spread = (min(b[1] / p[2] for b, p in zip(got_base, got_plan)), max(b[2] / p[1] for b, p in zip(got_base, got_plan)))
+    base_us, plan_us = statistics.median(b[0] for b in got_base), statistics.median(p[0] for p in got_plan)
+    if paired.low <= 1.0:
+        decisions.append(KeptUnchanged(plan.metadata.get("trial"), plan_us / 1e3, base_us / 1e3, spread[0], spread[1],
+                                       paired.rounds, paired.estimate, paired.low))
+        ledger.say(decisions[-1].describe())
+        bench.restore()
+        rows = tuple(MeasuredPlan(r.trial, r.predicted_ms, r.measured_ms, False) for r in choice.measured_plans)
+        return Final(bench.shipped({}), None, (), base_us, base_us, UNCHANGED, (1.0, 1.0), predicted_base,
+                     predicted_base, tuple(decisions), rows)
+    return Final(plan, choice.accuracy, choice.verdicts, base_us, plan_us, paired, spread, predicted_base,
+                 cost.predict(plan), tuple(decisions), choice.measured_plans)
+
+
+def _settled(base: list[Sample], planned: list[Sample]) -> bool:
+    """Whether the rounds so far decide: after MIN_ROUNDS, the plan is shown faster (lower bound
+    above 1) or not faster on average (estimate at most 1), which more rounds would rarely overturn."""
+    if len(base) < MIN_ROUNDS:
+        return False
+    paired = _paired(base, planned)
+    return paired.low > 1.0 or paired.estimate <= 1.0
+
+
+def _paired(base: list[Sample], planned: list[Sample]) -> PairedSpeedup:
+    """The rounds' paired speed-up, from each side's (median, p20, p80) us per round."""
+    return paired_speedup([b[0] for b in base], [p[0] for p in planned])
+
+
+def _rounds(base: Baselines, ledger: RunLedger, most: int) -> int:
+    """The most rounds that fit in what is left of a time budget (at least MIN_ROUNDS)."""
+    remaining = ledger.remaining()
+    if remaining is None:
+        return most
+    run = base.e2e_seconds / 3 if base.compile else base.bf16_us / 1e6
+    return max(MIN_ROUNDS, min(most, int((remaining - run) / max(2 * run, 1e-3))))

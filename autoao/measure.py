@@ -1,0 +1,345 @@
+"""Stage 2: what the model as it came costs, the judges of accuracy, and every candidate's cost.
+
+    base = measure_baselines(model, work, cache=..., ledger=...)       -> Baselines
+    judges = build_judges(model, work, tier2, max_drop, ...)           -> Judges
+    table, health = time_candidates(work, cands, cache=..., deadline=...)
+    meas = measure(model, work, cands, table, base, health, ...)       -> Measurements
+
+Everything here is measured once and handed on frozen; the later stages read it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoao.budget import AccuracyBudget, Costs
+from autoao.common import BASELINE
+from autoao.cost import CostModel, layer_calls
+from autoao.evaluators.cache import ResultCache, TimingCache, digest
+from autoao.evaluators.generation import GenerationJudge
+from autoao.evaluators.proxy import ProxyEvaluator
+from autoao.evaluators.sensitivity import layer_errors, token_ids
+from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
+from autoao.evaluators.timing import NOT_TIMED, LatencyTable, default_mode, measure_latencies, measure_model, spot_check
+from autoao.ledger import RunLedger
+from autoao.plan import Plan
+from autoao.profile import ModelProfile
+from autoao.records import TimingHealth
+from autoao.search_space import Candidate
+from autoao.types import Accuracy
+from autoao.workload import Workload
+
+E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
+
+
+def plan_key(plan: Plan) -> str:
+    """A plan's result-cache key: its candidates, and where it names them its kernels and fusions
+    (a kernel's rounding moves a task's score: benchmarks/results/2026-12-02-epyc/kernels-move-accuracy/)."""
+    layers = sorted((f, c.name) for f, c in plan.layers.items())
+    if not plan.kernels and not plan.fusions:
+        return digest(layers)
+    return digest(layers, sorted(plan.kernels.items()), sorted(plan.fusions))
+
+
+##### the model as it came ######################################################################
+
+@dataclass(frozen=True)
+class Baselines:
+    """The model as it came, measured before any kernel is timed."""
+
+    bf16_us: float  # the unchanged model, end to end
+    e2e_seconds: float  # what that one measurement cost (its compiles included)
+    compile: bool  # end-to-end measurements compile the model (as timing compiled layers)
+    weights_key: str  # the model's weights, for result-cache keys
+    # compiled only, from earlier runs of this model on this device (0: none): the longest first
+    # measurement (a cold compile cache's) and the last final comparison's seconds
+    cold_seconds: float = 0.0
+    final_seen: float = 0.0
+
+
+def measure_baselines(model: nn.Module, work: Workload, *, cache: ResultCache, ledger: RunLedger) -> Baselines:
+    """The unchanged model end to end (the cost model's rest). Compiled on CUDA, as per-layer timing
+    ran its layers (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly)."""
+    compile = default_mode(work.device) == "compile"
+    ledger.say("the unchanged model end to end")
+    t0 = time.perf_counter()
+    if compile:
+        bf16_us = measure_examples(model, work.examples, compile=True)
+    else:
+        # The profiling pass just ran every example, so the model is warm. This number only sets the
+        # cost model's rest (the final comparison measures both sides again, interleaved): when
+        # E2E_SHARE of the budget left cannot hold three runs, one run of each example.
+        remaining = ledger.remaining()
+        tight = remaining is not None and E2E_SHARE * remaining < 3 * work.prof.seconds
+        bf16_us = measure_examples(model, work.examples, warmup=0, reps=1 if tight else None,
+                                   max_seconds=0.0 if tight else 3.0)
+    e2e = time.perf_counter() - t0
+    weights = digest("model", *[t for t in model.state_dict().values()])
+    seen = compiled_costs(cache, weights, work, e2e) if compile else {}
+    return Baselines(bf16_us, e2e, compile, weights, seen.get("cold_seconds", 0.0), seen.get("final_seconds", 0.0))
+
+
+def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
+                     warmup: int = 2, max_seconds: float = 3.0) -> float:
+    """Sum of end-to-end medians (us) over the examples (workload_timing)."""
+    return workload_timing(model, examples, compile, reps, warmup, max_seconds)[0]
+
+
+def workload_timing(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
+                    warmup: int = 2, max_seconds: float = 3.0) -> tuple[float, float, float]:
+    """(median, p20, p80) us of the workload: each summed over the examples' measurements;
+    examples of the same shapes are timed once (a workload like "prefill 256 tokens, then 32
+    decode steps" repeats one decode shape). compile: torch.compile the model for each shape,
+    from a reset dynamo (static shapes; dynamo's recompile limit never reached however many plans
+    are measured on one model object)."""
+    seen: dict[str, Any] = {}
+    for ex in examples:
+        key = describe_shapes(ex)
+        if key not in seen:
+            if compile:
+                torch._dynamo.reset()
+            seen[key] = measure_model(model, ex, compile=compile, reps=reps, warmup=warmup, max_seconds=max_seconds)
+    times = [seen[describe_shapes(ex)] for ex in examples]
+    return (sum(t.median_us for t in times), sum(t.p20_us for t in times), sum(t.p80_us for t in times))
+
+
+def describe_shapes(example: Any) -> str:
+    """An example's tensor shapes and dtypes as text (examples with equal text time alike)."""
+    if isinstance(example, torch.Tensor):
+        return f"T{tuple(example.shape)}{example.dtype}"
+    if isinstance(example, (tuple, list)):
+        return "(" + ",".join(describe_shapes(e) for e in example) + ")"
+    if isinstance(example, dict):
+        return "{" + ",".join(f"{k}:{describe_shapes(v)}" for k, v in example.items()) + "}"
+    return repr(example)
+
+
+def _compiled_key(weights_key: str, work: Workload) -> str:
+    device = torch.cuda.get_device_name(work.device) if work.device.type == "cuda" else work.device.type
+    return f"compiled-costs:{weights_key}:{device}:{torch.__version__}:{describe_shapes(work.examples)}"
+
+
+def compiled_costs(cache: ResultCache, weights_key: str, work: Workload, e2e_seconds: float) -> dict[str, float]:
+    """What compiled measurements of this model and workload cost on this device in earlier runs:
+    {"cold_seconds": the longest first measurement (this one included), "final_seconds": the last
+    final comparison (absent before one ran)}; stores the first."""
+    key = _compiled_key(weights_key, work)
+    seen = dict(cache.get(key) or {})
+    seen["cold_seconds"] = max(seen.get("cold_seconds", 0.0), e2e_seconds)
+    cache.put(key, seen)
+    return seen
+
+
+def record_final(cache: ResultCache, base: Baselines, work: Workload, seconds: float) -> None:
+    """Remember what this run's compiled final comparison took, for the next run's reserve."""
+    if base.compile:
+        key = _compiled_key(base.weights_key, work)
+        cache.put(key, {**(cache.get(key) or {}), "final_seconds": seconds})
+
+
+def final_seconds(base: Baselines, rounds: int) -> float:
+    """What the final comparison of `rounds` interleaved rounds costs. Compiled: bf16's graphs hit
+    inductor's cache, but the plan's graph is new to it, so it compiles as the unchanged model did
+    on a cold cache, and no less than the last final comparison of this model here (SmolLM2 on an
+    H200: a 22 s first measurement on a warm cache, 59 s cold, final comparisons of 88-100 s:
+    benchmarks/results/2026-12-02-h200/final-stage/). On the CPU the plan's warm-up and the rounds,
+    each run at most as long as the unchanged model's."""
+    if base.compile:
+        e2e = base.e2e_seconds
+        return max(3 * e2e, 2 * e2e + base.cold_seconds, base.final_seen)
+    return (1 + 2 * rounds) * base.bf16_us / 1e6
+
+
+##### the judges ################################################################################
+
+@dataclass(frozen=True)
+class Judges:
+    """The accuracy judges, their references computed, and the budget they judge against."""
+
+    budget: AccuracyBudget
+    proxy: ProxyEvaluator  # tier 1: scores every trial (the screen) and, where it decides, confirms
+    generation: GenerationJudge | None  # causal LMs: greedy continuations with the KV cache
+    tier2: LmEvalJudge | MetricJudge | None  # the user's tasks or metric, where they decide
+    weights_key: str
+    proxy_s: float  # one screen pass
+    check_s: float  # judging one plan, at worst
+    once_s: float  # the unmodified model's share of the first check, at worst
+
+    def key(self, plan: Plan) -> str:
+        return f"{self.weights_key}:{plan_key(plan)}"
+
+    def screen(self, model: nn.Module, plan: Plan) -> Accuracy:
+        """The proxy's accuracy of `model` (carrying `plan`) on the screen, with its verdict."""
+        acc, evidence = self.proxy.score(model, self.key(plan))
+        return acc.with_verdict(self.budget.judge(evidence))
+
+    def describe(self) -> str:
+        return self.tier2.describe() if self.tier2 is not None else f"proxy: {self.proxy.describe()}"
+
+
+# The generation check: prompts of PROMPT_TOKENS held-out tokens, each continued greedily. Where the
+# proxy decides, generation is judged against the budget itself and needs about 4000 positions to
+# resolve one point (as the proxy's confirmation); where a task decides it only screens (the
+# screen is TIER1_SCREEN x wider) and 512 positions resolve it.
+PROMPT_TOKENS = 32
+GENERATION = {"proxy": (64, 64), "tier2": (16, 32)}  # who decides -> (prompts, new tokens)
+
+
+def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJudge | None, max_drop: float, *,
+                 cache: ResultCache, weights_key: str, ledger: RunLedger) -> Judges:
+    """The proxy's reference outputs and noise floor, the generation check's reference
+    continuations (causal LMs), the tier-2 baseline's first look; each one's cost, for the time plan."""
+    ledger.say("reference outputs for the accuracy judges")
+    t0 = time.perf_counter()
+    base_key = f"{weights_key}:{plan_key(Plan())}"
+    proxy = ProxyEvaluator(model, work.held_out.inputs, cache=cache, reference_key=base_key,
+                           confirm=list(work.confirm))
+    proxy.calibrate(model)
+    proxy_s = time.perf_counter() - t0
+    if proxy.noise:
+        ledger.say(f"the proxy's floor: {proxy.floor:.4f} top-1 agreement ({proxy.noise} of the unchanged model)")
+    generation, gen_s = None, 0.0
+    if proxy.lm:
+        t0 = time.perf_counter()
+        count, new_tokens = GENERATION["tier2" if tier2 is not None else "proxy"]
+        generation = GenerationJudge(model, prompts(work, count), new_tokens)
+        gen_s = time.perf_counter() - t0
+    check_s = once_s = gen_s
+    if isinstance(tier2, LmEvalJudge):
+        ledger.say("the unmodified model on the tasks' first documents (tier 2)")
+        per_doc = tier2.probe(model, base_key)
+        docs = sum(tier2.sizes.values())
+        check_s, once_s = check_s + per_doc * docs, per_doc * docs
+    elif isinstance(tier2, MetricJudge):
+        check_s += tier2.seconds
+    else:  # the proxy decides: its confirmation chunks, references and noise computed once
+        confirm = sum(len(c) for c in work.confirm) / max(len(work.held_out.inputs), 1)
+        check_s, once_s = check_s + proxy_s * confirm, once_s + 2 * proxy_s * confirm
+    noise = 1.0 - proxy.baseline.get("noise_agreement", 1.0)
+    budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, proxy_noise=noise,
+                                   unit=tier2.describe() if tier2 is not None else proxy.describe())
+    return Judges(budget, proxy, generation, tier2, weights_key, proxy_s, check_s, once_s)
+
+
+def prompts(work: Workload, count: int) -> torch.Tensor:
+    """[P <= count, PROMPT_TOKENS] prompts for the generation check: windows of the held-out token
+    ids (the screen's, then the confirmation chunks')."""
+    rows = []
+    for ids in [*work.held_out.inputs, *(x for chunk in work.confirm for x in chunk)]:
+        ids = token_ids(ids)
+        for row in ids.reshape(-1, ids.shape[-1]):
+            rows += [row[s:s + PROMPT_TOKENS] for s in range(0, row.numel() - PROMPT_TOKENS + 1, PROMPT_TOKENS)]
+    if not rows:  # sequences shorter than a prompt: each whole
+        rows = [token_ids(ids)[0] for ids in work.held_out.inputs]
+        width = min(r.numel() for r in rows)
+        rows = [r[:width] for r in rows]
+    return torch.stack(rows[:count])
+
+
+def costs(base: Baselines, judges: Judges, rounds: int) -> Costs:
+    """What the time plan prices the run's repeated steps at."""
+    return Costs(judges.proxy_s, judges.check_s, final_seconds(base, rounds), base.bf16_us / 1e6, judges.once_s)
+
+
+##### every candidate ###########################################################################
+
+@dataclass(frozen=True)
+class Measurements:
+    """Everything the search and the final choice read about the candidates, measured once."""
+
+    table: LatencyTable
+    cost: CostModel
+    choices: dict[str, list[str]]  # FQN -> candidate names the search may pick
+    excluded: dict[str, dict[str, str]]  # FQN -> candidate -> why it may not
+    sqnr: dict[str, dict[str, float]]  # tier 0: FQN -> candidate -> layer output SQNR (dB)
+    health: TimingHealth
+
+
+def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCache, ledger: RunLedger,
+                    deadline: float | None, allow_emulated: bool = False) -> tuple[LatencyTable, TimingHealth]:
+    """Every pickable candidate on every layer shape at every token count, and the candidates that
+    fuse on the sibling groups' shapes, by `deadline` (the cells that weigh least in the workload
+    are left out first; the layer shapes and the fused shapes share that time by their cell
+    counts). Emulated candidates are not timed unless allowed (their reference paths are the
+    slowest to time; `autoao kernels` times them). First, a few cached cells are re-timed: a cache
+    measured on a busy machine is found and measured again."""
+    pickable = [c for c in cands if allow_emulated or not c.emulated(work.device)]
+    calls = work.shape_calls()
+    check = spot_check(work.shapes, work.tokens, device=work.device, dtype=work.dtype, cache=cache)
+    if check.stale:
+        ledger.say(check.message())
+    fusable = [c for c in pickable if c.fusable]
+    fused_cells = len(work.fused_shapes) * len(fusable)
+    main_deadline = deadline
+    if deadline is not None and fused_cells:
+        now = time.perf_counter()
+        main_deadline = now + (deadline - now) * (1 - fused_cells / (fused_cells + len(work.shapes) * len(pickable)))
+    timed = dict(device=work.device, dtype=work.dtype, cache=cache, progress=ledger.progress, calls=calls)
+    table = measure_latencies(work.shapes, work.tokens, pickable, deadline=main_deadline, **timed)
+    if fused_cells:
+        table = table.merged(measure_latencies(work.fused_shapes, work.tokens, fusable, deadline=deadline, **timed))
+    timings = [r.timing for r in table.rows]
+    health = TimingHealth(check.message() if check.stale else "", len(timings), sum(not t.reliable for t in timings),
+                          sum(t.discarded for t in timings), sum(t.error == NOT_TIMED for t in timings))
+    if health.not_timed:
+        ledger.say(f"{health.not_timed} of {health.cells} cells not timed within the budget: those layers keep "
+                   "fewer candidates")
+    return table, health
+
+
+def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: LatencyTable, base: Baselines,
+            health: TimingHealth, *, cache: ResultCache, ledger: RunLedger, deadline: float | None,
+            allow_emulated: bool = False) -> Measurements:
+    """The cost model (layer timings plus the rest of the unchanged model's time), what each layer
+    may pick, and the layer errors (tier 0) of those candidates, by `deadline` (past it only cached
+    errors are read: the search then starts from fewer greedy seeds)."""
+    cost = CostModel.build(work.prof, table).with_rest_from(base.bf16_us)
+    choices, excluded = layer_choices(work.prof, cands, table, work.device, allow_emulated)
+    used = [c for c in cands if any(c.name in ch for ch in choices.values())]
+    ledger.say("measuring layer errors (tier 0)")
+    sqnr = layer_errors(model, work.prof, used, cache=cache, progress=ledger.progress, deadline=deadline)
+    return Measurements(table, cost, choices, excluded, sqnr, health)
+
+
+def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTable, device: torch.device,
+                  allow_emulated: bool) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
+    """FQN -> candidate names the search may pick; and FQN -> candidate -> why it may not."""
+    choices: dict[str, list[str]] = {}
+    excluded: dict[str, dict[str, str]] = {}
+    calls = layer_calls(prof)
+    for lay in prof.layers:
+        ok, why = [BASELINE], {}
+        for c in cands:
+            if c.name == BASELINE:
+                continue
+            reason = c.supports(lay.spec, device)
+            if reason is None and c.emulated(device) and not allow_emulated:
+                reason = f"emulated on {device.type}: {c.emulated(device)}"
+            if reason is None:
+                failed = [(m, t) for m in calls[lay.fqn]
+                          if not (t := table.get(c.name, m, lay.in_features, lay.out_features)).ok]
+                if failed:
+                    reason = f"timing failed at M={failed[0][0]}: {failed[0][1].error}"
+            if reason:
+                why[c.name] = reason
+            else:
+                ok.append(c.name)
+        choices[lay.fqn], excluded[lay.fqn] = ok, why
+    return choices, excluded
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's state (parameters and persistent buffers; quantized layers count their
+    quantized tensors), each shared tensor once."""
+    seen, total = set(), 0
+    for t in model.state_dict().values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,194 @@
+"""Tier 2: the user's tasks or metric, as paired per-document evidence.
+
+    judge = LmEvalJudge(tokenizer, ["autoao_facts"], cache=cache)
+    judge.prepare(reference_model, look=0)              # the unmodified model on the look's documents
+    acc, evidence = judge.evidence(plan_model, key, look=0)
+    autoao.budget.AccuracyBudget(...).judge(evidence, looks=judge.looks)
+
+A task is a finite population of documents: the unmodified model and the plan are scored on the
+same documents, drawn in one fixed random order, and the drop is the mean of the per-document
+differences. Each look scores more of them (LOOK_DOCS, then doubling, then all), so a judge asks
+for as many documents as the interval needs and no more; on part of a task the interval covers
+the documents not scored (the finite-population correction), on all of it the drop is exact.
+Each document's score is cached on disk per (task, model weights, plan), so no document is scored
+twice for the same plan.
+
+The user's metric, `fn(model) -> float`, is judged as exact: one number, measured whole. The
+optional protocol for per-item evidence: `fn(model)` returns a sequence (list, tuple or 1-D
+tensor) of per-item scores, the same items in the same order every call; the drop is their paired
+mean and the evidence counts the items that changed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from autoao.evaluators.cache import ResultCache
+from autoao.types import Accuracy, Evidence, Stratum
+
+LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
+
+
+class LmEvalJudge:
+    """lm-eval tasks, scored per document (evaluators.lmeval). accuracy = the mean over tasks of
+    each task's headline metric (acc; tasks without one, e.g. perplexity, are not judged)."""
+
+    tier = 2
+
+    def __init__(self, tokenizer: Any, tasks: list[str], *, cache: ResultCache | None = None,
+                 batch_size: int = 8, seed: int = 0) -> None:
+        from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
+
+        self._lmeval = lmeval
+        self.tokenizer, self.tasks, self.cache, self.batch_size = tokenizer, list(tasks), cache, batch_size
+        self.sizes = lmeval.task_sizes(self.tasks)
+        self.order = {t: random.Random(f"{seed}:{t}").sample(range(n), n) for t, n in self.sizes.items()}
+        self.baseline_key: str | None = None
+        self.seconds_per_doc = 0.0  # measured by `probe`
+        self._scores: dict[tuple[str, str], dict[int, dict[str, float]]] = {}  # (task, key) -> doc -> score
+
+    @property
+    def looks(self) -> int:
+        """How many looks exhaust the largest task (the Bonferroni count of every verdict)."""
+        return max(self._look_count(n) for n in self.sizes.values())
+
+    def documents(self, look: int) -> dict[str, int]:
+        """Task -> how many of its documents look `look` scores."""
+        return {t: min(n, LOOK_DOCS * 2 ** look) for t, n in self.sizes.items()}
+
+    def describe(self) -> str:
+        return f"lm-eval: {', '.join(self.tasks)} ({', '.join(f'{t} {n} documents' for t, n in self.sizes.items())})"
+
+    def probe(self, reference: nn.Module, key: str) -> float:
+        """Score the unmodified model on the first look's documents (its `key` names it from now on)
+        and return the seconds per document that took (what a check is priced at)."""
+        self.baseline_key = key
+        t0 = time.perf_counter()
+        scored = self._score(reference, key, 0)
+        per_doc = (time.perf_counter() - t0) / max(scored, 1)
+        self.seconds_per_doc = per_doc if scored else self.seconds_per_doc
+        return self.seconds_per_doc
+
+    def prepare(self, reference: nn.Module, look: int) -> None:
+        """The unmodified model's scores on look `look`'s documents (before a plan is applied)."""
+        assert self.baseline_key is not None, "probe(reference, key) first"
+        self._score(reference, self.baseline_key, look)
+
+    def evidence(self, model: nn.Module, key: str, look: int) -> tuple[Accuracy, Evidence]:
+        """The plan's accuracy and its paired evidence on look `look`'s documents."""
+        assert self.baseline_key is not None, "probe(reference, key) first"
+        self._score(model, key, look)
+        strata, base_acc, plan_acc, metrics = [], [], [], {}
+        for task, n in self.documents(look).items():
+            docs = self.order[task][:n]
+            base, plan = self._cached(task, self.baseline_key), self._cached(task, key)
+            diffs = [base[d]["score"] - plan[d]["score"] for d in docs]
+            strata.append(Stratum(tuple(diffs), (1,) * len(diffs), 1 / len(self.sizes), self.sizes[task],
+                                  sum(x != 0 for x in diffs)))
+            base_acc.append(sum(base[d]["score"] for d in docs) / n)
+            plan_acc.append(sum(plan[d]["score"] for d in docs) / n)
+            metrics[f"{task}/acc"] = plan_acc[-1]
+            margins = [plan[d]["margin"] - base[d]["margin"] for d in docs if "margin" in plan[d] and "margin" in base[d]]
+            if margins:
+                metrics[f"{task}/margin_change"] = sum(margins) / len(margins)
+        b, p = sum(base_acc) / len(base_acc), sum(plan_acc) / len(plan_acc)
+        evidence = Evidence("lm-eval", 2, ", ".join(f"{t} acc" for t in self.tasks), "documents", tuple(strata), b, p)
+        return Accuracy(2, p, b - p, metrics, f"lm-eval: {', '.join(self.tasks)}"), evidence
+
+    def _look_count(self, n: int) -> int:
+        looks = 1
+        while LOOK_DOCS * 2 ** (looks - 1) < n:
+            looks += 1
+        return looks
+
+    def _cached(self, task: str, key: str) -> dict[int, dict[str, float]]:
+        """Doc id -> score of the model `key` names on `task`: in memory, else from the disk cache."""
+        if (task, key) not in self._scores and self.cache is not None:
+            hit = self.cache.get(f"tier2-docs:{task}:{key}")
+            if hit:
+                self._scores[(task, key)] = {int(d): v for d, v in hit.items()}
+        return self._scores.get((task, key), {})
+
+    def _score(self, model: nn.Module, key: str, look: int) -> int:
+        """Score `model` on the look's documents it has no cached score for; how many it scored."""
+        missing = {}
+        for task, n in self.documents(look).items():
+            have = self._cached(task, key)
+            todo = [d for d in self.order[task][:n] if d not in have]
+            if todo:
+                missing[task] = todo
+        if not missing:
+            return 0
+        result = self._lmeval.evaluate(model, self.tokenizer, list(missing), samples=missing, batch_size=self.batch_size)
+        for task in missing:
+            merged = {**self._cached(task, key), **result.per_doc.get(task, {})}
+            self._scores[(task, key)] = merged
+            if self.cache is not None:
+                self.cache.put(f"tier2-docs:{task}:{key}", {str(d): v for d, v in merged.items()})
+        return sum(len(v) for v in missing.values())
+
+
+class MetricJudge:
+    """Tier 2 from the user's own metric: fn(model) -> float (higher is better), or a sequence of
+    per-item scores (module docstring). A callable with a `last_metrics` dict
+    (autoao.evaluators.retrieval.RetrievalTask) has it recorded with each value."""
+
+    tier = 2
+    looks = 1
+
+    def __init__(self, fn: Callable[[nn.Module], Any]) -> None:
+        self.fn = fn
+        self.name = getattr(fn, "__name__", None) or type(fn).__name__
+        self.baseline: list[float] | None = None
+        self.seconds = 0.0  # what scoring the unmodified model took
+
+    def describe(self) -> str:
+        return f"user metric: {self.name}"
+
+    def set_baseline(self, reference: nn.Module) -> None:
+        """Score the unmodified model; ValueError naming the callable if it raises or does not
+        return a finite number or sequence of numbers (checked before any measurement, so a broken
+        metric costs nothing)."""
+        label = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        t0 = time.perf_counter()
+        try:
+            value = self.fn(reference)
+        except Exception as e:  # noqa: BLE001 - the user's code: report it, with its own message
+            raise ValueError(f"accuracy callable {label} raised on the unmodified model: "
+                             f"{type(e).__name__}: {e}") from None
+        self.baseline = _scores(value, f"accuracy callable {label} on the unmodified model")
+        self.seconds = time.perf_counter() - t0
+
+    def evidence(self, model: nn.Module, key: str | None = None, look: int = 0) -> tuple[Accuracy, Evidence]:
+        assert self.baseline is not None, "set_baseline first"
+        plan = _scores(self.fn(model), f"accuracy callable {self.name}")
+        if len(plan) != len(self.baseline):
+            raise ValueError(f"accuracy callable {self.name} returned {len(plan)} item scores, the unmodified model "
+                             f"got {len(self.baseline)}: it must score the same items every call")
+        diffs = tuple(b - p for b, p in zip(self.baseline, plan))
+        base, mine = sum(self.baseline) / len(diffs), sum(plan) / len(diffs)
+        extra = getattr(self.fn, "last_metrics", None)
+        metrics = {self.name: mine, **({k: float(v) for k, v in extra.items()} if isinstance(extra, dict) else {})}
+        unit = "items" if len(diffs) > 1 else "value (the metric as given: one number, measured whole)"
+        stratum = Stratum(diffs, (1,) * len(diffs), population=len(diffs), changed=sum(d != 0 for d in diffs))
+        evidence = Evidence("metric", 2, self.name, unit, (stratum,), base, mine, discrete=False)
+        return Accuracy(2, mine, base - mine, metrics, self.describe()), evidence
+
+
+def _scores(value: Any, what: str) -> list[float]:
+    """One number or a sequence of them, as floats; ValueError naming `what` otherwise."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().flatten().tolist() if value.numel() != 1 else value.item()
+    items = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in items):
+        raise ValueError(f"{what} returned {type(value).__name__}; it must return one number or a sequence of "
+                         "per-item numbers (higher is better)")
+    if not all(math.isfinite(float(v)) for v in items):
+        raise ValueError(f"{what} returned a value that is not finite; it must return finite numbers")
+    return [float(v) for v in items]
