@@ -1,0 +1,318 @@
+"""Exports a serving engine loads: compressed-tensors (vLLM, SGLang, transformers) and GGUF (llama.cpp).
+
+On a small random-init LlamaForCausalLM (2 layers, K = 256 / 512: Marlin's K % 128 holds):
+- the compressed-tensors export holds autoao's own codes and scales bit for bit, reloads with
+  transformers + compressed-tensors, dequantizes to exactly autoao's weights, and its logits match
+  autoao's applied model: within 1e-5 relative in fp32 for weight-only plans (the two multiply in
+  another order: (x @ q) * s against x @ (q * s)), within 2% relative norm in bf16 for the full mix
+  (transformers fake-quantizes int8 activations with amax / 127.5 where autoao and vLLM use amax /
+  127, and autoao's CPU fp8 path rounds its output to bf16);
+- what the format or an engine cannot hold is refused with every layer named, and nothing written;
+- the GGUF export reads back (gguf.GGUFReader) with every tensor's type as planned and bytes equal to
+  the module's canonical blocks; where llama.cpp is installed, its greedy tokens on the demo model
+  equal autoao's emulated model's (tests/test_gguf_candidates.py checks the emulation against ggml).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import autoao
+from autoao import search_space
+from autoao.export import ExportError, export, targets
+from autoao.export import compressed_tensors as ct
+from autoao.export import gguf as gg
+from autoao.kernels import gguf as kg
+from autoao.types import LayerSpec
+
+from conftest import requires_demo_model
+
+pytest.importorskip("compressed_tensors", reason="the compressed-tensors export needs `pip install compressed-tensors`")
+transformers = pytest.importorskip("transformers")
+
+HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+
+
+def tiny_llama(dtype: torch.dtype, seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      tie_word_embeddings=False)
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+
+
+def ids(seed: int = 1, length: int = 24) -> torch.Tensor:
+    return torch.randint(0, 256, (2, length), generator=torch.Generator().manual_seed(seed))
+
+
+def mixed_layers(weight_only: bool = False) -> dict[str, search_space.Candidate]:
+    """Layer 0: q/k/v int8 dynamic, o fp8 weight-only, gate int8_wo RTN, up int8_wo GPTQ (one
+    W8A16 scheme: vLLM may fuse them), down fp8 dynamic. Layer 1 the same but down left as it came.
+    weight_only: the activation-quantized layers left as they came."""
+    get = search_space.get
+    layers = {}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        if not weight_only:
+            layers.update({p + f"self_attn.{n}": get("int8_dyn") for n in ("q_proj", "k_proj", "v_proj")})
+        layers[p + "self_attn.o_proj"] = get("fp8_wo")
+        layers[p + "mlp.gate_proj"] = get("int8_wo")
+        layers[p + "mlp.up_proj"] = get("int8_wo(algorithm=gptq)")
+        if i == 0 and not weight_only:
+            layers[p + "mlp.down_proj"] = get("fp8_dyn")
+    return layers
+
+
+def applied(dtype: torch.dtype, layers: dict) -> torch.nn.Module:
+    from autoao.profile import profile
+
+    model = tiny_llama(dtype)
+    calib = profile(model, [ids(2, 64)]).calibration
+    return autoao.apply(model, autoao.Plan.for_model(model, layers, target="vllm"), calibration=calib)
+
+
+@pytest.fixture(scope="module")
+def ct_export(tmp_path_factory):
+    """The full mixed plan in fp32, exported once."""
+    model = applied(torch.float32, mixed_layers())
+    out = export(model, "compressed-tensors", tmp_path_factory.mktemp("ct") / "export")
+    return model, out
+
+
+def test_config_groups_ignore_and_format_as_planned(ct_export):
+    model, out = ct_export
+    q = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "mixed-precision"
+    assert "sparsity_config" not in q and q["quantization_status"] == "compressed"
+    planned = autoao.plan_of(model).layers
+    by_layer = {}
+    for group in q["config_groups"].values():
+        for fqn in group["targets"]:
+            by_layer[fqn] = (group["format"], group["weights"]["type"], group["weights"]["strategy"],
+                             (group["input_activations"] or {}).get("strategy"))
+    assert set(by_layer) == set(planned)
+    assert by_layer["model.layers.0.self_attn.q_proj"] == ("int-quantized", "int", "channel", "token")
+    assert by_layer["model.layers.0.mlp.up_proj"] == ("pack-quantized", "int", "channel", None)
+    assert by_layer["model.layers.1.self_attn.o_proj"] == ("float-quantized", "float", "channel", None)
+    assert by_layer["model.layers.0.mlp.down_proj"] == ("float-quantized", "float", "channel", "token")
+    assert q["ignore"] == ["model.layers.1.mlp.down_proj", "lm_head"]
+    text = (out / "SERVING.md").read_text()
+    assert "vllm serve" in text and "W8A16" in text and "loads as planned" in text
+
+
+def test_stored_codes_and_scales_are_autoaos(ct_export):
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from safetensors.torch import load_file
+
+    model, out = ct_export
+    stored = load_file(out / "model.safetensors")
+    for fqn, cand in autoao.plan_of(model).layers.items():
+        c = model.get_submodule(fqn).canonical()
+        if cand.family == "int8_wo":
+            q = unpack_from_int32(stored[f"{fqn}.weight_packed"], 8, torch.Size(c["qweight"].shape))
+            assert stored[f"{fqn}.weight_shape"].tolist() == list(c["qweight"].shape)
+        else:
+            q = stored[f"{fqn}.weight"]
+        assert q.dtype == c["qweight"].dtype and torch.equal(q.view(torch.uint8), c["qweight"].view(torch.uint8)), fqn
+        assert torch.equal(stored[f"{fqn}.weight_scale"].reshape(-1), c["scale"].reshape(-1)), fqn
+
+
+def test_reload_dequantizes_to_autoaos_weights_and_logits_match(ct_export):
+    model, out = ct_export
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():  # (compressed-tensors decompresses the weights on the first forward)
+        ours, theirs = model(ids()).logits, reloaded(ids()).logits
+    for fqn in autoao.plan_of(model).layers:
+        c = model.get_submodule(fqn).canonical()
+        w = c["qweight"].float() * c["scale"][:, None]
+        assert torch.equal(reloaded.get_submodule(fqn).weight, w), fqn  # bit-exact in fp32
+    assert float((ours - theirs).norm() / ours.norm()) < 0.02
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=str)
+def test_logits_of_weight_only_plans(tmp_path, dtype, tolerance):
+    model = applied(dtype, mixed_layers(weight_only=True))
+    out = export(model, "compressed-tensors", tmp_path / "wo")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
+    with torch.no_grad():
+        ours, theirs = model(ids()).logits.float(), reloaded(ids()).logits.float()
+    assert float((ours - theirs).abs().max() / ours.abs().max()) < tolerance
+
+
+def test_refused_layers_are_named_and_nothing_is_written(tmp_path):
+    layers = mixed_layers()
+    layers["model.layers.0.self_attn.k_proj"] = search_space.get("int4_wo(group_size=64)")
+    layers["model.layers.1.self_attn.k_proj"] = search_space.get("int4_wo(group_size=64, algorithm=gptq)")
+    layers["model.layers.1.mlp.down_proj"] = search_space.get("sparse24")
+    layers["model.layers.1.self_attn.q_proj"] = search_space.get("int8_dyn(algorithm=smoothquant)")
+    model = applied(torch.bfloat16, layers)
+    with pytest.raises(ExportError) as e:
+        export(model, "compressed-tensors", tmp_path / "x")
+    msg = str(e.value)
+    for fqn, why in [("model.layers.0.self_attn.k_proj", "float zero points"),
+                     ("model.layers.1.self_attn.k_proj", "float zero points"),
+                     ("model.layers.1.mlp.down_proj", "2:4"), ("model.layers.1.self_attn.q_proj", "SmoothQuant"),
+                     ("model.layers.0.self_attn.qkv_proj", "one scheme")]:
+        assert any(fqn in line and why in line for line in msg.splitlines()), (fqn, msg)
+    assert not (tmp_path / "x").exists() and not list(tmp_path.iterdir())
+
+
+def test_engine_checks_on_a_written_config():
+    vllm, hf = targets.get("vllm"), targets.get("transformers")
+    specs = {f"m.layers.0.mlp.{n}": LayerSpec(f"m.layers.0.mlp.{n}", 576, 1536, False, torch.bfloat16)
+             for n in ("gate_proj", "up_proj")}
+    w8 = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+    config = {"sparsity_config": {"format": "sparse-24-bitmask"}, "config_groups": {
+        "a": {"targets": ["m.layers.0.mlp.gate_proj"], "format": "pack-quantized", "weights": {**w8, "actorder": "weight"}},
+        "b": {"targets": ["m.layers.0.mlp.up_proj"], "format": "int-quantized", "weights": w8,
+              "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}}}}
+    problems = "\n".join(ct.config_problems(config, specs, vllm))
+    assert "sparsity_config" in problems and "act-order" in problems
+    assert "K=576 is not a multiple of 128" in problems and "gate_up_proj" in problems
+    assert "gate_up_proj" not in "\n".join(ct.config_problems(config, specs, hf))  # transformers fuses nothing
+
+
+def test_reload_check_catches_a_layer_loading_as_another_scheme(ct_export, tmp_path):
+    import shutil
+
+    model, out = ct_export
+    copy = tmp_path / "tampered"
+    shutil.copytree(out, copy)
+    config = json.loads((copy / "config.json").read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        if group["format"] == "int-quantized":  # the int8 dynamic layers would run weight-only
+            group["input_activations"] = None
+    (copy / "config.json").write_text(json.dumps(config))
+    specs = autoao.plan.layer_specs(model)
+    schemes = {f: ct.scheme_of(search_space.candidate_of(model.get_submodule(f))) for f in specs}
+    problems = ct.reload_check(copy, schemes, torch.float32)
+    assert len(problems) == 6 and all("planned W8A8-INT8" in p for p in problems)
+    assert ct.reload_check(out, schemes, torch.float32) == []
+
+
+def test_targets_registry_and_search_spaces():
+    with pytest.raises(ValueError, match="Did you mean: llama.cpp"):
+        targets.get("llama_cpp")
+    llama = targets.get("llama.cpp")
+    names = {c.name for c in llama.candidates()}
+    assert names == {"bf16", "gguf(type=q8_0)", "gguf(type=q4_0)", "gguf(type=q4_1)"}
+    assert not any(c.family == "gguf" for c in search_space.all_candidates())  # the default space is unchanged
+    vllm_space = {c.family for c in targets.get("vllm").candidates()}
+    assert "int8_wo" in vllm_space and not vllm_space & {"int4_wo", "sparse24", "gguf"}
+    assert {c.name for c in targets.get("autoao").candidates()} == {c.name for c in search_space.all_candidates()}
+    wide = LayerSpec("x", 576, 1536, False, torch.bfloat16)
+    assert "K=576" in targets.get("vllm").supports(search_space.get("int8_wo"), wide)
+    assert targets.get("transformers").supports(search_space.get("int8_wo"), wide) is None
+    assert "multiple of 32" in llama.supports(search_space.get("gguf(type=q4_0)"), LayerSpec("x", 48, 64, False, torch.float32))
+    assert "GGUF block types only" in llama.supports(search_space.get("int8_wo"), wide)
+    assert targets.get("vllm").supports(object(), wide).startswith("vLLM support check failed")  # never raises
+    assert "Q8_0" in llama.describe(search_space.get("gguf(type=q4_0)")) and "Marlin" in targets.get("vllm").describe(
+        search_space.get("int8_wo"))
+
+
+def test_check_plan_names_mixed_fused_groups():
+    model = tiny_llama(torch.bfloat16)
+    plan = autoao.Plan.for_model(model, {"model.layers.0.mlp.gate_proj": search_space.get("int8_wo"),
+                                         "model.layers.0.mlp.up_proj": search_space.get("int8_wo(algorithm=gptq)"),
+                                         "model.layers.1.mlp.gate_proj": search_space.get("int8_wo")})
+    problems = targets.check_plan(plan, model, "vllm")
+    assert len(problems) == 1 and "model.layers.1.mlp.gate_up_proj" in problems[0] and "up_proj: bf16" in problems[0]
+    assert targets.check_plan(plan, model, "transformers") == []
+
+
+def test_export_arguments_are_checked(tmp_path):
+    model = tiny_llama(torch.bfloat16)
+    with pytest.raises(ValueError, match="--format must be one of compressed-tensors, gguf.*Did you mean 'gguf'"):
+        export(model, "ggfu", tmp_path / "a")
+    with pytest.raises(ValueError, match="does not load compressed-tensors"):
+        export(model, "compressed-tensors", tmp_path / "a", target="llama.cpp")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    with pytest.raises(ValueError, match="exists and is not an empty directory"):
+        export(model, "compressed-tensors", tmp_path / "full")
+    with pytest.raises(ValueError, match="is not a finished autoao run directory"):
+        export(tmp_path / "nothing", "gguf", tmp_path / "b")
+
+
+##### GGUF ######################################################################################
+
+GGUF_PLAN = {"self_attn.q_proj": "q4_0", "self_attn.k_proj": "q4_1", "self_attn.v_proj": "q8_0",
+             "self_attn.o_proj": "q4_0", "mlp.gate_proj": "q8_0", "mlp.up_proj": "q4_1"}  # down: as it came
+
+
+def test_gguf_export_reads_back_as_planned(tmp_path):
+    import gguf
+
+    model = tiny_llama(torch.bfloat16)
+    layers = {f"model.layers.{i}.{n}": search_space.get("gguf", type=t) for i in range(2) for n, t in GGUF_PLAN.items()}
+    layers["lm_head"] = search_space.get("gguf(type=q8_0)")
+    autoao.apply(model, autoao.Plan.for_model(model, layers, target="llama.cpp"))
+    out = export(model, "gguf", tmp_path / "g")
+    reader = gguf.GGUFReader(out / "model.gguf")
+    stored = {t.name: t for t in reader.tensors}
+    assert stored["blk.0.attn_q.weight"].tensor_type.name == "Q4_0" and stored["blk.1.attn_k.weight"].tensor_type.name == "Q4_1"
+    assert stored["blk.0.ffn_down.weight"].tensor_type.name == "BF16" and stored["output.weight"].tensor_type.name == "Q8_0"
+    assert stored["blk.0.attn_norm.weight"].tensor_type.name == "F32" and stored["token_embd.weight"].tensor_type.name == "BF16"
+    for i in range(2):
+        for n, t in GGUF_PLAN.items():
+            name = f"blk.{i}.{gg._LAYER_NAMES[n]}.weight"
+            module = model.get_submodule(f"model.layers.{i}.{n}")
+            ours = kg.dequantize(module.canonical()["blocks"], t)  # [N, K] what autoao computes with
+            theirs = torch.from_numpy(gguf.quants.dequantize(np.asarray(stored[name].data), stored[name].tensor_type))
+            if n == "self_attn.q_proj":
+                ours = gg._permute(ours, 4)
+            elif n == "self_attn.k_proj":
+                ours = gg._permute(ours, 2)
+            assert torch.equal(ours, theirs.reshape(ours.shape)), name
+    assert gg.read_check(out / "model.gguf", model) == []
+    assert "llama-server" in (out / "SERVING.md").read_text()
+
+
+def test_gguf_refuses_what_llama_cpp_cannot_run(tmp_path):
+    model = tiny_llama(torch.bfloat16)
+    autoao.apply(model, autoao.Plan.for_model(model, {"model.layers.0.mlp.up_proj": search_space.get("int8_wo")}))
+    with pytest.raises(ExportError, match=r"model.layers.0.mlp.up_proj \(512x256\): int8_wo: llama.cpp runs GGUF"):
+        export(model, "gguf", tmp_path / "g")
+    bert = transformers.BertModel(transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                                          intermediate_size=128, vocab_size=64))
+    with pytest.raises(ExportError, match="writes the llama architecture only"):
+        export(bert, "gguf", tmp_path / "b")
+
+
+@pytest.mark.slow
+@requires_demo_model
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="needs llama.cpp's Python package (docs/serving.md: pip install "
+                                              "llama-cpp-python, a source build)")
+def test_llama_cpp_greedy_tokens_equal_the_emulated_models(tmp_path):
+    """SmolLM2 with a mix of GGUF types, in fp32 (llama.cpp's activations are fp32): llama.cpp's
+    greedy continuation of a short prompt equals autoao's emulated model's."""
+    import subprocess
+    import sys
+
+    from autoao import models
+
+    model, tokenizer = models.load(dtype=torch.float32)
+    layers = {}
+    for fqn in autoao.plan.layer_specs(model):
+        kind = {"mlp.down_proj": "q8_0", "self_attn.v_proj": "q4_1"}.get(fqn.split(".", 3)[-1], "q4_0")
+        layers[fqn] = search_space.get("gguf", type=kind if fqn != "lm_head" else "q8_0")
+    autoao.apply(model, autoao.Plan.for_model(model, layers))
+    out = export(model, "gguf", tmp_path / "g", source_gguf=models.gguf_path())
+    prompt = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours = model.generate(prompt, max_new_tokens=8, do_sample=False)[0, prompt.shape[1]:].tolist()
+    script = ("import json, sys, llama_cpp\n"
+              "m = llama_cpp.Llama(sys.argv[1], n_ctx=64, n_threads=2, verbose=False)\n"
+              "t = json.loads(sys.argv[2]); m.eval(t); out = []\n"
+              "for _ in range(8):\n"
+              "    n = int(m.scores[m.n_tokens - 1].argmax()); out.append(n); m.eval([n])\n"
+              "print(json.dumps(out))\n")
+    run = subprocess.run([sys.executable, "-c", script, str(out / "model.gguf"), json.dumps(prompt[0].tolist())],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == ours
