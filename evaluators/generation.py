@@ -105,7 +105,8 @@ def greedy(model: nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Te
 
 def forced_argmax(model: nn.Module, prompts: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """Teacher-force `model` along `tokens` [B, N] after `prompts` [B, L] through the decode path:
-    (its argmax at each step [B, N], on the CPU; whether every logit it produced was finite)."""
+    (its argmax at each step [B, N], on the CPU; whether its logits were free of NaN and +inf). A
+    -inf logit is a token ruled out (vocabulary padding is masked so), not a failure."""
     tokens = tokens.to(model_device(model))
     argmax: list[torch.Tensor] = []
     finite = True
@@ -113,7 +114,7 @@ def forced_argmax(model: nn.Module, prompts: torch.Tensor, tokens: torch.Tensor)
     def feed(logits: torch.Tensor, i: int) -> torch.Tensor:
         nonlocal finite
         argmax.append(logits.argmax(-1).cpu())  # [B]
-        finite = finite and bool(torch.isfinite(logits).all())
+        finite = finite and not bool((torch.isnan(logits) | torch.isposinf(logits)).any())
         return tokens[:, i]
 
     decode(model, prompts, tokens.shape[1], feed)
@@ -152,8 +153,8 @@ class GenerationJudge:
 
     def agreement(self, model: nn.Module) -> torch.Tensor:
         """[P, N] bool: at each step of the reference's continuation, teacher-forced, whether
-        `model`'s argmax is the reference's next token; all False where any of its logits were not
-        finite (such a plan is useless, whatever its argmax)."""
+        `model`'s argmax is the reference's next token; all False where any of its logits were NaN
+        or +inf (such a plan is useless, whatever its argmax)."""
         argmax, finite = forced_argmax(model, self.prompts, self.tokens)
         return (argmax == self.tokens) & finite
 
