@@ -316,3 +316,45 @@ def test_llama_cpp_greedy_tokens_equal_the_emulated_models(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == ours
+
+
+##### the CLI hook ##############################################################################
+
+def _parse(argv: list[str]):
+    import argparse
+
+    from autoao.export import command
+
+    parser = argparse.ArgumentParser(prog="autoao")
+    command.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_command_names_a_bad_run_dir(tmp_path):
+    from autoao.export import command
+
+    args = _parse(["export", str(tmp_path / "missing"), "--format", "gguf", "--out", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match="RUN_DIR .*missing is not a directory"):
+        command.run(args)
+    with pytest.raises(SystemExit):  # argparse: an unknown format is a usage error (exit 2)
+        _parse(["export", str(tmp_path), "--format", "onnx", "--out", str(tmp_path / "o")])
+
+
+@pytest.mark.slow
+@requires_demo_model
+def test_command_exports_a_run_of_the_demo_model(tmp_path):
+    """A run directory holds the saved model (autoao.save); export finds the built-in model by the
+    plan's fingerprint, loads the saved codes and writes them."""
+    from autoao import models
+    from autoao.export import command
+
+    model, _ = models.load()
+    layers = {f"model.layers.{i}.mlp.down_proj": search_space.get("gguf(type=q4_0)") for i in range(30)}
+    autoao.apply(model, autoao.Plan.for_model(model, layers))
+    autoao.save(model, tmp_path / "run" / "model")
+    args = _parse(["export", str(tmp_path / "run"), "--format", "gguf", "--out", str(tmp_path / "served")])
+    assert command.run(args) == 0
+    assert gg.read_check(tmp_path / "served" / "model.gguf", model) == []
+    with pytest.raises(ExportError, match="model.layers.0.mlp.down_proj.*gguf\\(type=q4_0\\): a GGUF block type"):
+        command.run(_parse(["export", str(tmp_path / "run"), "--format", "compressed-tensors",
+                            "--out", str(tmp_path / "ct")]))
