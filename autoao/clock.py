@@ -164,31 +164,7 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
     try:
         slow_first = first_s is not None and first_s > max_seconds / 4
         per_call = first_s if slow_first else _warm(calls, warmup, max_seconds / 4)
-        rounds = reps * len(calls)
-        floor, wanted = (min_samples, max(min_samples, rounds)) if per_call is None else \
-            _counts(per_call, rounds, max_seconds, min_samples)
-        clean: list[float] = []
-        dirty: list[tuple[float, float]] = []  # (lost fraction, us)
-        deadline = time.perf_counter() + RETAKE_FACTOR * max(max_seconds, 1e-3)
-        while len(clean) < wanted and len(clean) + len(dirty) < RETAKE_FACTOR * wanted:
-            call = calls[(len(clean) + len(dirty)) % len(calls)]
-            lost0, throttled0 = cpu_lost_ns(), throttled_ns()
-            t0 = time.perf_counter_ns()
-            call()
-            wall = time.perf_counter_ns() - t0
-            lost, throttled = cpu_lost_ns() - lost0, throttled_ns() - throttled0
-            if per_call is None:  # nothing warmed up: the first sample sets the count
-                per_call = wall / 1e9
-                floor, wanted = _counts(per_call, rounds, max_seconds, min_samples)
-            if lost <= LOST_FRACTION * wall and throttled == 0:
-                clean.append(wall / 1e3)
-                if stop_above_us is not None and wall / 1e3 > stop_above_us:
-                    floor = 1
-                    break
-            else:
-                dirty.append((max(lost, throttled) / max(wall, 1), wall / 1e3))
-            if time.perf_counter() > deadline and len(clean) + len(dirty) >= floor:
-                break
+        clean, dirty, floor = _sample(calls, per_call, reps * len(calls), max_seconds, min_samples, stop_above_us)
     finally:
         torch.set_num_threads(old)
     if clean and len(clean) >= floor:
@@ -197,6 +173,38 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], *, reps:
     # Not enough clean samples: the least disturbed ones, clean first, are the best estimate there is.
     best = clean + [us for _, us in sorted(dirty)][:max(floor - len(clean), 1)]
     return CpuSamples(*_quantiles(best), len(clean), len(dirty), False)
+
+
+def _sample(calls: list[Callable[[], object]], per_call: float | None, rounds: int, max_seconds: float,
+            min_samples: int, stop_above_us: float | None) -> tuple[list[float], list[tuple[float, float]], int]:
+    """time_cpu's samples, one call at a time in turn: (clean samples in us, disturbed ones as (lost
+    fraction, us), the clean samples needed). The count comes from `per_call` (seconds of a warm
+    call; None: from the first sample); disturbed samples are re-taken within RETAKE_FACTOR x the
+    count and the seconds; a clean sample over stop_above_us ends the sampling (needing just it)."""
+    floor, wanted = (min_samples, max(min_samples, rounds)) if per_call is None else \
+        _counts(per_call, rounds, max_seconds, min_samples)
+    clean: list[float] = []
+    dirty: list[tuple[float, float]] = []  # (lost fraction, us)
+    deadline = time.perf_counter() + RETAKE_FACTOR * max(max_seconds, 1e-3)
+    while len(clean) < wanted and len(clean) + len(dirty) < RETAKE_FACTOR * wanted:
+        call = calls[(len(clean) + len(dirty)) % len(calls)]
+        lost0, throttled0 = cpu_lost_ns(), throttled_ns()
+        t0 = time.perf_counter_ns()
+        call()
+        wall = time.perf_counter_ns() - t0
+        lost, throttled = cpu_lost_ns() - lost0, throttled_ns() - throttled0
+        if per_call is None:  # nothing warmed up: the first sample sets the count
+            per_call = wall / 1e9
+            floor, wanted = _counts(per_call, rounds, max_seconds, min_samples)
+        if lost <= LOST_FRACTION * wall and throttled == 0:
+            clean.append(wall / 1e3)
+            if stop_above_us is not None and wall / 1e3 > stop_above_us:
+                return clean, dirty, 1
+        else:
+            dirty.append((max(lost, throttled) / max(wall, 1), wall / 1e3))
+        if time.perf_counter() > deadline and len(clean) + len(dirty) >= floor:
+            break
+    return clean, dirty, floor
 
 
 def _counts(per_call: float, most: int, max_seconds: float, min_samples: int) -> tuple[int, int]:
