@@ -88,7 +88,7 @@ class Plan:
     model_class: str | None = None
     num_linears: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form, JSON-serializable
-    # FQN -> which of the candidate module's kernels to run (QuantizedLinear.kernels_for), or a route
+    # FQN -> which of the candidate module's kernels to run (Candidate.kernels), or a route
     # of them by rows per call ("int8pack<=16,dequant"), as timing chose it for the layer's shape;
     # layers not named use the module's default kernel for its device
     kernels: dict[str, str] = field(default_factory=dict)
@@ -245,7 +245,7 @@ def validate(model: nn.Module, plan: Plan, device: torch.device | str | None = N
         cand = plan.layers.get(fqn)
         if cand is None or cand.module_cls is None:
             problems.append(f"  {fqn}: has a kernel ({kernel!r}) but no candidate in the plan")
-        elif problem := cand.module_cls.unknown_kernel(kernel, **cand._module_params()):
+        elif problem := cand.kernel_problem(kernel):
             problems.append(f"  {fqn}: {cand.name} has {problem}")
     problems += _fusion_problems(plan, specs)
     if problems:
@@ -359,7 +359,7 @@ def plan_of(model: nn.Module) -> Plan:
         cand = search_space.candidate_of(m)
         if cand is not None:
             layers[fqn] = cand
-            if isinstance(m, QuantizedLinear) and m.kernel != m.default_kernel(m.device.type, **m.params()):
+            if isinstance(m, QuantizedLinear) and m.kernel != cand.kernels(m.device)[0].name:
                 # the device's default needs no entry
                 kernels[fqn] = m.kernel
         if isinstance(m, QuantizedLinear) and m.fused is not None:

@@ -89,7 +89,7 @@ def check_correctness(cands, shapes, device: str) -> list[dict]:
                 w = lin.weight.float()
                 if cand.family in SPARSE:
                     w = w * prune_24_mask(w, act_norm)
-                kerns = getattr(mod, "kernels", ("default",))
+                kerns = [kern.name for kern in cand.kernels(device)]
                 for kern in kerns:
                     if kern != "default":
                         mod.set_kernel(kern)
@@ -157,7 +157,7 @@ def time_all(cands, shapes, tokens, modes, bw, flops, device: str, csv_path: Pat
                                   roofline_us="", error=f"unsupported: {reason}", wall_s=0))
                 continue
             module = build_layer(cand, k, n, torch.bfloat16, torch.device(device))
-            kerns = getattr(module, "kernels", ("default",))
+            kerns = [kern.name for kern in cand.kernels(device)]
             for kern in kerns:
                 if kern != "default":
                     module.set_kernel(kern)

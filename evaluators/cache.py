@@ -116,7 +116,7 @@ class TimingKey:
     n: int  # out_features
     dtype: str  # activation dtype, e.g. "bfloat16"
     mode: str  # "eager", "graph" or "compile"
-    # the kernel's launch options (QuantizedLinear.kernel_options), e.g. "pdl=1,prefetch_mb=8,early=1";
+    # the kernel's launch options (KernelInfo.options), e.g. "pdl=1,prefetch_mb=8,early=1";
     # "" (no options) is left out of what is hashed, so those kernels' keys do not depend on this field
     options: str = ""
 

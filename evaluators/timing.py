@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -28,7 +28,9 @@ from autoao import search_space
 from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
 from autoao.common import BASELINE, __version__, call_model, triton_version
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
-from autoao.kernels._base import canonical_on_device, parse_route, route_from_timings, route_kernel
+from autoao.kernels import KernelInfo
+from autoao.kernels._base import canonical_on_device
+from autoao.kernels.routes import parse_route, route_from_timings, route_kernel
 from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
@@ -209,11 +211,17 @@ class LatencyTable:
 
 
 def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...]:
-    """The kernels to time for `cand` on `device`: its module's kernels for that device type
-    (QuantizedLinear.kernels_for) when it has several, else (None,) (one implementation)."""
-    cls = cand.module_cls
-    kernels = cls.kernels_for(device.type, **cand._module_params()) if cls is not None else ()
-    return tuple(kernels) if len(kernels) > 1 else (None,)
+    """The kernels to time for `cand` on `device`: its kernels there (Candidate.kernels) when it
+    has several, else (None,) (one implementation)."""
+    kernels = cand.kernels(device)
+    return tuple(k.name for k in kernels) if len(kernels) > 1 else (None,)
+
+
+def _kernel_info(cand: Candidate, device: torch.device, kernel: str | None) -> KernelInfo:
+    """The record of `kernel`, a kernel_names entry (None: the candidate's only kernel), among
+    `cand`'s kernels on `device`."""
+    kernels = cand.kernels(device)
+    return kernels[0] if kernel is None else next(k for k in kernels if k.name == kernel)
 
 
 def workload_us(times: dict[int, Timing], calls: dict[int, int] | None = None) -> float:
@@ -236,11 +244,11 @@ def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int,
 
 
 def pick_route(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, int] | None = None,
-               layout_of: Callable[[str], str] | None = None) -> str | None:
-    """The kernel, or route of kernels (kernels._base.parse_route), that serves the workload fastest:
+               layouts: Mapping[str, str] | None = None) -> str | None:
+    """The kernel, or route of kernels (kernels.parse_route), that serves the workload fastest:
     at each timed M the kernel fastest there (the first-listed within KERNEL_MARGIN of it), cut
     between two timed M at their geometric mean (route_from_timings). Where those winners read
-    different runtime layouts (layout_of: QuantizedLinear.layout_of), one module cannot hold them
+    different runtime layouts (layouts: kernel -> KernelInfo.layout), one module cannot hold them
     all, and the one kernel pick_kernel chooses serves every M. None: the candidate has one
     implementation."""
     if None in by_kernel:
@@ -252,8 +260,8 @@ def pick_route(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, 
         if best == math.inf:  # nothing ran at this M: no per-M choice to make
             return pick_kernel(by_kernel, calls)
         winners[m] = next(kern for kern, us in at.items() if us <= best * (1 + KERNEL_MARGIN))  # type: ignore[misc]
-    if len(set(winners.values())) > 1 and layout_of is not None \
-            and len({layout_of(kern) for kern in winners.values()}) > 1:
+    if len(set(winners.values())) > 1 and layouts is not None \
+            and len({layouts[kern] for kern in winners.values()}) > 1:
         return pick_kernel(by_kernel, calls)
     return route_from_timings(winners)
 
@@ -307,9 +315,9 @@ def measure_latencies(
     mode: "eager", "graph" (CUDA only: eager modules replayed in a CUDA graph) or "compile"
     (torch.compile(fullgraph=True), on CUDA replayed in a CUDA graph; resets torch._dynamo between
     layers, since it compiles one module per shape and candidate; on CUDA a cell whose forward is
-    one opaque op, QuantizedLinear.single_op, is replayed uncompiled: single_op_tokens).
+    one opaque op, KernelInfo.single_op, is replayed uncompiled: single_op_tokens).
     Default: default_mode(device).
-    Candidates with several kernels on the device (QuantizedLinear.kernels_for) have each timed;
+    Candidates with several kernels on the device (Candidate.kernels) have each timed;
     the rows hold the kernel or route that pick_route chooses for the shape (Timing.kernel: the
     route's text, its kernel's time at each M), kernel_timings every kernel's.
     cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
@@ -321,82 +329,121 @@ def measure_latencies(
     Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
     """
     device = torch.device(device)
-    mode = mode or default_mode(device)
-    if mode not in ("eager", "graph", "compile"):
-        raise ValueError(f"mode must be 'eager', 'graph' or 'compile', got {mode!r}")
-    if mode == "graph" and device.type != "cuda":
-        raise ValueError("mode 'graph' (CUDA graphs) needs a CUDA device; use 'eager' or 'compile' on CPU")
-    candidates = candidates if candidates is not None else search_space.all_candidates()
-    cache = cache if cache is not None else TimingCache()
-    base = key_base(device, dtype, mode)
-    dev_name, dt = base["device"], base["dtype"]
-
-    # bf16 everywhere first (the baseline every prediction divides by), then the shapes that weigh
-    # most in the workload (calls x M x N x K), so a deadline leaves the least important cells out
-    def weight(n: int, k: int) -> float:
-        return sum(c * m for m, c in ((calls or {}).get((n, k)) or {m: 1 for m in tokens}).items()) * n * k
-
-    work = sorted(((n, k, c) for n, k in shapes for c in candidates),
-                  key=lambda w: (w[2].family != BASELINE, -weight(w[0], w[1])))
+    mode = _checked_mode(mode or default_mode(device), device)
+    run = _Run(cache if cache is not None else TimingCache(), key_base(device, dtype, mode), dtype, device, mode,
+               deadline)
+    work = _work_order(shapes, tokens, candidates if candidates is not None else search_space.all_candidates(), calls)
     rows: list[LatencyRow] = []
     kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = {}
-    seconds_by_kernel: dict[str, float] = {}
-    base_us: dict[tuple[int, int, int], float] = {}  # (N, K, M) -> the baseline's time there
-    measured = 0
     t0 = time.perf_counter()
-    bar = _progress(len(work) * len(tokens), progress, f"timing on {dev_name}")
+    bar = _progress(len(work) * len(tokens), progress, f"timing on {run.base['device']}")
     for i, (n, k, cand) in enumerate(work):
-        # a deadline shares what is left of it among the cells left (a cell costs about twice
-        # its sampling: building, copies, warm-up)
-        left = None if deadline is None else (deadline - time.perf_counter()) / (2 * (len(work) - i) * len(tokens))
-        sampling = CELL_SECONDS if left is None else min(CELL_SECONDS, max(MIN_CELL_SECONDS, left))
-        cut = None if cand.family == BASELINE else {m: SLOW_CUT * base_us[(n, k, m)] for m in tokens
-                                                     if (n, k, m) in base_us}
-        by_kernel: dict[str | None, dict[int, Timing]] = {}
-        measured_now: set[int] = set()  # token counts timed now (for any kernel), not read from the cache
-        for kern in kernel_names(cand, device):
-            if kern is not None and _outrun(cand, kern, n, k, tokens, by_kernel):
-                continue  # slower at every M than a kernel that ran: never chosen, not timed
-            # GPTQ / HQQ run round-to-nearest's kernels: one cached cell serves both (timing_name)
-            label = cand.timing_name if kern is None else f"{cand.timing_name}@{kern}"
-            options = cand.module_cls.kernel_options(kern) if cand.module_cls is not None else ""
-            keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, options=options, **base) for m in tokens}
-            found = {m: cache.get(key) for m, key in keys.items()}
-            missing = [m for m, t in found.items() if t is None]
-            measured_now.update(missing)
-            for m in list(missing):  # the same code as a kernel timed before it: its numbers
-                twin = (cand.module_cls.same_code(kern, m, n, k, **cand._module_params())
-                        if kern is not None and cand.module_cls is not None else None)
-                if twin in by_kernel:
-                    found[m] = by_kernel[twin][m]
-                    missing.remove(m)
-            if missing and deadline is not None and time.perf_counter() > deadline and cand.family != BASELINE:
-                for m in missing:
-                    found[m] = Timing.failed(NOT_TIMED)
-                missing = []
-            if missing:
-                t_kern = time.perf_counter()
-                fresh = _time_missing(cand, kern, n, k, missing, dtype, device, mode, sampling, cut)
-                seconds_by_kernel[label] = seconds_by_kernel.get(label, 0.0) + time.perf_counter() - t_kern
-                measured += len(missing)
-                for m, t in fresh.items():
-                    if t.error != NOT_TIMED:
-                        cache.put(keys[m], t)
-                    found[m] = t
-            by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
-        chosen = pick_route(by_kernel, (calls or {}).get((n, k)),
-                            cand.module_cls.layout_of if cand.module_cls is not None else None)
+        sampling = _sampling(deadline, (len(work) - i) * len(tokens))
+        by_kernel, timed_now = _time_kernels(run, cand, n, k, tokens, sampling)
+        layouts = {kern.name: kern.layout for kern in cand.kernels(device)}
+        chosen = pick_route(by_kernel, (calls or {}).get((n, k)), layouts)
         if chosen is not None:
             kernel_timings[(cand.name, k, n)] = by_kernel  # type: ignore[assignment]
         for m in tokens:
             timed = route_timing(by_kernel, chosen, m)
-            rows.append(LatencyRow(cand.name, m, k, n, timed, cached=m not in measured_now))
+            rows.append(LatencyRow(cand.name, m, k, n, timed, cached=m not in timed_now))
             if cand.family == BASELINE and timed.ok:
-                base_us[(n, k, m)] = timed.high_us  # a busy machine's samples, capped
+                run.base_us[(n, k, m)] = timed.high_us  # a busy machine's samples, capped
             bar.update(1)
     bar.close()
-    return LatencyTable(dev_name, dt, mode, rows, measured, time.perf_counter() - t0, kernel_timings,
-                        seconds_by_kernel)
+    return LatencyTable(run.base["device"], run.base["dtype"], mode, rows, run.measured, time.perf_counter() - t0,
+                        kernel_timings, run.seconds_by_kernel)
+
+
+def _checked_mode(mode: str, device: torch.device) -> str:
+    """`mode`, or ValueError saying which modes `device` takes."""
+    if mode not in ("eager", "graph", "compile"):
+        raise ValueError(f"mode must be 'eager', 'graph' or 'compile', got {mode!r}")
+    if mode == "graph" and device.type != "cuda":
+        raise ValueError("mode 'graph' (CUDA graphs) needs a CUDA device; use 'eager' or 'compile' on CPU")
+    return mode
+
+
+def _work_order(shapes: list[tuple[int, int]], tokens: list[int], candidates: list[Candidate],
+                calls: dict[tuple[int, int], dict[int, int]] | None) -> list[tuple[int, int, Candidate]]:
+    """(N, K, candidate) cells: the baseline everywhere first (every prediction divides by it), then
+    the shapes that weigh most in the workload (calls x M x N x K), so a deadline leaves the least
+    important cells out."""
+    def weight(n: int, k: int) -> float:
+        return sum(c * m for m, c in ((calls or {}).get((n, k)) or {m: 1 for m in tokens}).items()) * n * k
+
+    return sorted(((n, k, c) for n, k in shapes for c in candidates),
+                  key=lambda w: (w[2].family != BASELINE, -weight(w[0], w[1])))
+
+
+def _sampling(deadline: float | None, cells_left: int) -> float:
+    """Seconds of CPU samples per cell: CELL_SECONDS, or a deadline's share of what is left of it
+    among the cells left (a cell costs about twice its sampling: building, copies, warm-up)."""
+    if deadline is None:
+        return CELL_SECONDS
+    return min(CELL_SECONDS, max(MIN_CELL_SECONDS, (deadline - time.perf_counter()) / (2 * cells_left)))
+
+
+@dataclass
+class _Run:
+    """What the cells of one measure_latencies call share, and what they add up."""
+
+    cache: TimingCache
+    base: dict[str, str]  # key_base: the TimingKey fields of the machine and the software
+    dtype: torch.dtype
+    device: torch.device
+    mode: str
+    deadline: float | None  # time.perf_counter() after which cells not in the cache are not timed
+    measured: int = 0  # kernel timings run (cache misses)
+    seconds_by_kernel: dict[str, float] = dataclasses.field(default_factory=dict)
+    base_us: dict[tuple[int, int, int], float] = dataclasses.field(default_factory=dict)  # (N, K, M) -> bf16's
+
+
+def _time_kernels(run: _Run, cand: Candidate, n: int, k: int, tokens: list[int], sampling: float
+                  ) -> tuple[dict[str | None, dict[int, Timing]], set[int]]:
+    """Each kernel of `cand` (kernel_names) on the (N, K) shape at each M, in the listed order, but
+    for a kernel outrun at every M by one that ran (KernelInfo.outrun_by): never chosen, not timed.
+    Returns kernel -> M -> Timing (labelled with the kernel) and the M not read from the cache."""
+    cut = None if cand.family == BASELINE else {m: SLOW_CUT * run.base_us[(n, k, m)] for m in tokens
+                                                 if (n, k, m) in run.base_us}
+    by_kernel: dict[str | None, dict[int, Timing]] = {}
+    uncached: set[int] = set()
+    for kern in kernel_names(cand, run.device):
+        info = _kernel_info(cand, run.device, kern)
+        if kern is not None and _outrun(info, n, k, tokens, by_kernel):
+            continue
+        found, missing = _time_kernel(run, cand, kern, info, n, k, tokens, by_kernel, sampling, cut)
+        uncached.update(missing)
+        by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
+    return by_kernel, uncached
+
+
+def _time_kernel(run: _Run, cand: Candidate, kern: str | None, info: KernelInfo, n: int, k: int, tokens: list[int],
+                 done: dict[str | None, dict[int, Timing]], sampling: float, cut: dict[int, float] | None
+                 ) -> tuple[dict[int, Timing], list[int]]:
+    """One kernel's timing at each M: the cache's, a kernel's in `done` that runs the same code
+    (KernelInfo.same_code), NOT_TIMED past the deadline (but for the baseline), or measured now and
+    cached. Returns M -> Timing and the M the cache did not have."""
+    # GPTQ / HQQ run round-to-nearest's kernels: one cached cell serves both (timing_name)
+    label = cand.timing_name if kern is None else f"{cand.timing_name}@{kern}"
+    keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, options=info.options, **run.base) for m in tokens}
+    found = {m: run.cache.get(key) for m, key in keys.items()}
+    uncached = [m for m, t in found.items() if t is None]
+    twins = {m: info.same_code(m, n, k) for m in uncached}  # the same code as a kernel timed before: its numbers
+    found.update({m: done[twin][m] for m, twin in twins.items() if twin in done})
+    missing = [m for m, twin in twins.items() if twin not in done]
+    if missing and run.deadline is not None and time.perf_counter() > run.deadline and cand.family != BASELINE:
+        found.update({m: Timing.failed(NOT_TIMED) for m in missing})
+    elif missing:
+        t0 = time.perf_counter()
+        fresh = _time_missing(cand, kern, n, k, missing, run.dtype, run.device, run.mode, sampling, cut)
+        run.seconds_by_kernel[label] = run.seconds_by_kernel.get(label, 0.0) + time.perf_counter() - t0
+        run.measured += len(missing)
+        for m, t in fresh.items():
+            if t.error != NOT_TIMED:
+                run.cache.put(keys[m], t)
+            found[m] = t
+    return found, uncached  # type: ignore[return-value]
 
 
 def key_base(device: torch.device, dtype: torch.dtype, mode: str) -> dict[str, str]:
@@ -453,15 +500,11 @@ def spot_check(shapes: list[tuple[int, int]], tokens: list[int], *, device: torc
     return SpotCheck(cells, stale, cleared)
 
 
-def _outrun(cand: Candidate, kernel: str, n: int, k: int, tokens: list[int],
-            timed: dict[str | None, dict[int, Timing]]) -> bool:
-    """True when at every M in `tokens` a kernel timed before `kernel` (in `timed`, without error)
-    is known to be faster than it (QuantizedLinear.outrun_by)."""
-    cls = cand.module_cls
-    if cls is None:
-        return False
+def _outrun(info: KernelInfo, n: int, k: int, tokens: list[int], timed: dict[str | None, dict[int, Timing]]) -> bool:
+    """True when at every M in `tokens` a kernel timed before `info`'s (in `timed`, without error)
+    is known to be faster than it (KernelInfo.outrun_by)."""
     for m in tokens:
-        other = cls.outrun_by(kernel, m, n, k, **cand._module_params())
+        other = info.outrun_by(m, n, k)
         if other not in timed or not timed[other][m].ok:
             return False
     return True
@@ -502,14 +545,13 @@ def single_op_tokens(cand: Candidate, kernel: str | None, n: int, k: int, tokens
                      device: torch.device, mode: str) -> set[int]:
     """The M in `tokens` at which a "compile"-mode timing on CUDA runs `cand`'s module with `kernel`
     (None: its only one) eagerly in a CUDA graph, not compiled: where its forward is one opaque op
-    (QuantizedLinear.single_op), which torch.compile would only wrap. Each M a compiled module sees
+    (KernelInfo.single_op), which torch.compile would only wrap. Each M a compiled module sees
     costs a compile (dynamo/inductor: 86 s of the 181 s timing stage of a cold llama8 2048+1 search
     on the H200)."""
-    cls = cand.module_cls
-    if mode != "compile" or device.type != "cuda" or cls is None:
+    if mode != "compile" or device.type != "cuda":
         return set()
-    kern = kernel if kernel is not None else cls.kernels[0]
-    return {m for m in tokens if cls.single_op(kern, m, n, k, **cand._module_params())}
+    info = _kernel_info(cand, device, kernel)
+    return {m for m in tokens if info.single_op(m, n, k)}
 
 
 def _progress(total: int, enabled: bool, desc: str):

@@ -2,13 +2,15 @@
 
 Each module is a `QuantizedLinear`: canonical (portable) tensors in its state_dict, runtime tensors
 packed for its device, a plain-torch `reference()` for tests, and `emulated` where the device has
-no fast kernel for it. Nothing here knows about search or reports.
+no fast kernel for it. A family's alternative kernels are data (`KernelInfo`, kernels/routes.py).
+Nothing here knows about search or reports.
 """
 
 from __future__ import annotations
 
 from autoao.kernels import cpu_isa
-from autoao.kernels._base import QuantizedLinear, as_linear, describe_route, is_conv1d, parse_route, route_text
+from autoao.kernels._base import QuantizedLinear, as_linear, is_conv1d
+from autoao.kernels.routes import KernelInfo, describe_route, parse_route, route_text
 from autoao.kernels.dense import Bf16Linear, Fp32ComputeLinear
 from autoao.kernels.fused import FusedRows, fuse_problem
 from autoao.kernels.fp8 import Fp8DynLinear, Fp8WeightOnlyLinear
@@ -20,6 +22,7 @@ __all__ = [
     "as_linear",
     "is_conv1d",
     "QuantizedLinear",
+    "KernelInfo",
     "Bf16Linear",
     "Fp32ComputeLinear",
     "cpu_isa",

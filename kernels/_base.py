@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from abc import abstractmethod
 from typing import Any, Iterator
 
@@ -34,10 +33,18 @@ from torch import nn
 from autoao.calibration import LayerStats
 from autoao.common import is_conv1d  # noqa: F401  (re-exported)
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
+from autoao.kernels.routes import (
+    KernelInfo,
+    Route,
+    kernel_names,
+    kernels_on,
+    parse_route,
+    route_kernel,
+    route_problem,
+    route_text,
+)
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
-# A kernel per range of rows (tokens), in order: ((kernel, up to rows), ..., (last kernel, None)).
-Route = tuple[tuple[str, "int | None"], ...]
 # Rows (tokens) up to which the weight-only "triton" kernels run autoao's GEMV (triton_gemv.py;
 # int4's tensor-core kernel takes up to 16 where it fits: triton_gemv.int4_max_rows); beyond it they
 # fall back to a dequantized weight in one bf16 GEMM.
@@ -95,25 +102,21 @@ class QuantizedLinear(nn.Module):
     the stored numbers, not the kernels; those in algorithms.INPUT_SCALED also store an `act_scale`
     [K] float32 canonical tensor and `forward` divides its input by it before the kernels run.
 
-    Class attribute `kernels` names alternative CUDA implementations of the same numbers (first =
-    default), e.g. int4 ("tinygemm", "triton"), and `cpu_kernels` the CPU's (empty: one
-    implementation); `kernels_for(device_type, **params)` is the list for one device. `self.kernel`
-    is what forward uses: one kernel, or a route (`parse_route`: "int8pack<=16,dequant", a kernel per
-    range of rows, all reading one runtime layout: `layouts`); `set_kernel()` switches it (re-packing
-    the runtime layout). The timing harness times each kernel at each token count and the plan
-    records the winner per layer (it is not part of the candidate: same numbers, other speed). A
-    kernel of another device type is not an error: on a device it does not run on, the module runs
-    that device's default kernel (a plan made on a GPU applies on a CPU).
+    A family with several implementations of the same numbers (other code, other speed) declares
+    them as data: `declared_kernels(**params)` returns their `KernelInfo` records (kernels/routes.py;
+    default: none, one kernel "default" everywhere). `self.kernel` is what forward uses: one kernel,
+    or a route (`parse_route`: "int8pack<=16,dequant", a kernel per range of rows, all reading one
+    runtime layout); `set_kernel()` switches it (re-packing the runtime layout), `_pack` lays out
+    what `self.uses(kernel)` needs and `_forward` runs `self.kernel_at(rows)`. The timing harness
+    times each kernel at each token count and the plan records the winner per layer (it is not part
+    of the candidate: same numbers, other speed). A kernel of another device type is not an error:
+    on a device it does not run on, the module runs that device's default kernel (a plan made on a
+    GPU applies on a CPU).
     """
 
     emulated_on: frozenset[str] = frozenset()
     calibration_uses: frozenset[str] = frozenset()
     algorithms: tuple[str, ...] = ("rtn",)
-    kernels: tuple[str, ...] = ("default",)
-    cpu_kernels: tuple[str, ...] = ()
-    # kernel -> the runtime layout it reads; kernels of one layout can share a route (one packed
-    # weight serves every row count). A kernel not named here has a layout of its own.
-    layouts: dict[str, str] = {}
     # True where each output row's canonical numbers depend on that row of the float weight alone
     # (per-channel / group-wise scales, 2:4 within a row): sibling layers can then run as one module
     # on their row-concatenated canonical tensors with the same numbers (kernels/fused.py).
@@ -140,7 +143,7 @@ class QuantizedLinear(nn.Module):
             self.register_parameter("bias", None)
         self._canon: dict[str, torch.Tensor] = {}
         self.kernel = ""  # one kernel or a route (parse_route); _init_canonical sets the default
-        self._route: Route = ()  # the route forward follows on this device (route_on)
+        self._route: Route = ()  # the route forward follows on this device (_route_on)
         self.algorithm = "rtn"  # subclasses taking an algorithm set it with _set_algorithm
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
         # siblings: (the group, this layer's index in it). Not a submodule (no state_dict entry).
@@ -176,7 +179,7 @@ class QuantizedLinear(nn.Module):
     def _init_canonical(self) -> None:
         """Subclasses call this at the end of __init__, once their parameters are set: zero
         canonical tensors of the right shapes (overwritten by quantize or load_state_dict)."""
-        self.kernel = self.kernel or self.default_kernel(self.device.type, **self.params())
+        self.kernel = self.kernel or self._kernels_on(self.device.type)[0].name
         home = self._canonical_home()
         self._canon = {name: torch.zeros(shape, dtype=dt, device=home)
                        for name, (shape, dt) in self.canonical_spec().items()}
@@ -214,39 +217,6 @@ class QuantizedLinear(nn.Module):
         scale [K] is not)."""
         return cls.rows_independent and params.get("algorithm", "rtn") not in INPUT_SCALED
 
-    @classmethod
-    def outrun_by(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> str | None:
-        """A kernel listed before `kernel` in `kernels` that was measured faster than `kernel` for M
-        rows of an N x K layer on CUDA wherever both run, or None. Timing does not time `kernel` on
-        a shape when at every M of the workload such a kernel timed without error: it could not be
-        chosen. Default: none."""
-        return None
-
-    @classmethod
-    def same_code(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> str | None:
-        """A kernel listed before `kernel` in `kernels` that runs exactly the code `kernel` runs for M
-        rows of an N x K layer on CUDA (so timing reuses its numbers instead of compiling and timing
-        the same code again), or None. Default: none."""
-        return None
-
-    @classmethod
-    def single_op(cls, kernel: str, m: int, n: int, k: int, **params: Any) -> bool:
-        """Whether `kernel`'s forward for M rows of an N x K layer on CUDA (bf16 input, no bias: how
-        timing builds layers) is one opaque op (a custom op or an extern aten kernel) that
-        torch.compile can only call as it is. Timing in "compile" mode replays such cells eagerly in
-        a CUDA graph instead of compiling them (the same kernels: 0-3% apart on the H200,
-        benchmarks/kernel_table.py). Default: False."""
-        return False
-
-    @classmethod
-    def kernel_options(cls, kernel: str | None) -> str:
-        """The process-wide launch options that `kernel` (None: the module's only implementation)
-        runs with, as a short stable string, e.g. "pdl=1,prefetch_mb=8,early=1"; "" when it has
-        none. Options change a kernel's speed, never its numbers: timing puts this string into the
-        cache key (TimingKey.options), so a timing taken under one setting is never reused under
-        another. Default: ""."""
-        return ""
-
     @abstractmethod
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype, bias added: this layer's own kernels."""
@@ -271,70 +241,26 @@ class QuantizedLinear(nn.Module):
             m.bias.data.copy_(linear.bias.detach())
         return m
 
+    @classmethod
+    def declared_kernels(cls, **params: Any) -> tuple[KernelInfo, ...]:
+        """The kernels that compute this format's numbers for modules built with `params`, as data
+        (kernels/routes.py: name, device type, layout, launch options, timing hints), each device
+        type's in order of preference. Default: none (one kernel, "default", on every device)."""
+        return ()
+
     # ---- shared machinery ----------------------------------------------------------------------
-    @classmethod
-    def kernels_for(cls, device_type: str, **params: Any) -> tuple[str, ...]:
-        """The kernels that run this format on `device_type` with `params` (first = default; empty:
-        the module's only implementation). Default: `kernels` on CUDA, `cpu_kernels` on the CPU."""
-        if device_type == "cuda":
-            return cls.kernels
-        return cls.cpu_kernels if device_type == "cpu" else ()
+    def _kernels_on(self, device_type: str) -> tuple[KernelInfo, ...]:
+        """This module's kernels on `device_type`, its default first (kernels_on)."""
+        return kernels_on(self.declared_kernels(**self.params()), device_type)
 
-    @classmethod
-    def all_kernels(cls, **params: Any) -> tuple[str, ...]:
-        """Every kernel name of this format, CUDA's then the CPU's."""
-        return tuple(dict.fromkeys(cls.kernels_for("cuda", **params) + cls.kernels_for("cpu", **params)))
-
-    @classmethod
-    def default_kernel(cls, device_type: str, **params: Any) -> str:
-        names = cls.kernels_for(device_type, **params)
-        return names[0] if names else cls.kernels[0]
-
-    @classmethod
-    def layout_of(cls, kernel: str) -> str:
-        return cls.layouts.get(kernel, kernel)
-
-    @classmethod
-    def unknown_kernel(cls, kernel: str, **params: Any) -> str | None:
-        """None if `kernel` is a kernel of this format or a valid route of them (parse_route), else
-        what is wrong: "no kernel 'x' (has: ...); did you mean ...?", a bad cut, mixed layouts."""
-        try:
-            cls.check_route(parse_route(kernel), **params)
-        except ValueError as e:
-            return str(e)
-        return None
-
-    @classmethod
-    def check_route(cls, route: Route, **params: Any) -> None:
-        """Raise ValueError unless every kernel of `route` is this format's, all run on one device
-        type and all read one runtime layout."""
-        names = cls.all_kernels(**params)
-        for kern, _ in route:
-            if kern not in names:
-                import difflib
-
-                close = difflib.get_close_matches(kern, names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"no kernel {kern!r} (has: {', '.join(names)}){hint}")
-        if len(route) == 1:
-            return
-        kerns = [k for k, _ in route]
-        devices = [d for d in ("cuda", "cpu") if all(k in cls.kernels_for(d, **params) for k in kerns)]
-        if not devices:
-            raise ValueError(f"route {route_text(route)!r} mixes kernels of different devices")
-        layouts = list(dict.fromkeys(cls.layout_of(k) for k in kerns))
-        if len(layouts) > 1:
-            raise ValueError(f"route {route_text(route)!r} mixes runtime layouts ({', '.join(layouts)}); "
-                             "a route's kernels must read one packed weight")
-
-    def route_on(self, device_type: str) -> Route:
+    def _route_on(self, device_type: str) -> Route:
         """The route forward follows on `device_type`: `self.kernel`'s, or the device's default
         kernel where one of its kernels does not run there."""
         route = parse_route(self.kernel)
-        here = self.kernels_for(device_type, **self.params())
+        here = [info.name for info in self._kernels_on(device_type)]
         if all(k in here for k, _ in route):
             return route
-        return ((self.default_kernel(device_type, **self.params()), None),)
+        return ((here[0], None),)
 
     def kernel_at(self, rows: int) -> str:
         """The kernel this module runs for a call with `rows` rows (tokens)."""
@@ -347,16 +273,17 @@ class QuantizedLinear(nn.Module):
     def _repack(self, device: torch.device) -> None:
         """The route this device follows, _pack, then the input scale's runtime copy (act_scale_rt
         [K] in the layer dtype: bf16 values, exact in it) where there is one."""
-        self._route = self.route_on(device.type)
+        self._route = self._route_on(device.type)
         self._pack(device)
         if "act_scale" in self._canon:
             self.register_buffer("act_scale_rt", self._canon["act_scale"].to(device, self.dtype), persistent=False)
 
     def set_kernel(self, kernel: str) -> QuantizedLinear:
-        """Use `kernel` (one of `all_kernels()`, or a route of them: parse_route); re-packs the
-        runtime tensors. Raises ValueError naming the choices (and the closest one) for an unknown
-        name, a bad route, or a route over kernels that read different layouts."""
-        problem = self.unknown_kernel(kernel, **self.params())
+        """Use `kernel` (one of the declared kernels of any device type, or a route of them:
+        parse_route); re-packs the runtime tensors. Raises ValueError naming the choices (and the
+        closest one) for an unknown name, a bad route, or a route over kernels that read different
+        layouts (route_problem)."""
+        problem = route_problem(kernel, self.declared_kernels(**self.params()))
         if problem:
             raise ValueError(f"{type(self).__name__} has {problem}")
         kernel = route_text(parse_route(kernel))
@@ -453,9 +380,10 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params().items())
+        several = len(kernel_names(self.declared_kernels(**self.params()))) > 1
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, dtype={self.dtype}{extra}, emulated={self.emulated}"
-                + (f", kernel={self.kernel}" if len(self.all_kernels(**self.params())) > 1 else "")
+                + (f", kernel={self.kernel}" if several else "")
                 + (f", fused={self.fused[1]}/{len(self.fused[0].splits)}" if self.fused is not None else ""))
 
 
@@ -511,85 +439,3 @@ def pad_rows(x: torch.Tensor, multiple: int, minimum: int = 0) -> torch.Tensor:
     target = max(m, minimum)
     target = -(-target // multiple) * multiple
     return x if target == m else torch.nn.functional.pad(x, (0, 0, 0, target - m))
-
-
-##### routes: a kernel per range of rows ########################################################
-
-def parse_route(text: str) -> Route:
-    """ "int8pack<=16,dequant" -> (("int8pack", 16), ("dequant", None)): int8pack for calls of up to
-    16 rows, dequant above. One kernel name is a route of one step. Cuts are positive integers in
-    increasing order, every step but the last has one and the last has none, and no kernel repeats.
-    Raises ValueError saying what is wrong (which kernels exist is the module's check:
-    QuantizedLinear.check_route)."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"a kernel route must be a kernel name or 'kernel<=rows,...,kernel', got {text!r}")
-    steps: list[tuple[str, int | None]] = []
-    parts = [p.strip() for p in text.split(",")]
-    for i, part in enumerate(parts):
-        name, sep, cut = (p.strip() for p in part.partition("<="))
-        last = i == len(parts) - 1
-        if not name:
-            raise ValueError(f"kernel route {text!r}: step {i + 1} has no kernel name")
-        if last and sep:
-            raise ValueError(f"kernel route {text!r}: the last kernel ({name!r}) takes every row count "
-                             "above the cuts, so it has no '<=rows'")
-        if not last and not sep:
-            raise ValueError(f"kernel route {text!r}: {name!r} needs '<=rows' (only the last kernel has none)")
-        upto = None
-        if sep:
-            if not cut.isdigit() or int(cut) < 1:
-                raise ValueError(f"kernel route {text!r}: cut {cut!r} after {name!r} is not a positive row count")
-            upto = int(cut)
-            if steps and upto <= steps[-1][1]:  # type: ignore[operator]
-                raise ValueError(f"kernel route {text!r}: cuts must increase ({steps[-1][1]} then {upto})")
-        if any(name == k for k, _ in steps):
-            raise ValueError(f"kernel route {text!r}: {name!r} appears twice")
-        steps.append((name, upto))
-    return tuple(steps)
-
-
-def route_kernel(route: Route, rows: int) -> str:
-    """The kernel a route runs for a call with `rows` rows: the first step whose bound holds."""
-    return next((kern for kern, upto in route if upto is None or rows <= upto), route[-1][0])
-
-
-def route_text(route: Route) -> str:
-    """The inverse of parse_route: (("int8pack", 16), ("dequant", None)) -> "int8pack<=16,dequant"."""
-    return ",".join(k if upto is None else f"{k}<={upto}" for k, upto in route)
-
-
-def describe_route(text: str) -> str:
-    """ "int8pack<=16,dequant" -> "int8pack up to 16 rows, dequant above"; one kernel -> its name."""
-    route = parse_route(text)
-    if len(route) == 1:
-        return route[0][0]
-    parts = []
-    for i, (kern, upto) in enumerate(route):
-        if upto is None:
-            parts.append(f"{kern} above")
-        elif i == 0:
-            parts.append(f"{kern} up to {upto} rows")
-        else:
-            parts.append(f"{kern} up to {upto}")
-    return ", ".join(parts)
-
-
-def route_from_timings(winners: dict[int, str]) -> str:
-    """The route that runs, at each timed token count M, the kernel that won there: {1: "int8pack",
-    256: "dequant"} -> "int8pack<=16,dequant". Neighbouring counts with one winner share a step; the
-    cut between two timed counts is their geometric mean (rounded down), halfway on the log scale
-    that kernel costs change on."""
-    ms = sorted(winners)
-    if not ms:
-        raise ValueError("route_from_timings needs at least one timed token count")
-    steps: list[tuple[str, int | None]] = []
-    for a, b in zip(ms, ms[1:] + [None]):
-        if b is not None and winners[a] == winners[b]:
-            continue
-        kern = winners[a]
-        if any(kern == k for k, _ in steps):  # a kernel winning two separate ranges: keep its first
-            continue
-        steps.append((kern, None if b is None else max(int(math.isqrt(a * b)), a)))
-    if steps[-1][1] is not None:  # the last winner repeated an earlier one: the earlier takes the rest
-        steps[-1] = (steps[-1][0], None)
-    return route_text(tuple(steps))

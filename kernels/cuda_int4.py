@@ -234,7 +234,7 @@ _TUNED: dict[tuple, Config] = {}
 class LaunchOptions:
     """How each launch of the GEMV uses sm_90+ features (earlier GPUs have none of them and ignore
     all three). They change its speed, never its numbers, so a timing taken under one setting must
-    not stand for another: Int4WeightOnlyLinear.kernel_options puts `tag()` into the cache key of
+    not stand for another: int4's "cuda" KernelInfo carries `tag()` as its options, in the cache key of
     every "cuda" timing (evaluators/cache.py, TimingKey.options).
 
     The process runs with `OPTIONS`: the defaults below, overridden at import by the environment

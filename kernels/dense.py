@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear
+from autoao.kernels.routes import KernelInfo
 
 
 class Bf16Linear(QuantizedLinear):
@@ -50,9 +51,12 @@ class Fp32ComputeLinear(QuantizedLinear):
     runtime (twice the bf16 bytes) wherever the route uses it."""
 
     rows_independent = True
-    kernels = ("native",)
-    cpu_kernels = ("fp32", "native")
-    layouts = {"fp32": "weight", "native": "weight"}  # both read the layer's weight (fp32 adds a copy)
+
+    @classmethod
+    def declared_kernels(cls, **params) -> tuple[KernelInfo, ...]:
+        # all read the layer's weight ("fp32" adds a copy)
+        return (KernelInfo("native", "cuda", layout="weight"),
+                KernelInfo("fp32", "cpu", layout="weight"), KernelInfo("native", "cpu", layout="weight"))
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)

@@ -21,6 +21,7 @@ from autoao.kernels._base import (
     unflatten_tokens,
 )
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
+from autoao.kernels.routes import KernelInfo
 
 GRANULARITIES = ("row", "tensor")
 
@@ -101,7 +102,6 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
     """
 
     emulated_on = frozenset({"cpu"})
-    kernels = ("triton",)
     qdtype = FP8_DTYPE
 
     def quantize(self, weight, stats=None):
@@ -109,8 +109,9 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
         return {"qweight": q, "scale": s.reshape(-1)}
 
     @classmethod
-    def single_op(cls, kernel, m, n, k, **params):
-        return m <= GEMV_MAX_ROWS and load_triton_ops()  # the Triton GEMV
+    def declared_kernels(cls, **params) -> tuple[KernelInfo, ...]:
+        # one CUDA kernel (the CPU's one path carries its name)
+        return (KernelInfo("triton", "cuda", single_op=_gemv_one_op),)
 
     def _pack(self, device):
         self._gemv = device.type == "cuda" and load_triton_ops()
@@ -126,3 +127,9 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
         w = self._canon["qweight"].float() * self._canon["scale"][:, None]
         y = flatten_tokens(x).float() @ w.to(x.device).t()
         return unflatten_tokens(self._add_bias(y), x)
+
+
+def _gemv_one_op(m: int, n: int, k: int) -> bool:
+    """Whether the CUDA "triton" kernel runs M rows as one op (KernelInfo.single_op): autoao's
+    Triton GEMV."""
+    return m <= GEMV_MAX_ROWS and load_triton_ops()

@@ -21,6 +21,8 @@ no memory beyond the tiled layout.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -33,6 +35,7 @@ from autoao.kernels.quant import (
     pack_int4,
     unpack_int4,
 )
+from autoao.kernels.routes import KernelInfo
 
 GROUP_SIZES = (32, 64, 128)
 
@@ -70,15 +73,50 @@ def inner_k_tiles(in_features: int) -> int | None:
     return None
 
 
+##### timing hints (KernelInfo): functions of a call's rows M and the layer's N x K ###############
+
+def _one_op(m: int, n: int, k: int) -> bool:
+    """The "tinygemm" kernel: one aten op at every M."""
+    return True
+
+
+def _gemv_one_op(m: int, n: int, k: int) -> bool:
+    """The "cuda" and "tinygemm_dequant" kernels: one op (a GEMV) up to GEMV_MAX_ROWS rows; above
+    them a dequantize, then a bf16 GEMM."""
+    return m <= GEMV_MAX_ROWS
+
+
+def _triton_one_op(m: int, n: int, k: int, group_size: int) -> bool:
+    """The "triton" kernel: one custom op up to the rows its GEMV takes; without its ops it runs
+    tinygemm's."""
+    rows = triton_gemv_rows(k, group_size)
+    return rows is None or m <= rows
+
+
+def _triton_outrun_by(m: int, n: int, k: int, group_size: int) -> str | None:
+    """The "cuda" kernel where it outruns "triton", that is where the two run comparable code: the GEMVs
+    (M <= 8; the CUDA one was 1.21-5.67x faster on all 30 cells of g32/64/128 x llama8's shapes x
+    M = 1, 8, benchmarks/int4_cuda.py) and the dequantize + bf16 GEMM above the rows Triton's
+    tensor-core GEMV takes (10-12% faster on llama8's shapes at M = 2048, benchmarks/kernel_table.py);
+    in between (M 9-16) that GEMV races the CUDA kernel's dequantize + GEMM."""
+    rows = triton_gemv_rows(k, group_size)
+    return "cuda" if rows is not None and (m <= GEMV_MAX_ROWS or m > rows) else None
+
+
+def _tinygemm_dequant_code(m: int, n: int, k: int, group_size: int) -> str | None:
+    """The kernel whose code "tinygemm_dequant" runs: tinygemm's GEMV up to GEMV_MAX_ROWS rows, and
+    above them the dequantize + F.linear that "triton" runs above the rows its GEMV takes."""
+    if m <= GEMV_MAX_ROWS:
+        return "tinygemm"
+    rows = triton_gemv_rows(k, group_size)
+    return "triton" if rows is not None and m > rows else None
+
+
 class Int4WeightOnlyLinear(QuantizedLinear):
     """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
     with w ~ (q - 8) * scale + zero; for AWQ also act_scale [K] float32 (the layer computes
     (x / act_scale) @ w^T, w quantized from W * act_scale)."""
 
-    kernels = ("tinygemm", "cuda", "triton", "tinygemm_dequant")
-    cpu_kernels = ("tinygemm_cpu", "dequant")
-    # on the CPU "dequant" reads the canonical tensors, which live in host memory beside the tiled layout
-    layouts = {"tinygemm_cpu": "int4_cpu", "dequant": "int4_cpu"}
     algorithms = ("rtn", "awq", "gptq", "hqq")
     rows_independent = True  # scales and zeros per (row, group)
 
@@ -100,45 +138,18 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         return {"group_size": self.group_size, **({"algorithm": self.algorithm} if self.algorithm != "rtn" else {})}
 
     @classmethod
-    def outrun_by(cls, kernel, m, n, k, **params):
-        # "triton" loses to "cuda" where the two run comparable code: the GEMVs (M <= 8; the CUDA
-        # one was 1.21-5.67x faster on all 30 cells of g32/64/128 x llama8's shapes x M = 1, 8,
-        # benchmarks/int4_cuda.py) and the dequantize + bf16 GEMM above the rows Triton's
-        # tensor-core GEMV takes (10-12% faster on llama8's shapes at M = 2048,
-        # benchmarks/kernel_table.py); in between (M 9-16) that GEMV races the CUDA kernel's
-        # dequantize + GEMM.
-        rows = triton_gemv_rows(k, params.get("group_size", 128)) if kernel == "triton" else None
-        return "cuda" if rows is not None and (m <= GEMV_MAX_ROWS or m > rows) else None
-
-    @classmethod
-    def same_code(cls, kernel, m, n, k, **params):
-        # tinygemm_dequant runs tinygemm's GEMV up to GEMV_MAX_ROWS rows, and above them the same
-        # dequantize + F.linear as the "triton" kernel does above the rows its GEMV takes
-        if kernel != "tinygemm_dequant":
-            return None
-        if m <= GEMV_MAX_ROWS:
-            return "tinygemm"
-        rows = triton_gemv_rows(k, params.get("group_size", 128))
-        return "triton" if rows is not None and m > rows else None
-
-    @classmethod
-    def single_op(cls, kernel, m, n, k, **params):
-        # tinygemm is one aten op at every M; the CUDA and Triton GEMVs are one custom op up to the
-        # rows they take (above them: a dequantize, then a bf16 GEMM); "triton" without its ops
-        # runs tinygemm's path
-        if kernel == "tinygemm":
-            return True
-        if kernel in ("cuda", "tinygemm_dequant"):
-            return m <= GEMV_MAX_ROWS
-        if kernel == "triton":
-            rows = triton_gemv_rows(k, params.get("group_size", 128))
-            return rows is None or m <= rows
-        return False
-
-    @classmethod
-    def kernel_options(cls, kernel):
-        # the CUDA GEMV's sm_90+ launch features (cuda_int4.LaunchOptions); the others have none
-        return cuda_int4.OPTIONS.tag() if kernel == "cuda" else ""
+    def declared_kernels(cls, group_size: int = 128, **params) -> tuple[KernelInfo, ...]:
+        # What each runs: the module docstring. "cuda" runs with the sm_90+ launch features of
+        # cuda_int4.LaunchOptions. On the CPU "dequant" reads the canonical tensors, which live in
+        # host memory beside the tiled layout.
+        return (KernelInfo("tinygemm", "cuda", single_op=_one_op),
+                KernelInfo("cuda", "cuda", options=cuda_int4.OPTIONS.tag(), single_op=_gemv_one_op),
+                KernelInfo("triton", "cuda", outrun_by=partial(_triton_outrun_by, group_size=group_size),
+                           single_op=partial(_triton_one_op, group_size=group_size)),
+                KernelInfo("tinygemm_dequant", "cuda", single_op=_gemv_one_op,
+                           same_code=partial(_tinygemm_dequant_code, group_size=group_size)),
+                KernelInfo("tinygemm_cpu", "cpu", layout="int4_cpu"),
+                KernelInfo("dequant", "cpu", layout="int4_cpu"))
 
     def canonical_spec(self) -> CanonicalSpec:
         n, k, g = self.out_features, self.in_features, self.group_size

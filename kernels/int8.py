@@ -36,6 +36,7 @@ from autoao.kernels.quant import (
     quantize_int8_per_token,
     quantize_per_token,
 )
+from autoao.kernels.routes import KernelInfo
 
 # torch._int_mm on CUDA needs M > 16 (cuBLASLt int8 heuristics); decode rows are padded up to this.
 _INT_MM_MIN_ROWS_CUDA = 17
@@ -57,11 +58,6 @@ class Int8DynLinear(_Int8Weights):
     """int8 per-channel symmetric weights, int8 dynamic activations: symmetric per token
     (act="token") or asymmetric uint8 per tensor (act="tensor", torch's prepacked CPU kernels)."""
 
-    # CPU, per token: "int_mm" (torch._int_mm) wins at a few rows; above them its CPU kernel is
-    # ~15x slower than "bf16_mm", the same int8 values (exact in bf16) in one bf16 matmul (AMX-BF16
-    # where present), its accumulator rounded to bf16 (~2^-9 relative). Both read w_q.
-    cpu_kernels = ("int_mm", "bf16_mm")
-    layouts = {"int_mm": "int8", "bf16_mm": "int8"}
     ACTS = ("token", "tensor")
     algorithms = ("rtn", "smoothquant")
 
@@ -77,10 +73,15 @@ class Int8DynLinear(_Int8Weights):
         return {"act": self.act, **super().params()}
 
     @classmethod
-    def kernels_for(cls, device_type, **params):
-        if params.get("act", "token") == "tensor":
-            return cpu_int8.ENGINES if device_type == "cpu" else ()
-        return super().kernels_for(device_type, **params)
+    def declared_kernels(cls, act: str = "token", **params) -> tuple[KernelInfo, ...]:
+        if act == "tensor":  # torch's prepacked engines, one packed layout each (CPU only)
+            return tuple(KernelInfo(engine, "cpu") for engine in cpu_int8.ENGINES)
+        # CUDA: torch._int_mm after the fused Triton quantization. CPU, per token: "int_mm"
+        # (torch._int_mm) wins at a few rows; above them its CPU kernel is ~15x slower than
+        # "bf16_mm", the same int8 values (exact in bf16) in one bf16 matmul (AMX-BF16 where
+        # present), its accumulator rounded to bf16 (~2^-9 relative). Both read w_q.
+        return (KernelInfo("default", "cuda"),
+                KernelInfo("int_mm", "cpu", layout="int8"), KernelInfo("bf16_mm", "cpu", layout="int8"))
 
     @classmethod
     def fusable(cls, **params):
@@ -150,22 +151,15 @@ class Int8DynLinear(_Int8Weights):
 class Int8WeightOnlyLinear(_Int8Weights):
     """int8 per-channel symmetric weights; activations stay in the model's dtype."""
 
-    kernels = ("triton", "dequant")  # measured: the GEMV is 2.2-4.8x faster at M=1 on the H200
-    cpu_kernels = ("int8pack", "dequant")
-    layouts = {"triton": "int8", "dequant": "int8", "int8pack": "int8"}  # all read w_q, w_scale
     algorithms = ("rtn", "gptq")
 
     @classmethod
-    def same_code(cls, kernel, m, n, k, **params):
-        # "dequant" is the F.linear that "triton" runs above GEMV_MAX_ROWS rows, or at every M
-        # where the Triton ops cannot load
-        if kernel == "dequant" and (m > GEMV_MAX_ROWS or not load_triton_ops()):
-            return "triton"
-        return None
-
-    @classmethod
-    def single_op(cls, kernel, m, n, k, **params):
-        return kernel == "triton" and m <= GEMV_MAX_ROWS and load_triton_ops()  # the Triton GEMV
+    def declared_kernels(cls, **params) -> tuple[KernelInfo, ...]:
+        # All four read one layout (w_q, w_scale). CUDA: the GEMV is 2.2-4.8x faster at M=1 on the H200.
+        return (KernelInfo("triton", "cuda", layout="int8", single_op=_gemv_one_op),
+                KernelInfo("dequant", "cuda", layout="int8", same_code=_dequant_code),
+                KernelInfo("int8pack", "cpu", layout="int8"),
+                KernelInfo("dequant", "cpu", layout="int8"))
 
     def _pack(self, device):
         self._gemv = device.type == "cuda" and self.uses("triton") and load_triton_ops()
@@ -188,3 +182,16 @@ class Int8WeightOnlyLinear(_Int8Weights):
         w = self._canon["qweight"].float() * self._canon["scale"].to(self.dtype).float()[:, None]
         y = flatten_tokens(x).float() @ w.to(x.device).t()
         return unflatten_tokens(self._add_bias(y), x)
+
+
+##### timing hints (KernelInfo): functions of a call's rows M and the layer's N x K ###############
+
+def _gemv_one_op(m: int, n: int, k: int) -> bool:
+    """Whether the CUDA "triton" kernel runs M rows as one op: autoao's Triton GEMV."""
+    return m <= GEMV_MAX_ROWS and load_triton_ops()
+
+
+def _dequant_code(m: int, n: int, k: int) -> str | None:
+    """The CUDA "dequant" kernel is the F.linear that "triton" runs above GEMV_MAX_ROWS rows, or at
+    every M where the Triton ops cannot load."""
+    return "triton" if m > GEMV_MAX_ROWS or not load_triton_ops() else None

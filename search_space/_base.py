@@ -9,6 +9,10 @@ by family name. It answers three questions:
   fast kernel)? Emulated candidates are never reported as a speed-up.
 - `build(linear, stats) -> nn.Module`: the replacement module (quantized weights; `stats`: the
   layer's calibration statistics, read where `calibration_uses` says so).
+
+and says which kernels run it: `kernels(device)`, each a `kernels.KernelInfo` record (its module
+family's declaration: name, layout, launch options, timing hints), and `kernel_problem(kernel)`,
+whether a plan's kernel name or route is one its module runs.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from torch import nn
 
 from autoao.calibration import LayerStats
 from autoao.types import LayerSpec  # noqa: F401  (re-exported)
-from autoao.kernels import QuantizedLinear, as_linear, cpu_isa, is_conv1d
+from autoao.kernels import KernelInfo, QuantizedLinear, as_linear, cpu_isa, is_conv1d
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
+from autoao.kernels.routes import kernels_on, route_problem
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEVICE_TYPES = ("cpu", "cuda")
@@ -138,6 +143,24 @@ class Candidate(ABC):
 
     def _emulation_reason(self, device: torch.device) -> str:
         return f"no {self.family} kernel on {device.type}: emulated"
+
+    # ---- kernels ---------------------------------------------------------------------------
+    def kernels(self, device: torch.device | str) -> tuple[KernelInfo, ...]:
+        """The kernels that run this candidate on `device`'s type, the default first (flagged
+        `default`); one where it has a single implementation there (the baseline's: the layer's own
+        F.linear). Made afresh on each call: a record's launch options are the process's now."""
+        return kernels_on(self._declared_kernels(), torch.device(device).type)
+
+    def kernel_problem(self, kernel: str) -> str | None:
+        """None if this candidate's module runs `kernel` (one of its kernels on some device type, or
+        a route of them: kernels.parse_route), else what is wrong, e.g. "no kernel 'x' (has: ...);
+        did you mean ...?"."""
+        return route_problem(kernel, self._declared_kernels())
+
+    def _declared_kernels(self) -> tuple[KernelInfo, ...]:
+        if self.module_cls is None:
+            return ()
+        return self.module_cls.declared_kernels(**self._module_params())
 
     # ---- construction ----------------------------------------------------------------------
     @property

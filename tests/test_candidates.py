@@ -29,7 +29,7 @@ from autoao.kernels.quant import is_24_sparse, prune_24_mask
 from autoao.search_space import LayerSpec
 
 FAMILIES = {"bf16", "bf16_compute", "fp32_compute", "int8_dyn", "int8_wo", "int4_wo", "fp8_dyn", "fp8_wo", "sparse24", "sparse24_int8_dyn",
-            "sparse24_fp8"}
+            "sparse24_fp8", "gguf"}
 KERNEL_VS_REFERENCE_DB = 40
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}
 
@@ -115,6 +115,26 @@ def test_supports_never_raises(cand):
             assert reason is None or isinstance(reason, str)
     assert "int8" in cand.supports(ints, "cpu")
     assert "meta" in cand.supports(odd, "meta")
+
+
+@pytest.mark.parametrize("cand", CANDIDATES + [search_space.get("gguf")], ids=str)
+def test_kernels_are_data_the_module_dispatches_on(cand):
+    """Every device type has kernels, the first flagged default, each name once and accepted by
+    the candidate's module; a module built on the CPU runs the CPU's default. A family that
+    declares none (the baseline, gguf) has one, "default"."""
+    for dev in ("cuda", "cpu"):
+        kernels = cand.kernels(dev)
+        assert [k.default for k in kernels] == [True] + [False] * (len(kernels) - 1)
+        assert all(k.device_type == dev and k.layout for k in kernels)
+        assert len({k.name for k in kernels}) == len(kernels)
+        assert all(cand.kernel_problem(k.name) is None for k in kernels)
+    assert cand.kernel_problem("no_such_kernel").startswith("no kernel 'no_such_kernel' (has: ")
+    if cand.family in ("bf16", "gguf"):
+        assert [k.name for dev in ("cuda", "cpu") for k in cand.kernels(dev)] == ["default", "default"]
+    lin = make_linear(256, 128, False, torch.float32 if cand.family == "bf16_compute" else torch.bfloat16)
+    if cand.supports(LayerSpec.from_linear("l", lin), "cpu") is None:
+        module = cand.build(lin)
+        assert getattr(module, "kernel", "default") == cand.kernels("cpu")[0].name
 
 
 def test_reasons_name_the_constraint():
@@ -261,7 +281,8 @@ def test_modules_built_with_canonical_on_device_compute_and_save_the_same(cand):
         kept = cand.build(lin, LayerStats(act_norm=norm))
     assert {t.device.type for t in host.canonical().values()} == {"cpu"}
     assert {t.device.type for t in kept.canonical().values()} == {"cuda"}
-    for kern in host.kernels if len(host.kernels) > 1 else (None,):
+    kernels = [k.name for k in cand.kernels("cuda")]
+    for kern in kernels if len(kernels) > 1 else (None,):
         if kern is not None:
             host.set_kernel(kern)
             kept.set_kernel(kern)

@@ -16,7 +16,7 @@ from autoao.cli import main
 from autoao.evaluators import timing
 from autoao.evaluators.cache import Timing
 from autoao.kernels import cpu_int8, cpu_isa
-from autoao.kernels._base import describe_route, parse_route, route_from_timings, route_text
+from autoao.kernels.routes import describe_route, parse_route, route_from_timings, route_text
 from autoao.plan import Plan, PlanError
 
 # (candidate, kernel or route) for every CPU kernel of every candidate that has several, plus a
@@ -209,9 +209,10 @@ def t(us: float) -> Timing:
 
 def test_pick_route_takes_the_fastest_kernel_at_each_token_count():
     by_kernel = {"int8pack": {1: t(10), 256: t(1000)}, "dequant": {1: t(50), 256: t(100)}}
-    one_layout = search_space.get("int8_wo").module_cls.layout_of
+    one_layout = {k.name: k.layout for k in search_space.get("int8_wo").kernels("cpu")}
     assert timing.pick_route(by_kernel, None, one_layout) == "int8pack<=16,dequant"
-    assert timing.pick_route(by_kernel, None, lambda k: k) == "dequant"  # two layouts: one kernel for all M
+    two_layouts = {k: k for k in by_kernel}
+    assert timing.pick_route(by_kernel, None, two_layouts) == "dequant"  # two layouts: one kernel for all M
     near = {"int8pack": {1: t(10.1), 256: t(100)}, "dequant": {1: t(10), 256: t(100)}}
     assert timing.pick_route(near, None, one_layout) == "int8pack"  # within the margin: the first listed
     failed = {"int8pack": {1: Timing.failed("x"), 256: t(5)}, "dequant": {1: t(9), 256: t(7)}}

@@ -18,10 +18,23 @@ from autoao.cli import main
 from autoao.evaluators import timing
 from autoao.evaluators.cache import TimingCache, TimingKey
 from autoao.evaluators.timing import Timing, measure_latencies
-from autoao.kernels import cuda_int4
+from autoao.kernels import KernelInfo, cuda_int4
 
 SMALL = [search_space.get("bf16"), search_space.get("int8_dyn"), search_space.get("int4_wo(group_size=64)"),
          search_space.get("sparse24")]
+
+
+def cuda_kernel(cand: str, kernel: str) -> KernelInfo:
+    """`cand`'s CUDA kernel `kernel` (Candidate.kernels; a CUDA device object needs no GPU)."""
+    return next(k for k in search_space.get(cand).kernels("cuda") if k.name == kernel)
+
+
+def run_cuda_kernels(monkeypatch, cand, names: tuple[str, ...] | None = None) -> None:
+    """Timing on this CPU is told that `cand` runs its CUDA kernels (those in `names`), records
+    made afresh on each call as Candidate.kernels makes them."""
+    own = type(cand).kernels
+    monkeypatch.setattr(type(cand), "kernels", lambda self, device: tuple(
+        k for k in own(self, "cuda") if names is None or k.name in names))
 
 
 def key(i: int) -> TimingKey:
@@ -98,10 +111,12 @@ def test_launch_options_are_part_of_the_key(tmp_path):
 
 
 def test_measure_latencies_keys_the_cuda_int4_kernel_by_its_launch_options(tmp_path, monkeypatch):
-    # the CUDA int4 kernel's options, exercised on the CPU: timing is told the module runs its
-    # "cuda" kernel (on the CPU that is the CPU path; what matters is the key it is cached under)
+    # the CUDA int4 kernel's options, exercised on the CPU: timing is told the candidate's one
+    # kernel is "cuda" (on the CPU that is the CPU path; what matters is the key it is cached under)
     int4 = search_space.get("int4_wo(group_size=64)")
-    monkeypatch.setattr(timing, "kernel_names", lambda cand, device: ("cuda",) if cand is int4 else (None,))
+    assert cuda_kernel(int4.name, "tinygemm").options == "" and all(k.options == "" for k in int4.kernels("cpu"))
+    assert search_space.get("int8_dyn").kernels("cuda")[0].options == ""
+    run_cuda_kernels(monkeypatch, int4, ("cuda",))
     cache = TimingCache(tmp_path / "t.sqlite")
 
     def measure():
@@ -109,13 +124,11 @@ def test_measure_latencies_keys_the_cuda_int4_kernel_by_its_launch_options(tmp_p
 
     assert measure() == 1 and measure() == 0  # measured once, then served from the cache
     with cuda_int4.launch_options(pdl=not cuda_int4.OPTIONS.pdl):
-        assert int4.module_cls.kernel_options("cuda") == cuda_int4.OPTIONS.tag()
+        assert cuda_kernel(int4.name, "cuda").options == cuda_int4.OPTIONS.tag()
         assert measure() == 1 and measure() == 0  # another setting: measured again, cached apart
     with cuda_int4.launch_options(prefetch_mb=cuda_int4.OPTIONS.prefetch_mb + 8):
         assert measure() == 1
     assert measure() == 0  # the first setting's timing is still there
-    assert int4.module_cls.kernel_options("tinygemm") == "" and int4.module_cls.kernel_options(None) == ""
-    assert search_space.get("int8_dyn").module_cls.kernel_options(None) == ""
 
 
 def test_nan_output_scores_inf(tmp_path):
@@ -186,11 +199,7 @@ def test_cli_kernels_table(tmp_path, capsys):
 def test_cli_kernels_all_kernels_lists_every_kernel_timed(tmp_path, capsys, monkeypatch):
     # A candidate with several CUDA kernels: --all-kernels adds a row per kernel timed (the chosen
     # one marked) and writes one CSV row per kernel; without it, only the chosen kernel's row.
-    from autoao.kernels import int4 as int4_mod
-
-    cls = int4_mod.Int4WeightOnlyLinear
-    monkeypatch.setattr(timing, "kernel_names",
-                        lambda cand, device: cls.kernels[:2] if cand.module_cls is cls else (None,))
+    run_cuda_kernels(monkeypatch, search_space.get("int4_wo(group_size=32)"), ("tinygemm", "cuda"))
     monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
         m: Timing({"tinygemm": 9.0, "cuda": 6.0}.get(kern, 20.0) * m, 0, 0, 5) for m in tokens})
     argv = ["kernels", "--shapes", "32x64", "--tokens", "1,4", "--device", "cpu", "--quiet",
@@ -262,24 +271,25 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
     from autoao.kernels import triton_gemv
 
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
-    cls = int4_mod.Int4WeightOnlyLinear
     limit = triton_gemv.int4_max_rows(4096, 128)
     assert limit >= 8
-    assert cls.same_code("tinygemm_dequant", 1, 1024, 4096, group_size=128) == "tinygemm"
-    assert cls.same_code("tinygemm_dequant", 2048, 1024, 4096, group_size=128) == "triton"
-    assert cls.same_code("tinygemm_dequant", limit, 1024, 4096, group_size=128) is None  # Triton's GEMV
-    assert cls.same_code("cuda", 1, 1024, 4096, group_size=128) is None
+    dequant = cuda_kernel("int4_wo(group_size=128)", "tinygemm_dequant")
+    assert dequant.same_code(1, 1024, 4096) == "tinygemm"
+    assert dequant.same_code(2048, 1024, 4096) == "triton"
+    assert dequant.same_code(limit, 1024, 4096) is None  # Triton's GEMV
+    assert cuda_kernel("int4_wo(group_size=128)", "cuda").same_code(1, 1024, 4096) is None
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: False)  # "triton" is tinygemm then
-    assert cls.same_code("tinygemm_dequant", 2048, 1024, 4096, group_size=128) is None
+    assert dequant.same_code(2048, 1024, 4096) is None
 
     from autoao.kernels import int8 as int8_mod
 
     monkeypatch.setattr(int8_mod, "load_triton_ops", lambda: True)
-    i8 = int8_mod.Int8WeightOnlyLinear
-    assert i8.same_code("dequant", 2048, 64, 64) == "triton" and i8.same_code("dequant", 8, 64, 64) is None
-    assert i8.same_code("triton", 2048, 64, 64) is None
+    i8 = cuda_kernel("int8_wo", "dequant")
+    assert i8.same_code(2048, 64, 64) == "triton" and i8.same_code(8, 64, 64) is None
+    assert cuda_kernel("int8_wo", "triton").same_code(2048, 64, 64) is None
+    assert all(k.same_code(2048, 64, 64) is None for k in search_space.get("int8_wo").kernels("cpu"))
     monkeypatch.setattr(int8_mod, "load_triton_ops", lambda: False)  # then "triton" is the F.linear at every M
-    assert i8.same_code("dequant", 1, 64, 64) == "triton"
+    assert i8.same_code(1, 64, 64) == "triton"
 
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
     int4 = search_space.get("int4_wo", group_size=128)
@@ -289,7 +299,7 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
         timed.append((kern, tuple(tokens)))
         return {m: Timing(float(m) + len(kern), 0, 0, 5) for m in tokens}
 
-    monkeypatch.setattr(timing, "kernel_names", lambda cand, device: cls.kernels)
+    run_cuda_kernels(monkeypatch, int4)
     monkeypatch.setattr(timing, "_time_missing", fake_time)
     tokens = [1, limit, 2048]
     table = measure_latencies([(1024, 4096)], tokens, [int4], cache=TimingCache(tmp_path / "t.sqlite"),
@@ -309,13 +319,12 @@ def test_a_kernel_outrun_at_every_m_by_one_that_ran_is_not_timed(tmp_path, monke
     from autoao.kernels import triton_gemv
 
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
-    cls = int4_mod.Int4WeightOnlyLinear
     limit = triton_gemv.int4_max_rows(4096, 128)
-    assert [cls.outrun_by("triton", m, 1024, 4096, group_size=128) for m in (1, 8, limit, 2048)] == \
-        ["cuda", "cuda", None, "cuda"]
-    assert cls.outrun_by("cuda", 1, 1024, 4096, group_size=128) is None
+    triton = cuda_kernel("int4_wo(group_size=128)", "triton")
+    assert [triton.outrun_by(m, 1024, 4096) for m in (1, 8, limit, 2048)] == ["cuda", "cuda", None, "cuda"]
+    assert cuda_kernel("int4_wo(group_size=128)", "cuda").outrun_by(1, 1024, 4096) is None
     int4 = search_space.get("int4_wo", group_size=128)
-    monkeypatch.setattr(timing, "kernel_names", lambda cand, device: cls.kernels)
+    run_cuda_kernels(monkeypatch, int4)
     for cuda_runs in (True, False):
         timed = []
 
@@ -346,24 +355,22 @@ def test_single_op_kernels_are_named_per_m(monkeypatch):
     from autoao.kernels import triton_gemv
 
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: True)
-    i4 = int4_mod.Int4WeightOnlyLinear
+    i4 = "int4_wo(group_size=128)"
     limit = triton_gemv.int4_max_rows(4096, 128)
     ms = (1, 8, limit, 2048)
-    assert [i4.single_op("tinygemm", m, 1024, 4096, group_size=128) for m in ms] == [True] * 4
-    assert [i4.single_op("cuda", m, 1024, 4096, group_size=128) for m in ms] == [True, True, False, False]
-    assert [i4.single_op("tinygemm_dequant", m, 1024, 4096, group_size=128) for m in ms] == \
-        [True, True, False, False]
-    assert [i4.single_op("triton", m, 1024, 4096, group_size=128) for m in ms] == [True, True, True, False]
+    assert [cuda_kernel(i4, "tinygemm").single_op(m, 1024, 4096) for m in ms] == [True] * 4
+    assert [cuda_kernel(i4, "cuda").single_op(m, 1024, 4096) for m in ms] == [True, True, False, False]
+    assert [cuda_kernel(i4, "tinygemm_dequant").single_op(m, 1024, 4096) for m in ms] == [True, True, False, False]
+    assert [cuda_kernel(i4, "triton").single_op(m, 1024, 4096) for m in ms] == [True, True, True, False]
     monkeypatch.setattr(int4_mod, "load_triton_ops", lambda: False)  # "triton" runs tinygemm's op then
-    assert i4.single_op("triton", 2048, 1024, 4096, group_size=128)
-    for mod, cls, kernel in ((int8_mod, int8_mod.Int8WeightOnlyLinear, "triton"),
-                             (fp8_mod, fp8_mod.Fp8WeightOnlyLinear, "triton")):
+    assert cuda_kernel(i4, "triton").single_op(2048, 1024, 4096)
+    for mod, cand in ((int8_mod, "int8_wo"), (fp8_mod, "fp8_wo")):
         monkeypatch.setattr(mod, "load_triton_ops", lambda: True)
-        assert [cls.single_op(kernel, m, 64, 64) for m in (1, 8, 9, 2048)] == [True, True, False, False]
+        assert [cuda_kernel(cand, "triton").single_op(m, 64, 64) for m in (1, 8, 9, 2048)] == [True, True, False, False]
         monkeypatch.setattr(mod, "load_triton_ops", lambda: False)  # then the dequantize + F.linear
-        assert not cls.single_op(kernel, 1, 64, 64)
-    assert not int8_mod.Int8WeightOnlyLinear.single_op("dequant", 1, 64, 64)
-    assert not int8_mod.Int8DynLinear.single_op("default", 1, 64, 64)  # quantize x, then a GEMM
+        assert not cuda_kernel(cand, "triton").single_op(1, 64, 64)
+    assert not cuda_kernel("int8_wo", "dequant").single_op(1, 64, 64)
+    assert not cuda_kernel("int8_dyn", "default").single_op(1, 64, 64)  # quantize x, then a GEMM
 
     int4 = search_space.get("int4_wo", group_size=128)
     cuda = torch.device("cuda")  # only its type is read
