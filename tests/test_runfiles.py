@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from autoao.runfiles import (RUN_FILES_VERSION, AccuracySpec, Decision, DeviceInfo, FusedRecord, GroupRecord,
-                             KernelTimes, LayerRecord, Latency, ModelInfo, RunContext, RunFileError, describe,
-                             load_context, load_summary, write)
+from autoao import decisions as D
+from autoao.records import (RUN_FILES_VERSION, AccuracySpec, DeviceInfo, FusedRecord, GroupRecord, KernelTimes,
+                            LayerRecord, Latency, ModelInfo, RunContext, RunFileError, RunSummary, WeightBytes,
+                            load_context, load_summary, write)
+from autoao.types import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
-OLD_RUNS = sorted((ROOT / "benchmarks" / "results").glob("*-cpu/demo_search"))
+OLD_RUNS = sorted((ROOT / "benchmarks" / "results").glob("*-cpu/demo_search"))  # version 0: notes as prose
+V1_RUN = ROOT / "benchmarks" / "results" / "2026-12-01-cpu" / "minilm" / "search-0.01"  # version 1: kind + numbers
 
 
 def _context() -> RunContext:
@@ -71,16 +74,59 @@ def test_a_newer_or_broken_run_file_is_one_clear_error(tmp_path):
         load_context(path)
 
 
-def test_every_decision_kind_reads_as_a_sentence():
-    cases = [Decision("no_feasible_plan"),
-             Decision("tier2_rejected", 3, {"predicted_ms": 1.5, "drop": 0.02}, "lm-eval: autoao_facts"),
-             Decision("tier2_chose_slower", 4, {"skipped": 2}), Decision("tier2_none_held", None, {"checked": 4}),
-             Decision("rerank_chose", 2, {"measured_ms": 1.0, "pick": 0, "pick_measured_ms": 1.2, "pick_predicted_ms": 0.9}),
-             Decision("rerank_kept", 0, {"measured_ms": 1.0, "band": 0.05, "margin": 0.03}, others={1: 1.01}),
-             Decision("plan_unmeasurable", 5, reason="RuntimeError: x"),
-             Decision("kept_unchanged", 1, {"plan_ms": 2.0, "baseline_ms": 1.9}), Decision("best_is_unchanged", 0),
-             Decision("out_of_time", 2, {"checked": 1}, "more tier-2 checks"), Decision("note", reason="free text")]
-    texts = [describe(d) for d in cases]
-    assert all(texts) and len(set(texts)) == len(texts)
-    assert "trial 3" in texts[1] and "+0.0200" in texts[1] and "1.20x faster than trial 0" in texts[4]
-    assert texts[-1] == "free text"
+def test_run_files_of_version_1_load_with_their_decisions_as_notes():
+    """Version 1 wrote decisions as a kind and a dict of numbers: they load as notes in their words."""
+    old = json.loads((V1_RUN / "summary.json").read_text())
+    assert old["version"] == 1 and old["decisions"]
+    summary = load_summary(V1_RUN / "summary.json")
+    assert summary.version == RUN_FILES_VERSION and all(isinstance(d, D.Note) for d in summary.decisions)
+    assert len(summary.decisions) == len(old["decisions"])
+    (note,) = summary.notes
+    assert note.startswith("kept unchanged (trial 2): ") and "rounds 5" in note and "plan_ms 2516.71" in note
+    assert summary.verdicts == [] and summary.stages == []
+    assert load_context(V1_RUN / "context.json").layers
+
+
+_VERDICT = Verdict("holds", "proxy", 1, "top-1 agreement", "positions", 2048, 0.003, -0.001, 0.007, 0.01, 0.98, 0.977)
+
+# one example of every decision kind; a new kind must be added here (the test below says so)
+EXAMPLES = [
+    D.Note("free text"),
+    D.BusyCpu(2, 18.8, 0.55),
+    D.HeldOutInputs(3, 512, 2048, "tokenizer text"),
+    D.NoFeasiblePlan(),
+    D.Judged(3, 1.5, 0.02, "holds", (_VERDICT,), 12.0),
+    D.ChoseSlower(4, 3, 2, 1, 1, 0),
+    D.NoneHeld(4, 1),
+    D.OutOfTime(2, "more checks"),
+    D.RerankChose(2, 1.0, 0, 1.2, 0.9),
+    D.RerankKept(0, 1.0, 0.05, 0.03, {1: 1.01}),
+    D.PlanUnmeasurable(5, "RuntimeError: x"),
+    D.KeptUnchanged(1, 2.0, 1.9, 0.9, 1.02, 3, 0.96, 0.91),
+    D.BestIsUnchanged(0),
+    D.NothingToTry(12, "kernel timing", 80.0, 240.0),
+    D.StudyClosed(3, 1.5, 0, 1, "coordinator@h:1 5, worker@h:2 4, worker@h:3 3"),
+]
+
+
+def test_every_decision_kind_describes_itself_as_a_distinct_sentence(tmp_path):
+    assert {type(d).kind for d in EXAMPLES} == set(D.DECISIONS), "add an example of the new decision kind"
+    texts = [d.describe() for d in EXAMPLES]
+    assert all(isinstance(t, str) and t for t in texts) and len(set(texts)) == len(texts)
+    # each says its own numbers
+    by_kind = dict(zip((type(d).kind for d in EXAMPLES), texts))
+    assert by_kind["note"] == "free text"
+    assert "trial 3" in by_kind["judged"] and "+0.0200" in by_kind["judged"] and "holds" in by_kind["judged"]
+    assert "1.20x faster than trial 0" in by_kind["rerank_chose"]
+    assert "18.8 ms on 2 threads" in by_kind["busy_cpu"]
+    assert "'kernel timing' took 80 s" in by_kind["nothing_to_try"] and "about 240 s" in by_kind["nothing_to_try"]
+    # typed in the run files: each reads back as the same record, kind and numbers
+    summary = RunSummary("cpu", "90 s", 1.0, 0, "", Latency(), None, Latency(), Latency(), None, 0.01, list(EXAMPLES),
+                         "", "s", 0, None, WeightBytes(1, 1), [], [], {}, {}, [], {}, {})
+    write(tmp_path / "summary.json", summary)
+    assert load_summary(tmp_path / "summary.json").decisions == EXAMPLES
+
+
+def test_an_unknown_decision_kind_names_the_close_ones():
+    with pytest.raises(ValueError, match="unknown decision kind 'chose_slow'. Did you mean: chose_slower"):
+        D.decision_type("chose_slow")
