@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from autoao.common import call_model, model_device
-from autoao.evaluators.sensitivity import _logits, upcast
+from autoao.evaluators.sensitivity import _logits, token_ids, upcast
 from autoao.types import Evidence, Stratum
 
 # choose(logits [B, V] of the current step, step index) -> the [B] token ids fed next
@@ -119,6 +119,25 @@ def forced_argmax(model: nn.Module, prompts: torch.Tensor, tokens: torch.Tensor)
 
     decode(model, prompts, tokens.shape[1], feed)
     return torch.stack(argmax, 1), finite
+
+
+def prompts_from(inputs: list, *, n_prompts: int, length: int) -> torch.Tensor:
+    """[n_prompts, length] prompts cut from held-out token ids (autoao.evaluators.heldout): windows
+    of `length` consecutive tokens, not overlapping, row after row, on the CPU. ValueError saying
+    how many windows the inputs hold when they hold fewer."""
+    if length < 1 or n_prompts < 1:
+        raise ValueError(f"prompts need n_prompts >= 1 and length >= 1, got {n_prompts} and {length}")
+    windows = []
+    for ex in inputs:
+        ids = token_ids(ex)
+        if ids is None:
+            raise ValueError(f"prompts are cut from token ids [B, T]; an input is a {type(ex).__name__}")
+        for row in ids.cpu():
+            windows.extend(row[i:i + length] for i in range(0, row.numel() - length + 1, length))
+    if len(windows) < n_prompts:
+        raise ValueError(f"asked for {n_prompts} prompts of {length} tokens; the inputs hold {len(windows)} "
+                         "such windows")
+    return torch.stack(windows[:n_prompts]).long()
 
 
 ##### the judge #################################################################################

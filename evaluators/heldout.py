@@ -118,10 +118,10 @@ def model_samples(model: nn.Module, *, n_seqs: int, seq_len: int, seed: int, voc
     vocab = vocab_size or _vocab_size(model)
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[[t for t in exclude if 0 <= t < vocab]] = False
-    pool = torch.nonzero(allowed)[:, 0]
-    pool = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))]
+    pool = torch.nonzero(allowed)[:, 0]  # [S] the ids a sample may start at
     if len(pool) == 0:
         raise ValueError(f"every one of the {vocab} token ids is excluded as a start")
+    pool = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))]
     starts = pool[torch.arange(part * n_seqs, (part + 1) * n_seqs) % len(pool)]  # [n_seqs]
     g = torch.Generator(device=device).manual_seed(_mix(seed, part))
 
@@ -208,8 +208,7 @@ def held_out_inputs(model: nn.Module, examples: Any, *, eval_inputs: Any = None,
         have = _count(evals, lm)
         if have >= (positions if lm else rows):
             return HeldOut(evals, EVAL, have, _unit(lm), part=0, seed=seed)
-    first = (TEXT if tokenizer is not None else SAMPLES) if lm else LIKE
-    return _build(first, model, exs, tokenizer, positions if lm else rows, seed, part=0)
+    return _build(_default_source(lm, tokenizer), model, exs, tokenizer, positions if lm else rows, seed, part=0)
 
 
 def more(model: nn.Module, examples: Any, previous: HeldOut, *, tokenizer: Any = None) -> HeldOut:
@@ -219,10 +218,18 @@ def more(model: nn.Module, examples: Any, previous: HeldOut, *, tokenizer: Any =
     model's own samples (part 0). Give the same tokenizer as to held_out_inputs."""
     exs = examples if isinstance(examples, list) else [examples]
     if previous.source == EVAL:
-        lm = is_causal_lm(model, exs)
-        first = (TEXT if tokenizer is not None else SAMPLES) if lm else LIKE
-        return _build(first, model, exs, tokenizer, previous.positions, previous.seed, part=0)
+        source = _default_source(is_causal_lm(model, exs), tokenizer)
+        return _build(source, model, exs, tokenizer, previous.positions, previous.seed, part=0)
+    if previous.source == TEXT and tokenizer is None:
+        raise ValueError("more() after tokenizer text needs that tokenizer (tokenizer=None was given)")
     return _build(previous.source, model, exs, tokenizer, previous.positions, previous.seed, previous.part + 1)
+
+
+def _default_source(lm: bool, tokenizer: Any) -> str:
+    """What held_out_inputs builds when the caller's inputs are too few."""
+    if not lm:
+        return LIKE
+    return TEXT if tokenizer is not None else SAMPLES
 
 
 def _build(source: str, model: nn.Module, exs: list, tokenizer: Any, size: int, seed: int, part: int) -> HeldOut:

@@ -16,7 +16,8 @@ from torch import nn
 from tiny_models import TinyLM
 
 import autoao
-from autoao.evaluators.generation import GenerationJudge, forced_argmax, greedy, uses_kv_cache
+from autoao.evaluators.generation import GenerationJudge, forced_argmax, greedy, prompts_from, uses_kv_cache
+from autoao.evaluators.heldout import held_out_inputs
 from autoao.types import BREAKS, HOLDS, judge
 
 PROMPTS, PROMPT_LEN, NEW = 8, 8, 32  # 256 generated tokens per judge
@@ -188,3 +189,17 @@ def test_the_reference_is_left_as_it_came():
     GenerationJudge(model, _prompts(256)[:2], 4)
     assert model.training and all(torch.equal(model.state_dict()[k], v) and model.state_dict()[k].dtype == v.dtype
                                   for k, v in before.items())
+
+
+def test_prompts_are_cut_from_held_out_inputs():
+    """The model's own samples (4 x 64 tokens) hold 16 windows of 16; a judge runs on 8 of them."""
+    model, _ = _judged("tiny")
+    held = held_out_inputs(model, [torch.tensor([[3]])])
+    prompts = prompts_from(held.inputs, n_prompts=8, length=16)
+    first = held.inputs[0].cpu()
+    assert prompts.shape == (8, 16) and torch.equal(prompts[0], first[0, :16]) and torch.equal(prompts[4], first[1, :16])
+    assert GenerationJudge(model, prompts, 4).evidence(model).score == 1.0
+    with pytest.raises(ValueError, match="asked for 17 prompts of 16 tokens; the inputs hold 16"):
+        prompts_from(held.inputs, n_prompts=17, length=16)
+    with pytest.raises(ValueError, match="length >= 1, got 8 and 0"):
+        prompts_from(held.inputs, n_prompts=8, length=0)

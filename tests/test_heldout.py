@@ -24,6 +24,13 @@ class ByteTokenizer:
         return {"input_ids": torch.tensor([list(text.encode())], dtype=torch.long)}
 
 
+class ShortTokenizer(ByteTokenizer):
+    """A tokenizer whose text holds only its first 300 bytes."""
+
+    def __call__(self, text: str, return_tensors: str = "pt") -> dict[str, torch.Tensor]:
+        return {"input_ids": super().__call__(text)["input_ids"][:, :300]}
+
+
 class Prefers(nn.Module):
     """A causal LM of fixed next-token probabilities `probs` [V], whatever the context."""
 
@@ -149,10 +156,13 @@ def test_more_text_is_the_next_text_then_the_models_own_samples():
         assert held.source == TEXT and torch.equal(torch.cat([t[0] for t in held.inputs]),
                                                    text[seen:seen + held.positions])
         seen += held.positions
-    spent = held_out_inputs(model, DECODE_STEPS, tokenizer=tok, positions=text.numel() // 2 + 1)
-    assert spent.source == TEXT
-    after = more(model, DECODE_STEPS, spent, tokenizer=tok)  # the second half of the text is not there
-    assert after.source == SAMPLES and after.part == 0
+    short = ShortTokenizer()  # 300 tokens: one part of 256 positions, then the text is spent
+    spent = held_out_inputs(model, DECODE_STEPS, tokenizer=short)
+    assert spent.source == TEXT and spent.positions == 256
+    after = more(model, DECODE_STEPS, spent, tokenizer=short)
+    assert after.source == SAMPLES and after.part == 0 and after.positions >= 256
+    with pytest.raises(ValueError, match="needs that tokenizer"):
+        more(model, DECODE_STEPS, spent)
 
 
 def test_more_after_eval_inputs_builds_held_out_inputs():
