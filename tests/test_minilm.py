@@ -16,7 +16,8 @@ from conftest import requires_minilm
 import autoao
 import autoao.models as models
 from autoao.evaluators.retrieval import RetrievalTask, load_items
-from autoao.evaluators.sensitivity import ProxyEvaluator, output_mode
+from autoao.evaluators.proxy import ProxyEvaluator
+from autoao.evaluators.sensitivity import output_mode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,8 +118,10 @@ def test_a_short_search_returns_a_plan_or_keeps_fp32_with_a_reason(minilm, tmp_p
     if r.plan.layers:
         assert s.accuracy is not None and s.accuracy.tier == 2 and s.accuracy.drop <= 0.02
         assert "autoao_pairs" in s.accuracy.source
+        assert s.verdict is not None and s.verdict.holds and s.verdict.tier == 2  # shipped on its verdict
     else:
-        assert s.decisions and all(autoao.runfiles.describe(d) for d in s.decisions)
+        assert s.decisions and all(d.describe() for d in s.decisions)
+        assert any(type(d).ends_unchanged for d in s.decisions)  # one of them says why it stayed
 
 
 @requires_minilm

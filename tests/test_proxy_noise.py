@@ -1,6 +1,6 @@
 """The label-free tier-1 proxy of a causal LM: top-1 agreement with the unmodified model on any
 token count, a floor at the model's own float32-vs-bf16 noise (a plan that differs from bf16 less
-than that is never rejected for accuracy), and held-out text when the example inputs are one token."""
+than that is never rejected for accuracy), and held-out inputs when the example inputs are one token."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ from torch import nn
 from tiny_models import TinyLM
 
 import autoao
-from autoao import runfiles
-from autoao.evaluators.sensitivity import ProxyEvaluator, upcast
+from autoao import records
+from autoao.budget import AccuracyBudget
+from autoao.decisions import HeldOutInputs
+from autoao.evaluators import heldout
+from autoao.evaluators.proxy import ProxyEvaluator
+from autoao.evaluators.sensitivity import upcast
 
 
 def _tiny_bf16() -> nn.Module:
@@ -53,9 +57,12 @@ def test_a_plan_within_the_models_own_noise_is_never_rejected():
     assert proxy.noise == "float32-vs-bf16" and 0.5 < proxy.floor < 1.0  # bf16 rounding flips some tokens
     assert proxy.baseline["accuracy"] == 1.0 and proxy.baseline["noise_agreement"] == proxy.floor
     fp32 = copy.deepcopy(model).float()
+    strict = AccuracyBudget.create(0.0, tier2=False)
     for t in (0.5, 1.0):
-        a = proxy(Between(model, fp32, t))
-        assert a.drop <= 1e-12  # so it holds max_accuracy_drop=0 itself
+        a, evidence = proxy.score(Between(model, fp32, t))
+        assert a.drop <= 1e-12  # its point estimate holds max_accuracy_drop=0 itself ...
+        # ... and no position is worse than the float32 twin's, so no verdict rejects it
+        assert max(evidence.strata[0].diffs) <= 0 and strict.judge(evidence).status != "breaks"
     assert "points below" in a.source and "top-1 agreement" in a.source
     # a plan that changes more than the noise does is measured as a drop in the same units
     q = copy.deepcopy(model)
@@ -72,18 +79,19 @@ class ByteTokenizer:
 
 
 @pytest.mark.parametrize("tokenizer", [ByteTokenizer(), None], ids=["tokenizer", "no-tokenizer"])
-def test_one_token_inputs_are_judged_by_agreement_in_stated_units(tokenizer, tmp_path):
+def test_one_token_inputs_are_judged_on_held_out_positions_in_stated_units(tokenizer, tmp_path):
+    """Three one-token decode steps are too few positions to judge a plan on: the judges score
+    held-out positions instead (the tokenizer's held-out prose, else the model's own samples), the
+    decisions say so, and the proxy's units name the count."""
     model = _tiny_bf16()
     steps = [torch.tensor([[i]]) for i in (3, 17, 42)]  # three decode steps, one token each
     r = autoao.optimize(model, steps, budget=3, accuracy=None, tokenizer=tokenizer, candidates=["int8_wo"],
                         out_dir=tmp_path, progress=False)
-    note = next(d for d in r.summary.decisions if d.kind == "small_inputs")
-    assert note.numbers["tokens"] == 3
-    ctx = runfiles.load_context(tmp_path / "context.json")
+    note = next(d for d in r.summary.decisions if isinstance(d, HeldOutInputs))
+    assert note.given == 3 and note.minimum == heldout.MIN_LM_POSITIONS <= note.positions
+    ctx = records.load_context(tmp_path / "context.json")
     assert ctx.accuracy.tier == 1 and "top-1 agreement with the unmodified model" in ctx.accuracy.proxy
-    if tokenizer is None:
-        assert note.numbers["held_out"] == 0 and "judged on them" in runfiles.describe(note)
-        assert "on 3 tokens" in ctx.accuracy.proxy
-    else:  # 2 x 128 byte tokens of the bundled held-out prose
-        assert note.numbers["held_out"] == 256 and "on 256 tokens" in ctx.accuracy.proxy
-        assert "points below" in ctx.accuracy.proxy  # the floor came from the model's own noise
+    assert f"on {note.positions} tokens" in ctx.accuracy.proxy and "points below" in ctx.accuracy.proxy
+    source = heldout.TEXT if tokenizer is not None else heldout.SAMPLES
+    assert source in note.source and source in ctx.accuracy.held_out
+    assert "3 positions" in note.describe() and source in note.describe()

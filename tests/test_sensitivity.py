@@ -12,7 +12,8 @@ from torch import nn
 import autoao
 from autoao import search_space
 from autoao.evaluators.cache import ResultCache
-from autoao.evaluators.sensitivity import ProxyEvaluator, layer_errors
+from autoao.evaluators.proxy import ProxyEvaluator
+from autoao.evaluators.sensitivity import layer_errors
 from autoao.profile import profile
 import sys
 from pathlib import Path
@@ -53,7 +54,7 @@ def test_unsupported_candidates_are_absent(tiny):
 def test_proxy_lm_mode_measures_drop_against_the_reference(tiny, tmp_path):
     model, held = tiny["model"], tiny["eval_inputs"]
     proxy = ProxyEvaluator(model, held, cache=ResultCache(tmp_path / "c.sqlite"))
-    assert proxy.lm and proxy.ntokens == 2 * 32 and proxy.nlabels == 2 * 31
+    assert proxy.lm and proxy.ntokens == 2 * 32 and _labels(proxy) == 2 * 31
     same = proxy(model)
     assert same.tier == 1 and same.drop == 0 and same.metrics["kl"] == pytest.approx(0, abs=1e-6)
     q = copy.deepcopy(model)
@@ -63,6 +64,15 @@ def test_proxy_lm_mode_measures_drop_against_the_reference(tiny, tmp_path):
     assert a.accuracy == a.metrics["agreement"] and "next_token" in a.metrics
     assert a.drop == pytest.approx(proxy.baseline["accuracy"] - a.accuracy)
     assert proxy(model, key="int4").metrics == a.metrics  # same key: served from the cache
+    # the evidence: every position paired with the reference's, its mean the drop
+    acc, evidence = proxy.score(q, key="int4")
+    assert acc == a and (evidence.unit, evidence.n, evidence.judge, evidence.tier) == ("positions", 64, "proxy", 1)
+    assert evidence.interval()[0] == pytest.approx(a.drop) and evidence.score == a.accuracy
+
+
+def _labels(proxy) -> int:
+    """Next-token labels the proxy's screen scores (T - 1 per sequence)."""
+    return sum(lab.numel() for lab in proxy.screen.labels if lab is not None)
 
 
 def test_proxy_falls_back_to_output_error_for_non_lm_models():
@@ -75,6 +85,10 @@ def test_proxy_falls_back_to_output_error_for_non_lm_models():
     autoao.apply(q, autoao.Plan.uniform(q, "int8_dyn"))
     a = proxy(q)
     assert 0 < a.drop < 0.05 and "relative L2 error" in a.source
+    # the drop is the mean over output rows of each row's relative error (paired per row)
+    assert a.drop == pytest.approx(a.metrics["row_error"])
+    acc, evidence = proxy.score(q)
+    assert (evidence.unit, evidence.n) == ("rows", 16) and evidence.interval()[0] == pytest.approx(a.drop)
 
 
 def test_the_unchanged_model_scores_as_the_baseline_without_running(tiny):
@@ -95,7 +109,7 @@ def test_the_unchanged_model_scores_as_the_baseline_without_running(tiny):
 def test_one_token_inputs_are_judged_by_agreement_without_labels(tiny):
     """T=1 has no next token to score, but top-1 agreement and KL need none."""
     proxy = ProxyEvaluator(tiny["model"], [torch.randint(0, 128, (4, 1))])
-    assert proxy.lm and proxy.ntokens == 4 and proxy.nlabels == 0
+    assert proxy.lm and proxy.ntokens == 4 and _labels(proxy) == 0
     assert proxy.baseline == {"accuracy": 1.0, "agreement": 1.0, "kl": pytest.approx(0, abs=1e-6)}
 
 
