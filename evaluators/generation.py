@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Callable
+from typing import Callable, Generator
 
 import torch
 from torch import nn
@@ -38,6 +38,8 @@ from autoao.types import Evidence, Stratum
 
 # choose(logits [B, V] of the current step, step index) -> the [B] token ids fed next
 Choose = Callable[[torch.Tensor, int], torch.Tensor]
+# yields the logits [B, V] of the last position; is sent the [B] tokens fed next
+Steps = Generator[torch.Tensor, torch.Tensor, None]
 
 
 ##### the decode path ###########################################################################
@@ -80,7 +82,7 @@ def decode(model: nn.Module, prompts: torch.Tensor, steps: int, choose: Choose) 
     return torch.stack(chosen, 1) if chosen else ids.new_zeros(ids.shape[0], 0)
 
 
-def _cached_steps(model: nn.Module, ids: torch.Tensor) -> Any:
+def _cached_steps(model: nn.Module, ids: torch.Tensor) -> Steps:
     """Generator: yields the last position's logits [B, V]; is sent the next [B] tokens. The
     prompt runs once, then one token a step with the KV cache, as generate() runs it."""
     kwarg, attr = _cache_names(model)
@@ -91,7 +93,7 @@ def _cached_steps(model: nn.Module, ids: torch.Tensor) -> Any:
         out = model(input_ids=token[:, None], use_cache=True, **{kwarg: getattr(out, attr)}, **keep)
 
 
-def _recomputed_steps(model: nn.Module, ids: torch.Tensor) -> Any:
+def _recomputed_steps(model: nn.Module, ids: torch.Tensor) -> Steps:
     """Generator as _cached_steps, for a module without a cache: the whole prefix each step."""
     while True:
         token = yield _logits(call_model(model, ids))[:, -1]  # [B, V]

@@ -9,7 +9,8 @@ causal LM, MIN_ROWS rows (batch rows, dim 0) for any other module. Otherwise, by
 
 - a causal LM (token-id inputs, `token_ids`; [B, T, V] logits out, `output_mode` "lm") with a
   known tokenizer: the bundled prose's held-out half (`bundled_text`), which the calibration
-  inputs never come from;
+  inputs never come from: 16,939 bytes, 3,539 tokens of SmolLM2's tokenizer (27 sequences of
+  TEXT_LEN, 13 disjoint parts of MIN_LM_POSITIONS; `bundled_tokens` counts them for any tokenizer);
 - a causal LM without one: sequences the unmodified model samples itself (`model_samples`:
   temperature 1 from the model's own logits, so they follow its own distribution) from distinct
   starting tokens, none of them an example's first token, so no held-out position shares its
