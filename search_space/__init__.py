@@ -18,6 +18,7 @@ from autoao.search_space import int8 as _int8  # noqa: E402,F401  isort: skip
 from autoao.search_space import int4 as _int4  # noqa: E402,F401  isort: skip
 from autoao.search_space import fp8 as _fp8  # noqa: E402,F401  isort: skip
 from autoao.search_space import sparse24 as _sparse24  # noqa: E402,F401  isort: skip
+from autoao.search_space import int4_sym as _int4_sym  # noqa: E402,F401  isort: skip  (compressed-tensors targets)
 from autoao.search_space import gguf as _gguf  # noqa: E402,F401  isort: skip  (llama.cpp target only)
 
 __all__ = ["Candidate", "LayerSpec", "all_candidates", "candidate_of", "families", "from_dict", "get", "register"]

@@ -51,9 +51,10 @@ def ids(seed: int = 1, length: int = 24) -> torch.Tensor:
 
 
 def mixed_layers(weight_only: bool = False) -> dict[str, search_space.Candidate]:
-    """Layer 0: q/k/v int8 dynamic, o fp8 weight-only, gate int8_wo RTN, up int8_wo GPTQ (one
-    W8A16 scheme: vLLM may fuse them), down fp8 dynamic. Layer 1 the same but down left as it came.
-    weight_only: the activation-quantized layers left as they came."""
+    """Layer 0: q/k/v int8 dynamic, o fp8 weight-only, gate int8_wo RTN and up int8_wo GPTQ (one
+    W8A16 scheme: vLLM may fuse them), down fp8 dynamic. Layer 1: q/k/v int8 dynamic, o fp8
+    weight-only, gate and up int4 symmetric group 64 by RTN and by GPTQ (one W4A16 scheme), down
+    left as it came. weight_only: the activation-quantized layers left as they came."""
     get = search_space.get
     layers = {}
     for i in range(2):
@@ -61,8 +62,11 @@ def mixed_layers(weight_only: bool = False) -> dict[str, search_space.Candidate]
         if not weight_only:
             layers.update({p + f"self_attn.{n}": get("int8_dyn") for n in ("q_proj", "k_proj", "v_proj")})
         layers[p + "self_attn.o_proj"] = get("fp8_wo")
-        layers[p + "mlp.gate_proj"] = get("int8_wo")
-        layers[p + "mlp.up_proj"] = get("int8_wo(algorithm=gptq)")
+        if i == 0:
+            layers[p + "mlp.gate_proj"], layers[p + "mlp.up_proj"] = get("int8_wo"), get("int8_wo(algorithm=gptq)")
+        else:
+            layers[p + "mlp.gate_proj"] = get("int4_sym(group_size=64)")
+            layers[p + "mlp.up_proj"] = get("int4_sym(group_size=64, algorithm=gptq)")
         if i == 0 and not weight_only:
             layers[p + "mlp.down_proj"] = get("fp8_dyn")
     return layers
@@ -74,6 +78,17 @@ def applied(dtype: torch.dtype, layers: dict) -> torch.nn.Module:
     model = tiny_llama(dtype)
     calib = profile(model, [ids(2, 64)]).calibration
     return autoao.apply(model, autoao.Plan.for_model(model, layers, target="vllm"), calibration=calib)
+
+
+def dequantized(module) -> torch.Tensor:
+    """The float32 weight [N, K] an applied int8 / fp8 / int4_sym module computes with (exact)."""
+    from autoao.kernels.quant import dequantize_int4_groupwise, unpack_int4
+
+    c = module.canonical()
+    if "scales" in c:
+        return dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
+    scale = c["scale"]
+    return c["qweight"].float() * (scale[:, None] if scale.dim() else scale)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +113,7 @@ def test_config_groups_ignore_and_format_as_planned(ct_export):
     assert set(by_layer) == set(planned)
     assert by_layer["model.layers.0.self_attn.q_proj"] == ("int-quantized", "int", "channel", "token")
     assert by_layer["model.layers.0.mlp.up_proj"] == ("pack-quantized", "int", "channel", None)
+    assert by_layer["model.layers.1.mlp.up_proj"] == ("pack-quantized", "int", "group", None)
     assert by_layer["model.layers.1.self_attn.o_proj"] == ("float-quantized", "float", "channel", None)
     assert by_layer["model.layers.0.mlp.down_proj"] == ("float-quantized", "float", "channel", "token")
     assert q["ignore"] == ["model.layers.1.mlp.down_proj", "lm_head"]
@@ -109,10 +125,17 @@ def test_stored_codes_and_scales_are_autoaos(ct_export):
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
     from safetensors.torch import load_file
 
+    from autoao.kernels.quant import unpack_int4
+
     model, out = ct_export
     stored = load_file(out / "model.safetensors")
     for fqn, cand in autoao.plan_of(model).layers.items():
         c = model.get_submodule(fqn).canonical()
+        if cand.family == "int4_sym":  # signed codes q - 8, eight per int32; scales [N, K/64]
+            q = unpack_from_int32(stored[f"{fqn}.weight_packed"], 4, torch.Size([c["qweight"].shape[0], 256]))
+            assert torch.equal(q, unpack_int4(c["qweight"]).to(torch.int8) - 8), fqn
+            assert torch.equal(stored[f"{fqn}.weight_scale"], c["scales"].float()) and not c["zeros"].any(), fqn
+            continue
         if cand.family == "int8_wo":
             q = unpack_from_int32(stored[f"{fqn}.weight_packed"], 8, torch.Size(c["qweight"].shape))
             assert stored[f"{fqn}.weight_shape"].tolist() == list(c["qweight"].shape)
@@ -128,9 +151,7 @@ def test_reload_dequantizes_to_autoaos_weights_and_logits_match(ct_export):
     with torch.no_grad():  # (compressed-tensors decompresses the weights on the first forward)
         ours, theirs = model(ids()).logits, reloaded(ids()).logits
     for fqn in autoao.plan_of(model).layers:
-        c = model.get_submodule(fqn).canonical()
-        w = c["qweight"].float() * c["scale"][:, None]
-        assert torch.equal(reloaded.get_submodule(fqn).weight, w), fqn  # bit-exact in fp32
+        assert torch.equal(reloaded.get_submodule(fqn).weight, dequantized(model.get_submodule(fqn))), fqn
     assert float((ours - theirs).norm() / ours.norm()) < 0.02
 
 
@@ -213,6 +234,33 @@ def test_targets_registry_and_search_spaces():
     assert targets.get("vllm").supports(object(), wide).startswith("vLLM support check failed")  # never raises
     assert "Q8_0" in llama.describe(search_space.get("gguf(type=q4_0)")) and "Marlin" in targets.get("vllm").describe(
         search_space.get("int8_wo"))
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_int4_sym_is_int4_wo_with_zero_zeros(group_size):
+    """The compressed-tensors targets' int4: int4_wo's kernels and canonical tensors, every zero 0."""
+    from autoao.calibration import LayerStats
+    from autoao.kernels.algorithms import _output_error
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 128, bias=False)
+    x = torch.randn(64, 256)
+    rtn = search_space.get("int4_sym", group_size=group_size).build(lin, fqn="l")
+    gptq = search_space.get("int4_sym", group_size=group_size, algorithm="gptq").build(lin, LayerStats(sample=x), fqn="l")
+    for m in (rtn, gptq):
+        assert not m.canonical()["zeros"].any()
+        with torch.no_grad():
+            y, ref, ideal = m(x), m.reference(x), lin(x)
+        assert float(((ref - y).pow(2).sum() / ref.pow(2).sum()).log10()) * -10 > 40  # kernel vs reference
+        assert float(((ideal - y).pow(2).sum() / ideal.pow(2).sum()).log10()) * -10 > m_bound(m)
+    hessian = x.t() @ x / len(x)
+    w = lin.weight.detach()
+    assert _output_error(w, dequantized(gptq), hessian) <= _output_error(w, dequantized(rtn), hessian)
+    assert "int4_sym(group_size=64)" in {c.name for c in targets.get("vllm").candidates()}
+
+
+def m_bound(module) -> float:
+    return search_space.candidate_of(module).sqnr_bound_db
 
 
 def test_check_plan_names_mixed_fused_groups():

@@ -7,6 +7,8 @@ tensors unchanged (never re-quantized from float weights: compressed-tensors' ow
 flip codes at rounding ties and pick other scales):
 
     candidate                     scheme                 format            tensors per layer
+    int4_sym (g 32/64/128;        W4A16, symmetric       pack-quantized    weight_packed int32 [N, K/8], weight_scale [N, K/g], weight_shape
+      rtn, gptq)
     int8_wo (rtn, gptq)           W8A16, per channel     pack-quantized    weight_packed int32 [N, K/4], weight_scale [N, 1], weight_shape
     int8_dyn (per token; rtn)     W8A8 int8, dynamic     int-quantized     weight int8 [N, K], weight_scale [N, 1]
     fp8_dyn (row / tensor)        FP8 dynamic            float-quantized   weight e4m3 [N, K], weight_scale [N, 1] / [1]
@@ -14,7 +16,9 @@ flip codes at rounding ties and pick other scales):
 
 (scales float32, exactly autoao's). What the format cannot hold is refused, layer by layer, with
 the reason (`scheme_of` returns it): int4_wo's zero points are floats (w = (q - 8) * scale + zero,
-tinygemm's convention) where compressed-tensors stores integers; SmoothQuant's and AWQ's input
+tinygemm's convention) where compressed-tensors stores integer ones (int4_sym, w = (q - 8) *
+scale, is the int4 these targets search; transformers cannot load asymmetric int4 checkpoints
+anyway, llm-compressor #1618); SmoothQuant's and AWQ's input
 scales [K] have no tensor there; int8_dyn(act=tensor) quantizes activations asymmetrically with
 one scale per call; 2:4 sparsity is loaded by no engine any more; bf16_compute / fp32_compute
 change a layer's compute dtype, which a checkpoint of one dtype cannot say; GGUF types belong in
@@ -44,7 +48,8 @@ FORMAT = "compressed-tensors"
 WEIGHTS_FILE = "model.safetensors"
 
 _INT4_FLOAT_ZEROS = ("int4_wo stores float zero points (w = (q - 8) * scale + zero, tinygemm's convention); "
-                     "compressed-tensors stores integer zero points, so its codes cannot be written exactly")
+                     "compressed-tensors stores integer zero points, so its codes cannot be written exactly "
+                     "(int4_sym, symmetric, can)")
 _SPARSE = ("2:4 sparsity: no serving engine loads sparse compressed-tensors checkpoints (vLLM removed 2:4 "
            "support, compressed-tensors and transformers dropped sparse compression); it runs only in "
            "autoao's own runtime (autoao.save / autoao.load)")
@@ -70,9 +75,16 @@ class CtScheme:
         return self.input_activations is None
 
 
-def _args(num_bits: int, type_: str, strategy: str, dynamic: bool = False) -> tuple[tuple[str, Any], ...]:
-    return (("num_bits", num_bits), ("type", type_), ("symmetric", True), ("strategy", strategy),
-            ("dynamic", dynamic))
+def _args(num_bits: int, type_: str, strategy: str, dynamic: bool = False, symmetric: bool = True,
+          group_size: int | None = None) -> tuple[tuple[str, Any], ...]:
+    return (("num_bits", num_bits), ("type", type_), ("symmetric", symmetric), ("strategy", strategy),
+            ("dynamic", dynamic), ("group_size", group_size))
+
+
+def w4a16(group_size: int) -> CtScheme:
+    """int4 group-wise symmetric weights (int4_sym)."""
+    return CtScheme(f"W4A16 (int4 symmetric, group {group_size})", "pack-quantized",
+                    _args(4, "int", "group", group_size=group_size))
 
 
 W8A16 = CtScheme("W8A16 (int8 weight-only, per channel)", "pack-quantized", _args(8, "int", "channel"))
@@ -92,6 +104,8 @@ def scheme_of(candidate: Candidate | None) -> CtScheme | str | None:
         return None
     family, algorithm = candidate.family, candidate.algorithm
     params = candidate.params()
+    if family == "int4_sym":
+        return w4a16(params["group_size"])
     if family == "int8_wo":
         return W8A16  # rtn and gptq: per-channel scales, no input scale
     if family == "int8_dyn":
@@ -125,6 +139,8 @@ def layer_tensors(fqn: str, module: QuantizedLinear, scheme: CtScheme) -> dict[s
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     c = module.canonical()
+    if "scales" in c:  # int4_sym: signed codes q - 8, eight per int32
+        return _int4_tensors(fqn, module, c)
     q, scale = c["qweight"].cpu(), c["scale"].cpu().float()
     out: dict[str, torch.Tensor] = {}
     if scheme.format == "pack-quantized":  # [N, K] int8 -> 4 codes (offset by 128) per int32
@@ -133,6 +149,23 @@ def layer_tensors(fqn: str, module: QuantizedLinear, scheme: CtScheme) -> dict[s
     else:
         out[f"{fqn}.weight"] = q
     out[f"{fqn}.weight_scale"] = scale.reshape(1) if scale.dim() == 0 else scale.reshape(-1, 1)
+    if module.bias is not None:
+        out[f"{fqn}.bias"] = module.bias.detach().cpu()
+    return out
+
+
+def _int4_tensors(fqn: str, module: QuantizedLinear, c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """int4_sym's tensors: weight_packed [N, K/8] int32 (signed codes q - 8: compressed-tensors
+    dequantizes (q - 8) * scale), weight_scale [N, K/g] float32 (bf16 values), weight_shape."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    from autoao.kernels.quant import unpack_int4
+
+    if bool(c["zeros"].any()):  # int4_sym's zeros are 0 by construction; anything else would be changed
+        raise ValueError(f"{fqn}: int4 layer with non-zero zero points cannot be written as symmetric W4A16")
+    q = unpack_int4(c["qweight"].cpu()).to(torch.int8) - 8  # [N, K] in [-8, 7]
+    out = {f"{fqn}.weight_packed": pack_to_int32(q, 4), f"{fqn}.weight_scale": c["scales"].cpu().float(),
+           f"{fqn}.weight_shape": torch.tensor(list(q.shape))}
     if module.bias is not None:
         out[f"{fqn}.bias"] = module.bias.detach().cpu()
     return out

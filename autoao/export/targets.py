@@ -34,21 +34,25 @@ FUSED = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_p
 # vLLM's Marlin (GPTQ_MARLIN_MIN_THREAD_K / _N) on weight-only int layers, and its group sizes
 MARLIN_K, MARLIN_N = 128, 64
 MARLIN_GROUPS = (None, -1, 32, 64, 128)
+INT4_GROUPS = (32, 64, 128)  # int4_sym's group sizes in the compressed-tensors targets' search space
 
 _CT_ENGINE_RUNS = {
     "vllm": {
+        "W4A16": "Marlin / Machete int4 GEMM (GPU)",
         "W8A16": "Marlin / Machete int8 weight-only GEMM (GPU; vLLM's CPU backend has no int8 weight-only kernel)",
         "W8A8-INT8": "CUTLASS int8 scaled_mm, activations quantized per token at runtime",
         "FP8 dynamic": "CUTLASS / torch fp8 scaled_mm (sm89+; Marlin fp8 weight-only on older GPUs)",
         "FP8 weight-only": "Marlin fp8 weight-only GEMM",
     },
     "sglang": {
+        "W4A16": "its compressed-tensors WNA16 (Marlin) int4 GEMM",
         "W8A16": "its compressed-tensors WNA16 (Marlin) int8 weight-only GEMM",
         "W8A8-INT8": "int8 scaled_mm, activations quantized per token at runtime",
         "FP8 dynamic": "fp8 scaled_mm (sm89+)",
         "FP8 weight-only": "Marlin fp8 weight-only GEMM",
     },
     "transformers": {
+        "W4A16": "weights decompressed to the model dtype at load, then a dense matmul",
         "W8A16": "weights decompressed to the model dtype at load, then a dense matmul",
         "W8A8-INT8": "weights decompressed at load; activations fake-quantized per token (scale amax/127.5, "
                      "autoao's is amax/127), then a dense matmul",
@@ -71,14 +75,16 @@ class Target:
     # ---- the search space ---------------------------------------------------------------------
     def candidates(self) -> list[Candidate]:
         """The candidates a search for this target holds (shape rules are `supports`'): autoao's
-        default space; for compressed-tensors engines the part of it a checkpoint can hold; for
+        default space; for compressed-tensors engines the part of it a checkpoint can hold, with int4_sym
+        for int4; for
         llama.cpp the GGUF types and the unchanged layer."""
         if self.format == "gguf":
             return [search_space.get("bf16")] + [search_space.get("gguf", type=t) for t in GGUF_TYPES]
         every = search_space.all_candidates()
         if self.format is None:
             return every
-        return [c for c in every if not isinstance(scheme_of(c), str)]
+        int4 = [search_space.get("int4_sym", group_size=g) for g in INT4_GROUPS]  # int4_wo's float zeros do not fit
+        return [c for c in every if not isinstance(scheme_of(c), str)] + int4
 
     def supports(self, candidate: Candidate, layer: LayerSpec) -> str | None:
         """None if this engine loads `candidate` on `layer` and runs it as planned, else why not.
