@@ -111,6 +111,18 @@ class Target:
             return marlin_reason(layer.in_features, layer.out_features, dict(scheme.weights).get("group_size"))
         return None
 
+    def weight_bytes(self, candidate: Candidate | None, layer: LayerSpec) -> int | None:
+        """Bytes of the layer's weight as this engine stores it, where the target's costs are
+        bytes-based (llama.cpp when no llama.cpp build times its types here: decode streams every
+        weight once per token), else None. A cost from bytes is an estimate, never a measured
+        speed-up: the report labels it so."""
+        if self.format != "gguf":
+            return None
+        if candidate is None or candidate.family != "gguf":
+            return layer.out_features * layer.in_features * layer.dtype.itemsize
+        t = GGUF_TYPES[candidate.params()["type"]]
+        return layer.out_features * (layer.in_features // 32) * t.block_bytes
+
     # ---- fused siblings -----------------------------------------------------------------------
     def shared_groups(self, names: list[str]) -> list[tuple[str, tuple[str, ...]]]:
         """(fused module name, its shard layers) for every group of `names` this engine runs as
