@@ -142,6 +142,7 @@ def test_the_decode_path_is_what_generate_runs():
     """The reference's continuation is transformers' own greedy generate() with the KV cache."""
     model, j = _judged("llama")
     assert uses_kv_cache(model) and not uses_kv_cache(_judged("tiny")[0])
+    model = copy.deepcopy(model)
     model.generation_config.eos_token_id = None  # tens of tokens, never stopped early
     out = model.generate(j.prompts, max_new_tokens=NEW, do_sample=False, pad_token_id=0)  # [P, L + N]
     assert torch.equal(out[:, PROMPT_LEN:], j.tokens)
