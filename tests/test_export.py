@@ -406,3 +406,17 @@ def test_command_exports_a_run_of_the_demo_model(tmp_path):
     with pytest.raises(ExportError, match="model.layers.0.mlp.down_proj.*gguf\\(type=q4_0\\): a GGUF block type"):
         command.run(_parse(["export", str(tmp_path / "run"), "--format", "compressed-tensors",
                             "--out", str(tmp_path / "ct")]))
+
+
+def test_deploy_section_data():
+    from autoao.export.deploy import deploy
+
+    model = tiny_llama(torch.bfloat16)
+    plan = autoao.Plan.for_model(model, {f"model.layers.{i}.mlp.{n}": search_space.get("int8_wo")
+                                         for i in range(2) for n in ("gate_proj", "up_proj")})
+    d = deploy(plan, model, "vllm", run_dir="out")
+    assert d.command == "autoao export out --format compressed-tensors --out out-served --target vllm"
+    assert d.problems == () and {r.candidate: r.layers for r in d.rows} == {"bf16": 11, "int8_wo": 4}
+    assert "Marlin" in next(r.runs for r in d.rows if r.candidate == "int8_wo")
+    assert deploy(plan, model, "autoao").command is None
+    assert len(deploy(plan, model, "llama.cpp").problems) == 4

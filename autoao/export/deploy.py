@@ -1,0 +1,59 @@
+"""The report's Deploy section as data: the target a plan was made for, what each layer becomes in
+that engine, whether it loads there, and the command that exports it.
+
+    d = deploy(plan, model, "vllm", run_dir="autoao-report")
+    d.command      # "autoao export autoao-report --format compressed-tensors --out autoao-report-served"
+    d.rows         # one row per candidate: how many layers, an example, what the engine runs
+    d.problems     # [] when the plan loads there as planned
+
+Plain frozen dataclasses, so a run file can carry them (records.to_dict) and the report render them
+without importing this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from autoao.export import targets as tg
+from autoao.types import LayerSpec
+
+
+@dataclass(frozen=True)
+class DeployRow:
+    candidate: str  # the plan's candidate name, "bf16" for layers left as they came
+    layers: int  # how many layers have it
+    example: str  # one of them, e.g. "model.layers.0.mlp.up_proj"
+    runs: str  # what the engine runs for it (Target.describe)
+
+
+@dataclass(frozen=True)
+class Deploy:
+    target: str  # the target name, e.g. "vllm"
+    engine: str  # e.g. "vLLM"
+    format: str | None  # the export format; None: autoao's own save (no export needed)
+    command: str | None  # the export command, None for the autoao target
+    problems: tuple[str, ...]  # what the engine would refuse (targets.check_plan); empty: loads as planned
+    rows: tuple[DeployRow, ...]
+
+
+def deploy(plan: Any, layers: nn.Module | dict[str, LayerSpec], target: str, run_dir: str = "RUN_DIR") -> Deploy:
+    """The Deploy section for `plan` (an autoao.Plan) on `target`; `layers`: the model or its
+    fqn -> LayerSpec; run_dir: the run directory the command names."""
+    from autoao.plan import layer_specs
+
+    chosen = tg.get(target)
+    specs = layers if isinstance(layers, dict) else layer_specs(layers)
+    counts: dict[str, list[str]] = {}
+    cands: dict[str, Any] = {}
+    for fqn in specs:
+        cand = plan.layers.get(fqn)
+        name = "bf16" if cand is None else cand.name
+        counts.setdefault(name, []).append(fqn)
+        cands.setdefault(name, cand)
+    rows = tuple(DeployRow(name, len(fqns), fqns[0], chosen.describe(cands[name])) for name, fqns in counts.items())
+    command = None if chosen.format is None else (
+        f"autoao export {run_dir} --format {chosen.format} --out {run_dir.rstrip('/')}-served --target {chosen.name}")
+    return Deploy(chosen.name, chosen.engine, chosen.format, command, tuple(tg.check_plan(plan, specs, chosen)), rows)
