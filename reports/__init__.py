@@ -1,11 +1,12 @@
-"""autoao's HTML report: one self-contained page that explains a search, plus its tables as CSV.
+"""autoao's HTML report: one self-contained page that explains a run, plus its tables as CSV.
 
     from autoao.reports import render
     render("autoao-report/")        # -> autoao-report/report.html (+ report_*.csv beside it)
 
-`load` (autoao.reports.load) reads a search directory into plain dataclasses; `render` turns them
-into HTML (Jinja2, autoescaped), SVG plots (matplotlib) and CSV tables (pandas). Those three
-libraries are imported only when a report is rendered, so importing this package stays light.
+`load` (autoao.reports.load) reads a run directory through autoao.records' types (the run files
+and the study's trial records); `render` turns them into HTML (Jinja2, autoescaped), SVG plots
+(matplotlib) and CSV tables (pandas). Those three libraries are imported only when a report is
+rendered, so importing this package stays light.
 """
 
 from __future__ import annotations

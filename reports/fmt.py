@@ -1,9 +1,11 @@
-"""Number formatting shared by the page, the plots and the per-layer reasons: one unit style
-everywhere (µs below 1 ms, 3 significant digits, "–" for unknown, "exact" for an infinite SQNR)."""
+"""Number formatting shared by the page, the plots and the tables: one unit style everywhere (µs
+below 1 ms, 3 significant digits, "–" for unknown, "exact" for an infinite SQNR)."""
 
 from __future__ import annotations
 
 import math
+
+from autoao.types import CONFIDENCE, Verdict
 
 
 def fmt_num(v: float | None, digits: int = 4) -> str:
@@ -26,6 +28,13 @@ def fmt_us(v: float | None) -> str:
     return fmt_ms(v / 1e3) if v >= 1e3 else f"{v:.3g} µs"
 
 
+def fmt_s(v: float | None) -> str:
+    """Seconds of wall time: "12.3 s", "154 s"."""
+    if v is None or not math.isfinite(v):
+        return "–"
+    return f"{v:,.0f} s" if v >= 100 else f"{v:.1f} s"
+
+
 def fmt_db(v: float | None) -> str:
     if v is None:
         return "–"
@@ -42,6 +51,21 @@ def fmt_drop(v: float | None) -> str:
     if v is None or math.isnan(v):
         return "–"
     return "∞ (NaN/Inf output)" if math.isinf(v) else f"{v:+.4f}"
+
+
+def fmt_interval(v: Verdict) -> str:
+    """A verdict's interval on the drop: "95%: −0.0012 to +0.0074", "exact (all 372 scored)"."""
+    if not math.isfinite(v.drop):
+        return "–"
+    if v.low == v.high:
+        return f"exact (all {v.n:,} scored)"
+    return f"{CONFIDENCE:.0%}: {fmt_drop(v.low)} to {fmt_drop(v.high)}"
+
+
+def fmt_n(v: Verdict) -> str:
+    """How much evidence: "2,048 positions", "136 of 372 documents"."""
+    of = f" of {v.population:,}" if v.population is not None and v.population != v.n else ""
+    return f"{v.n:,}{of} {v.unit}"
 
 
 def fmt_bytes(v: int | None) -> str:

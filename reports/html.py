@@ -1,47 +1,49 @@
-"""Render a search directory to one self-contained `report.html` (+ its tables as CSV beside it).
+"""Render a run directory to one self-contained `report.html` (+ its tables as CSV beside it).
 
     path = render("autoao-report/")                 # autoao-report/report.html, report_*.csv
     path = render("autoao-report/", "x/r.html")     # x/r.html, x/r_*.csv
 
 The page is a Jinja2 template (autoescaped: module names are user data) with inline CSS and inline
 SVG plots; it loads nothing and runs no script. `render` only reads the directory (context.json, the
-Optuna study, summary.json / plan.json when the search finished), so it works on a finished, an
-interrupted or a still-running search, and rendering again gives the same page.
+Optuna study, summary.json / pareto.json when the run finished), so it works on a finished, an
+interrupted or a still-running run, and rendering again gives the same page.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from autoao.reports import plots, tables
-from autoao.reports.fmt import fmt_bytes, fmt_db, fmt_drop, fmt_ms, fmt_num, fmt_times, fmt_us
 from autoao.common import BASELINE, atomic_write
-from autoao.reports.load import TIER_LABEL, ReportData, Trial, decision_notes, load, plan_of
-from autoao.runfiles import Latency
+from autoao.records import Latency
+from autoao.reports import plots, tables
+from autoao.reports.fmt import (fmt_bytes, fmt_db, fmt_drop, fmt_interval, fmt_ms, fmt_n, fmt_num, fmt_s, fmt_times,
+                                fmt_us)
+from autoao.reports.layers import everywhere
+from autoao.reports.load import TIER_LABEL, ReportData, load, plan_text
+from autoao.reports.trust import budget_seconds
+from autoao.types import Verdict
 
 TEMPLATE = "template.html.j2"
 
 
 def render(out_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the HTML report of the search in `out_dir` and return its path.
+    """Write the HTML report of the run in `out_dir` and return its path.
 
     Args:
-        out_dir: a search's output directory (it must hold context.json).
+        out_dir: a run's output directory (it must hold context.json).
         out: the HTML file to write (default: out_dir/report.html). The tables go beside it as
             `<stem>_<table>.csv`.
 
     Raises:
-        autoao.reports.load.ReportError (a ValueError): out_dir is not a readable search directory.
+        autoao.reports.ReportError (a ValueError): out_dir is not a readable run directory.
     """
-
     data = load(out_dir)
     path = Path(out) if out is not None else Path(out_dir) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    frames = tables.build(data)
-    csvs = tables.write_csvs(frames, path)
+    csvs = tables.write_csvs(tables.build(data), path)
     page = render_html(data, [p.name for p in csvs])
     atomic_write(path, lambda f: f.write(page.encode()))
     return path
@@ -49,28 +51,29 @@ def render(out_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def render_html(data: ReportData, csv_names: list[str]) -> str:
     """The report page as a string (what `render` writes)."""
-    import jinja2
+    import jinja2  # lazy, as matplotlib below: heavy, and needed only to render
     from markupsafe import Markup
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters.update(ms=fmt_ms, us=fmt_us, db=fmt_db, times=fmt_times, drop=fmt_drop, num=fmt_num,
-                       size=fmt_bytes, tier=tier_label, sh=lambda p: shlex.quote(str(p)),
-                       py=lambda p: repr(str(p)))
+    env.filters.update(ms=fmt_ms, us=fmt_us, db=fmt_db, times=fmt_times, drop=fmt_drop, num=fmt_num, secs=fmt_s,
+                       size=fmt_bytes, interval=fmt_interval, evidence=fmt_n, tier=tier_label,
+                       sh=lambda p: shlex.quote(str(p)), py=lambda p: repr(str(p)))
     pareto, history = plots.pareto_svg(data), plots.history_svg(data)
+    star = plots.star(data)
     return env.get_template(TEMPLATE).render(
-        d=data, v=headline(data), csv_names=csv_names,
+        d=data, v=headline(data), csv_names=csv_names, BASELINE=BASELINE, budget_s=budget_seconds(data.context),
         # Our own matplotlib output (its text is XML-escaped by matplotlib); never user markup.
         pareto_svg=Markup(pareto) if pareto else None, history_svg=Markup(history) if history else None,
-        pareto_rows=[_pareto_row(data, t) for n in data.pareto if (t := data.trial(n)) is not None],
-        plan_text=lambda params: tables.plan_text(data, params), BASELINE=BASELINE, decision_notes=decision_notes,
+        star=star, line=plots.feasibility_line(data), plan_text=plan_text, common=everywhere(data.layers),
+        notes=[d.describe() for d in data.summary.decisions if d.kind != "judged"] if data.summary else [],
     )
 
 
 ##### what the summary says #####################################################################
 
-@dataclass
+@dataclass(frozen=True)
 class Headline:
     """The numbers at the top of the page; None = not known (yet), with `*_why` saying why."""
 
@@ -80,10 +83,8 @@ class Headline:
     speedup_why: str  # why a speed-up is missing, or ""
     baseline_ms: Latency
     plan_ms: Latency
-    drop: float | None
-    drop_tier: int | None
-    drop_source: str
-    within_budget: bool | None
+    verdict: Verdict | None  # the verdict the plan ships on (or, unfinished, the best trial's screen verdict)
+    verdict_what: str  # which plan and judge the verdict is of; or why there is none
     bytes_before: int
     bytes_after: int | None
     trials_done: int
@@ -95,50 +96,45 @@ class Headline:
 
 def headline(data: ReportData) -> Headline:
     ctx, s = data.context, data.summary
-    chosen = data.trial(data.chosen_trial)
-    base = s.baseline_ms if s else ctx.baseline_ms  # finished: bf16 measured again next to the plan
+    trial = data.shown_trial
     emulated = data.emulated_in_plan()
-    speedup_why = (f"not reported: the plan uses {', '.join(emulated)}, only emulated on this device"
-                   if emulated else "")
-    changed = sum(c != BASELINE for c in data.plan.values())
+    speedup_why = f"not reported: the plan uses {', '.join(emulated)}, only emulated on this device" if emulated else ""
+    verdict, what = _verdict(data)
     if s is not None:
-        plan_ms = s.plan_ms
-        acc = s.accuracy
-        drop, tier, source = ((acc.drop, acc.tier, acc.source) if acc else
-                              (0.0, None, f"the model is unchanged (all {data.baseline_name})"))
+        base, plan_ms = s.baseline_ms, s.plan_ms  # finished: bf16 measured again next to the plan
         predicted, measured = s.speedup.predicted, s.speedup.measured
         after, seconds, stopped = s.weight_bytes.after, s.seconds, s.stopped
     else:
-        plan_ms = Latency(chosen.predicted_ms if chosen else base.predicted, None)
-        drop, tier = (chosen.drop, chosen.tier) if chosen else (0.0, None)
-        source = "best trial so far" if chosen else f"no feasible trial yet (all {data.baseline_name})"
+        base = ctx.baseline_ms
+        plan_ms = Latency(trial.predicted_ms if trial else base.predicted, None)
         predicted = base.predicted / plan_ms.predicted if base.predicted and plan_ms.predicted else None
         measured, after, stopped = None, None, "not finished"
-        seconds = max((t.finished_s for t in data.trials if t.finished_s is not None), default=None)
-        speedup_why = speedup_why or "measured when the search finishes"
+        seconds = max((t.elapsed_s for t in data.completed if math.isfinite(t.elapsed_s)), default=None)
+        speedup_why = speedup_why or "measured when the run finishes"
     if emulated:
         predicted = measured = None
-    return Headline(
-        title=f"{ctx.model.class_name} on {ctx.device.name}",
-        predicted_speedup=predicted, measured_speedup=measured, speedup_why=speedup_why, baseline_ms=base,
-        plan_ms=plan_ms, drop=drop, drop_tier=tier, drop_source=source,
-        within_budget=None if drop is None else drop <= data.max_drop,
-        bytes_before=ctx.model.weight_bytes, bytes_after=after,
-        trials_done=len(data.completed), seconds=seconds, stopped=stopped, layers_changed=changed,
-        base_name=data.baseline_name,
-    )
+    return Headline(f"{ctx.model.class_name} on {ctx.device.name}", predicted, measured, speedup_why, base, plan_ms,
+                    verdict, what, ctx.model.weight_bytes, after, len(data.completed), seconds, stopped,
+                    sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name)
 
 
-def _pareto_row(data: ReportData, t: Trial) -> dict[str, Any]:
-    plan = plan_of(data.groups, t.params)
-    emulated = {lay.fqn: {c.candidate for c in lay.choices if c.emulated} for lay in data.layers}
-    uses_emulated = any(plan.get(f, BASELINE) in e for f, e in emulated.items())
-    base = data.context.baseline_ms.predicted
-    return {"trial": t, "speedup": None if uses_emulated or not base else base / t.predicted_ms,
-            "emulated": uses_emulated, "shown": t.number == data.chosen_trial, "plan": tables.plan_text(data, t.params)}
+def _verdict(data: ReportData) -> tuple[Verdict | None, str]:
+    """The accuracy card's verdict and what it is of: the shipped plan's deciding verdict; the
+    best trial's screen verdict while unfinished; none for the unchanged model (nothing to judge)."""
+    s = data.summary
+    if data.shown.unchanged:
+        return None, f"the model is unchanged (all {data.baseline_name}): nothing to judge"
+    if s is not None:
+        if s.verdict is not None:
+            return s.verdict, "the shipped plan, on the tier that decides"
+        acc = s.accuracy
+        return None, ("this run recorded no verdict (an earlier autoao judged on the drop alone)"
+                      + (f": drop {fmt_drop(acc.drop)} on tier {acc.tier}, its evidence not recorded" if acc else ""))
+    trial = data.shown_trial
+    if trial is not None and trial.accuracy is not None and trial.accuracy.verdict is not None:
+        return trial.accuracy.verdict, f"trial {trial.number} on the search's screen; the verdicts that ship come at the end"
+    return None, "no verdict yet: the judges run when the trials end"
 
-
-##### labels ####################################################################################
 
 def tier_label(tier: int | None, source: str = "") -> str:
     """"tier 1 · proxy", "tier 2 · lm-eval", "tier 2 · user metric"."""

@@ -1,25 +1,31 @@
 """The report's plots: matplotlib figures as inline SVG text (no files, no network, no JavaScript).
 
-    pareto_svg(data)    every finished trial on (predicted latency, accuracy drop), the front, the
-                        shown plan, the max_accuracy_drop line and bf16's predicted latency
+    pareto_svg(data)    every finished trial on (predicted latency, the screen's drop), coloured by
+                        its recorded feasibility; the front; the line the trials were judged
+                        against (where tier 2 decides: the proxy's screen, and the budget apart);
+                        the shown plan as a star; the unchanged model's predicted latency
     history_svg(data)   best feasible predicted latency so far, by trial and by time
 
 Figures use matplotlib's object API (`Figure`, no pyplot: no global state, no GUI backend). SVG text
 stays text (svg.fonttype none: searchable, small) and ids are salted per plot with a fixed salt and
 no date, so the same data gives byte-identical SVG and two plots on one page never share an id.
+The marks a reader checks carry fixed ids (`set_gid`: pareto-feasible, pareto-screen, pareto-star,
+...), so a browser test can find them.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from typing import Any
+from typing import Any, Callable
 
 from autoao.reports.fmt import fmt_ms
-from autoao.reports.load import ReportData, Trial
+from autoao.records import TrialRecord
+from autoao.reports.load import ReportData
 
 # Colours that stay apart for colour-blind readers (Okabe-Ito) and in greyscale print.
-FEASIBLE, INFEASIBLE, FRONT, CHOSEN, LIMIT, BF16 = "#0072B2", "#999999", "#009E73", "#D55E00", "#CC3311", "#555555"
+FEASIBLE, INFEASIBLE, FRONT, CHOSEN, LIMIT, BUDGET, BF16 = ("#0072B2", "#999999", "#009E73", "#D55E00", "#CC3311",
+                                                     "#AA3377", "#555555")
 
 
 STYLE = {"font.size": 9, "font.family": "sans-serif", "axes.titlesize": 9, "legend.fontsize": 8.5,
@@ -43,41 +49,76 @@ def history_svg(data: ReportData) -> str | None:
         return _history_plot(data)
 
 
+def plotted(data: ReportData) -> list[TrialRecord]:
+    """The trials the Pareto plot draws: finished, with a finite latency and drop."""
+    return [t for t in data.completed if math.isfinite(t.drop) and math.isfinite(t.predicted_ms)]
+
+
+def star(data: ReportData) -> TrialRecord | None:
+    """The shown plan's trial where the Pareto plot draws it (the caption promises a star only then)."""
+    trial = data.shown_trial
+    return trial if trial is not None and trial in plotted(data) else None
+
+
+def feasibility_line(data: ReportData) -> tuple[float, str] | None:
+    """(drop, name) of the line the trials' feasibility was decided against: the budget where the
+    proxy decides, the proxy's screen where tier 2 does (None: the run did not record its screen)."""
+    ctx = data.context
+    if ctx.accuracy.tier == 1:
+        return data.max_drop, f"the max accuracy drop ({data.max_drop:g})"
+    if ctx.screen_drop is None:
+        return None
+    return ctx.screen_drop, f"the proxy's screen ({ctx.screen_drop:g}, tier 1)"
+
+
 def _pareto(data: ReportData) -> str | None:
-    shown = [t for t in data.completed if math.isfinite(t.drop) and math.isfinite(t.predicted_ms)]
+    shown = plotted(data)
     if not shown:
         return None
-    fig, ax = _figure(7.6, 4.0)
+    fig, ax = _figure(8.4, 4.6)
     feas = [t for t in shown if t.feasible]
     infeas = [t for t in shown if not t.feasible]
     if infeas:
         ax.scatter([t.predicted_ms for t in infeas], [t.drop for t in infeas], marker="x", s=22, color=INFEASIBLE,
-                   linewidths=1, label=f"infeasible trial ({len(infeas)})", zorder=2)
+                   linewidths=1, label=f"infeasible trial ({len(infeas)})", zorder=2).set_gid("pareto-infeasible")
     if feas:
         ax.scatter([t.predicted_ms for t in feas], [t.drop for t in feas], s=16, color=FEASIBLE, alpha=0.75,
-                   label=f"feasible trial ({len(feas)})", zorder=3)
-    front = [t for n in data.pareto if (t := data.trial(n)) is not None and t in shown]
+                   label=f"feasible trial ({len(feas)})", zorder=3).set_gid("pareto-feasible")
+    front = [r.screen for r in data.front if r.screen is not None and r.screen in shown]
     if front:
         ax.step([t.predicted_ms for t in front], [t.drop for t in front], where="post", color=FRONT, lw=1.5,
-                label="Pareto front", zorder=4)
+                label="Pareto front", zorder=4)[0].set_gid("pareto-front")
         ax.scatter([t.predicted_ms for t in front], [t.drop for t in front], s=46, facecolors="none",
                    edgecolors=FRONT, linewidths=1.3, zorder=4)
-    ax.axhline(data.max_drop, color=LIMIT, ls="--", lw=1.2, label=f"max accuracy drop ({data.max_drop:g})", zorder=1)
+    _limits(ax, data)
     base = data.context.baseline_ms.predicted
     if base:
         ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"{data.baseline_name}, predicted ({fmt_ms(base)})", zorder=1)
-    chosen = data.trial(data.chosen_trial)
-    if chosen is not None and chosen in shown:
+    chosen = star(data)
+    if chosen is not None:
         ax.scatter([chosen.predicted_ms], [chosen.drop], marker="*", s=260, color=CHOSEN, edgecolors="black",
-                   linewidths=0.6, label=f"{'chosen' if data.finished else 'best so far'}: trial {chosen.number}",
-                   zorder=5)
+                   linewidths=0.6, label=f"{'shipped plan' if data.finished else 'best so far'}: trial {chosen.number}",
+                   zorder=5).set_gid("pareto-star")
     xs = [t.predicted_ms for t in shown] + ([base] if base else [])
     if max(xs) / max(min(xs), 1e-12) > 30:
         ax.set_xscale("log")  # CPU timings and emulated kernels spread over decades
     ax.set_xlabel("predicted latency (ms)")
-    ax.set_ylabel("accuracy drop (absolute)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_ylabel("accuracy drop on the screen (tier 1)" if data.context.accuracy.tier == 2 else
+                  "accuracy drop (absolute)")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=2, frameon=False)
     return _svg(fig, "pareto")
+
+
+def _limits(ax: Any, data: ReportData) -> None:
+    """The feasibility line; where tier 2 decides, its budget too, labelled as not on this axis."""
+    line = feasibility_line(data)
+    if line is not None:
+        ax.axhline(line[0], color=LIMIT, ls="--", lw=1.2, label=f"{line[1]}: feasible at or below",
+                   zorder=1).set_gid("pareto-screen")
+    if data.context.accuracy.tier == 2:
+        ax.axhline(data.max_drop, color=BUDGET, ls="-.", lw=1.0, zorder=1,
+                   label=f"max accuracy drop ({data.max_drop:g}): judged on tier 2, not on this axis").set_gid(
+                       "pareto-budget")
 
 
 def _history_plot(data: ReportData) -> str | None:
@@ -91,9 +132,9 @@ def _history_plot(data: ReportData) -> str | None:
     by_trial.set_xlabel("trial")
     by_trial.xaxis.set_major_locator(MaxNLocator(integer=True))
     by_trial.set_ylabel("best predicted latency (ms)")
-    timed = sorted((t for t in done if t.finished_s is not None), key=lambda t: t.finished_s or 0.0)
-    _history(by_time, timed, lambda t: t.finished_s)
-    by_time.set_xlabel("search time, trials only (s)")
+    timed = sorted((t for t in done if math.isfinite(t.elapsed_s)), key=lambda t: t.elapsed_s)
+    _history(by_time, timed, lambda t: t.elapsed_s)
+    by_time.set_xlabel("seconds since the trials began")
     lats = [t.predicted_ms for t in done if math.isfinite(t.predicted_ms)]
     if lats and max(lats) / max(min(lats), 1e-12) > 30:
         by_trial.set_yscale("log")
@@ -101,7 +142,7 @@ def _history_plot(data: ReportData) -> str | None:
     return _svg(fig, "history")
 
 
-def _history(ax: Any, trials: list[Trial], x_of) -> None:
+def _history(ax: Any, trials: list[TrialRecord], x_of: Callable[[TrialRecord], float]) -> None:
     best, xs, ys = math.inf, [], []
     for t in trials:
         if t.feasible and t.predicted_ms < best:

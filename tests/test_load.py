@@ -210,31 +210,31 @@ def test_the_cache_keeps_a_cells_single_thread_bound(tmp_path):
 
 def _threads_cost(monkeypatch, slow_ms: float, fast_ms: float) -> None:
     """The model's calls take slow_ms on more than one torch thread and fast_ms on one (a busy CPU
-    whose parallel regions wait for descheduled threads), through stages.call_model."""
-    from autoao import stages
+    whose parallel regions wait for descheduled threads), through workload.call_model."""
+    from autoao import workload
 
-    real = stages.call_model
+    real = workload.call_model
 
     def call(model, ex):
         time.sleep((slow_ms if torch.get_num_threads() > 1 else fast_ms) / 1e3)
         return real(model, ex)
-    monkeypatch.setattr(stages, "call_model", call)
+    monkeypatch.setattr(workload, "call_model", call)
 
 
 @pytest.mark.parametrize("busy", [True, False])
 def test_a_busy_cpu_runs_the_search_on_one_thread_and_gives_the_threads_back(tmp_path, monkeypatch, busy):
     from torch import nn
 
-    from autoao import api, stages
+    from autoao import api
 
     if torch.get_num_threads() < 2:
         torch.set_num_threads(2)
     threads = torch.get_num_threads()
     _threads_cost(monkeypatch, 30.0 if busy else 5.0, 5.0)
     seen = []
-    real_profile = stages.profile_workload
-    monkeypatch.setattr(stages, "profile_workload", lambda *a, **kw: seen.append(torch.get_num_threads()) or
-                        real_profile(*a, **kw))
+    real_build = api.build_workload
+    monkeypatch.setattr(api, "build_workload", lambda *a, **kw: seen.append(torch.get_num_threads()) or
+                        real_build(*a, **kw))
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     result = api.optimize(nn.Sequential(nn.Linear(32, 32, bias=False)), [torch.randn(4, 32)], budget=2,
                           candidates=["int8_dyn"], max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
@@ -243,7 +243,7 @@ def test_a_busy_cpu_runs_the_search_on_one_thread_and_gives_the_threads_back(tmp
     noted = [d for d in result.summary.decisions if d.kind == "busy_cpu"]
     assert len(noted) == (1 if busy else 0)
     if busy:
-        assert noted[0].numbers["threads"] == threads and noted[0].numbers["one_ms"] < noted[0].numbers["threads_ms"]
+        assert noted[0].threads == threads and noted[0].one_ms < noted[0].threads_ms
         assert "on one thread" in " ".join(result.summary.notes)
         assert "(1 thread" in result.summary.device
 
@@ -251,8 +251,8 @@ def test_a_busy_cpu_runs_the_search_on_one_thread_and_gives_the_threads_back(tmp
 def test_the_thread_check_leaves_bad_inputs_to_the_profiler(monkeypatch):
     from torch import nn
 
-    from autoao import stages
+    from autoao import workload
 
     threads = torch.get_num_threads()
-    assert stages.settle_cpu_threads(nn.Linear(8, 8), [torch.randn(2, 5)]) is None  # wrong width: no check
+    assert workload.settle_cpu_threads(nn.Linear(8, 8), [torch.randn(2, 5)]) is None  # wrong width: no check
     assert torch.get_num_threads() == threads
