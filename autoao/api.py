@@ -140,7 +140,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
         choice = choose(outcome, bench, judges, plan, ledger)
     with ledger.stage("final measurement"):
         final = finalize(bench, choice, meas, anchored.cost, base, work.notes, ledger)
-        record_final(rcache, base, work, ledger.stage_seconds()["final measurement"])
+        record_final(rcache, base, work, ledger.stage_seconds()["final measurement"], final.rounds)
         summary = run_summary(final, outcome, meas, context, model, ledger, plan.planned,
                               {a: s - fits.get(a, 0.0) for a, s in algorithm_seconds().items()}, base.bf16_us)
         shipped = write_outputs(opts.out_dir, final, summary, outcome, model)

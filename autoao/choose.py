@@ -64,6 +64,11 @@ def choose(outcome: SearchOutcome, bench: ModelBench, judges: Judges, plan: Time
     front = [r for r in outcome.pareto if any(c != BASELINE for c in r.params.values())]  # fastest first
     if not any(r.feasible for r in outcome.pareto):
         return Choice(None, None, (), (NoFeasiblePlan(),))
+    unchanged = outcome.best is not None and all(c == BASELINE for c in outcome.best.params.values())
+    if unchanged and (judges.tier2 is None or not front):
+        # the fastest plan the screen admits changes no layer, and where the proxy decides the screen
+        # is the budget itself: nothing to judge (finalize says which trial it was)
+        return Choice(outcome.best, None, (), ())
     plan.plan_verdicts()
     keys = [tuple(sorted(r.params.items())) for r in front]
     best = tuple(sorted(outcome.best.params.items())) if outcome.best is not None else None

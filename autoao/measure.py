@@ -135,9 +135,10 @@ def compiled_costs(cache: ResultCache, weights_key: str, work: Workload, e2e_sec
     return seen
 
 
-def record_final(cache: ResultCache, base: Baselines, work: Workload, seconds: float) -> None:
-    """Remember what this run's compiled final comparison took, for the next run's reserve."""
-    if base.compile:
+def record_final(cache: ResultCache, base: Baselines, work: Workload, seconds: float, rounds: int) -> None:
+    """Remember what this run's compiled final comparison took, for the next run's reserve; an
+    unchanged model (0 rounds) measured nothing and leaves the last comparison's seconds as they were."""
+    if base.compile and rounds:
         key = _compiled_key(base.weights_key, work)
         cache.put(key, {**(cache.get(key) or {}), "final_seconds": seconds})
 

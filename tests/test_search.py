@@ -9,14 +9,17 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import optuna
 import pytest
 import torch
 
+from autoao.budget import TIER1_SCREEN, AccuracyBudget
 from autoao.cost import CostModel
-from autoao.evaluators.sensitivity import Accuracy
-from autoao.search import Budget, SearchConfig, make_groups, pareto_front, plan_from_params, run_search
+from autoao.records import TrialRecord, pareto_front
+from autoao.search import SearchConfig, make_groups, plan_from_params, run_search
+from autoao.types import Accuracy, Budget
 
 LAYERS = [f"layers.{i}.{p}" for i in range(3) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj",
                                                           "gate_proj", "down_proj")]
@@ -43,9 +46,13 @@ def fake_evaluate(plan) -> Accuracy:
     return Accuracy(1, 0.5 - drop, drop, {"fake": drop}, "fake")
 
 
+def config(budget, max_drop=0.01, **kw) -> SearchConfig:
+    b = Budget.parse(budget)
+    return SearchConfig(AccuracyBudget.create(max_drop, tier2=False), trials=b.trials, seconds=b.seconds, **kw)
+
+
 def run(budget, seed=0, storage=None, evaluate=fake_evaluate, max_drop=0.01):
-    cfg = SearchConfig(budget=Budget.parse(budget), max_accuracy_drop=max_drop, seed=seed, storage=storage,
-                       study_name="t")
+    cfg = config(budget, max_drop, seed=seed, storage=storage, study_name="t")
     return run_search(fake_groups(), fake_cost(), evaluate, cfg, progress=False)
 
 
@@ -65,7 +72,21 @@ def test_bad_budget_is_a_clear_error(bad):
 def test_max_drop_outside_unit_interval_is_rejected():
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match=r"max_accuracy_drop must be in \[0, 1\]"):
-            SearchConfig(max_accuracy_drop=bad)
+            AccuracyBudget.create(bad, tier2=False)
+    assert AccuracyBudget.create(0.0, tier2=False).max_drop == 0.0  # both ends are allowed
+    assert AccuracyBudget.create(1.0, tier2=False).max_drop == 1.0
+
+
+def test_feasibility_is_the_budget_on_the_deciding_tier_and_the_screen_below_it():
+    """A trial is feasible when its tier-1 drop is within the screen: the budget itself where the
+    proxy decides, TIER1_SCREEN x it where a tier-2 judge decides (the proxy only screens)."""
+    alone, judged = AccuracyBudget.create(0.01, tier2=False), AccuracyBudget.create(0.01, tier2=True)
+    for drop, by_proxy, screened in ((0.0, True, True), (0.01, True, True), (0.011, False, True),
+                                     (TIER1_SCREEN * 0.01, False, True), (TIER1_SCREEN * 0.01 + 1e-6, False, False),
+                                     (math.inf, False, False)):
+        acc = Accuracy(1, 0.5 - drop, drop)
+        assert alone.feasible(acc) is by_proxy and judged.feasible(acc) is screened, drop
+    assert judged.limit(2) == 0.01 and judged.limit(1) == judged.screen and alone.limit(1) == 0.01
 
 
 def test_sibling_groups_share_their_common_choices():
@@ -97,8 +118,7 @@ def test_groups_fuse_only_where_the_fused_time_is_faster():
         saved = 3 * TIME[choice] - 12.0 if fused else 0.0
         assert cost.predict(plan) == pytest.approx(cost.predict(unfused) - saved)
     # the search scores its plans with the fusions it would apply
-    cfg = SearchConfig(budget=Budget.parse(30), max_accuracy_drop=0.05, storage=None, study_name="f")
-    out = run_search(groups, cost, fake_evaluate, cfg, progress=False)
+    out = run_search(groups, cost, fake_evaluate, config(30, 0.05, study_name="f"), progress=False)
     best = plan_from_params(groups, out.best.params, cost.fusion_pays)
     assert out.best.predicted_us == pytest.approx(cost.predict(best))
 
@@ -194,128 +214,163 @@ def test_sigkill_mid_search_then_resume_loses_no_finished_trial(tmp_path):
     assert out.best is not None and math.isfinite(out.best.predicted_us)
 
 
+##### choosing and finalizing: the stage functions, driven by fakes ##############################
+
+def _record(number: int, params: dict, us: float, drop: float, feasible: bool) -> TrialRecord:
+    return TrialRecord(number, "COMPLETE", params, us, Accuracy(1, 0.5 - drop, drop, {}, "fake proxy"), feasible)
+
+
 def _front(n: int, best: int):
     """A Pareto front of n distinct plans, fastest (and most proxy drop) first, plus the unchanged
-    model last; trials from `best` on pass the proxy's screen."""
-    from autoao.search import Group, SearchOutcome, TrialResult
+    model last; trials from `best` on pass the proxy's screen (None: only the unchanged model)."""
+    from autoao.search import Group, SearchOutcome
 
     names = ("int4_wo(group_size=128)", "int8_dyn", "int8_wo")
     groups = [Group(f"l{i}", (f"l{i}",), ("bf16", *names)) for i in range(3)]
     params = [{"l0": names[i % 3], "l1": names[(i + 1) % 3], "l2": names[i // 3 % 3]} for i in range(n)]
     assert len({tuple(p.values()) for p in params}) == n
-    trials = [TrialResult(i, p, 100.0 + i, 0.1 - 0.01 * i, 0.5, i >= best, 1, 0.0, "COMPLETE")
-              for i, p in enumerate(params)]
-    trials.append(TrialResult(n, {"l0": "bf16", "l1": "bf16", "l2": "bf16"}, 200.0, 0.0, 0.5, True, 1, 0.0, "COMPLETE"))
-    return SearchOutcome(None, groups, trials, trials, trials[best], 0.0, "budget spent"), trials
+    trials = [_record(i, p, 100.0 + i, 0.1 - 0.01 * i, best is not None and i >= best) for i, p in enumerate(params)]
+    trials.append(_record(n, {"l0": "bf16", "l1": "bf16", "l2": "bf16"}, 200.0, 0.0, True))
+    return SearchOutcome(None, groups, trials, trials, trials[best] if best is not None else trials[n], 0.0,
+                         "budget spent"), trials
 
 
-def test_a_compiled_final_comparison_is_priced_by_a_cold_compile_and_the_last_one_seen(tmp_path):
-    """Compiled, the plan's graph is new to inductor's cache: the reserve prices it as the unchanged
-    model's cold first measurement, and never below the last final comparison of this model and
-    workload on this device (a warm cache's first measurement alone priced a 100 s one at 71 s)."""
-    from types import SimpleNamespace
+def _verdict(status: str, drop: float, tier: int = 2):
+    from autoao.types import Verdict
 
-    from autoao.evaluators.cache import ResultCache
-    from autoao.stages import WRITE_SECONDS, Baselines, compiled_costs, final_seconds, record_final
-
-    cache = ResultCache(tmp_path / "results.sqlite")
-    work = SimpleNamespace(device=torch.device("cpu"), examples=[torch.zeros(1, 256, dtype=torch.long)])
-    assert compiled_costs(cache, "w", work, 59.0) == {"cold_seconds": 59.0}  # a cold cache's first run
-    cold = Baselines(1.0, 59.0, True, None, None, 0.0, "w", cold_seconds=59.0)
-    assert final_seconds(cold) == pytest.approx(3 * 59.0 + WRITE_SECONDS)
-    record_final(cache, cold, work, SimpleNamespace(rounds=1), 120.0)
-    record_final(cache, cold, work, SimpleNamespace(rounds=0), 0.01)  # an empty plan measured nothing
-    seen = compiled_costs(cache, "w", work, 22.0)  # the next run, on a warm cache
-    assert seen == {"cold_seconds": 59.0, "final_seconds": 120.0}
-    warm = Baselines(1.0, 22.0, True, None, None, 0.0, "w", cold_seconds=59.0, final_seen=120.0)
-    assert final_seconds(warm) == pytest.approx(120.0 + WRITE_SECONDS)
-    assert final_seconds(Baselines(1.0, 22.0, True, None, None, 0.0, "w", cold_seconds=59.0)) == pytest.approx(
-        2 * 22.0 + 59.0 + WRITE_SECONDS)
-    # another workload of the same weights has its own costs
-    other = SimpleNamespace(device=work.device, examples=[torch.zeros(1, 2048, dtype=torch.long)])
-    assert compiled_costs(cache, "w", other, 30.0) == {"cold_seconds": 30.0}
+    return Verdict(status, "fake", tier, "fake acc", "documents", 64, drop, drop - 0.01, drop + 0.01, 0.01, 0.5,
+                   0.5 - drop)
 
 
-def test_tier2_bisects_the_pareto_front_from_the_screened_best():
-    """The first check is the fastest plan the screen admits; later ones bisect the front between
-    the slowest plan known to break and the fastest known to hold. Plans past the screen can be
-    chosen: tier 2 is the judge. The unchanged model is never checked."""
+def _time_plan(budget: Budget = Budget(trials=1), check_s: float = 1.0, final_s: float = 1.0, run_s: float = 0.01):
+    from autoao.budget import Costs, TimePlan
     from autoao.ledger import RunLedger
-    from autoao.runfiles import describe
-    from autoao.search import Budget
-    from autoao.stages import choose_tier2
 
+    return TimePlan(RunLedger(budget, progress=False), Costs(0.01, check_s, final_s, run_s))
+
+
+class _NoRoom:
+    """A time plan that has room for nothing more, and records what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+        self.costs = SimpleNamespace(run_s=0.01)
+
+    def plan_verdicts(self) -> None:
+        pass
+
+    def allows(self, seconds: float) -> bool:
+        self.asked.append(seconds)
+        return False
+
+
+def _judges(tier2: bool):
+    return SimpleNamespace(tier2=object() if tier2 else None, budget=AccuracyBudget.create(0.01, tier2=tier2),
+                           check_s=1.5, describe=lambda: "fake judge")
+
+
+def _choose(monkeypatch, outcome, judges, holds_from=0, unresolved=(), plan=None, rerank=None):
+    """choose() with a fake judge (plans numbered >= holds_from hold, those in `unresolved` stay so)
+    and, where the proxy decides, a fake re-rank; returns (the choice, the trials judged)."""
+    from autoao import choose as C
+    from autoao.decisions import Judged
+    from autoao.ledger import RunLedger
+
+    judged = []
+
+    def judge_plan(r, bench, judges_, plan_, ledger):
+        judged.append(r.number)
+        status = "unresolved" if r.number in unresolved else "holds" if r.number >= holds_from else "breaks"
+        drop = 0.005 if status == "holds" else 0.03
+        return Judged(r.number, r.predicted_ms, r.drop, status, (_verdict(status, drop, judges_.budget.tier),), 0.05)
+
+    monkeypatch.setattr(C, "judge_plan", judge_plan)
+    monkeypatch.setattr(C, "rerank", rerank or (lambda outcome, choice, *a: choice))
+    choice = C.choose(outcome, None, judges, plan or _time_plan(), RunLedger(Budget(trials=1), progress=False))
+    return choice, judged
+
+
+def test_the_judges_bisect_the_pareto_front_from_the_screened_best(monkeypatch):
+    """The first plan judged is the fastest the screen admits; later ones bisect the front between
+    the slowest plan known not to hold and the fastest known to hold. Plans past the screen can be
+    chosen: the deciding judge (tier 2 here) decides. The unchanged model is never judged."""
     outcome, trials = _front(8, best=5)
-    by_key = {tuple(sorted(t.params.items())): t.number for t in trials}
-    checked = []
-
-    def tier2(breaks_below):
-        def check(plan):
-            number = by_key[tuple(sorted((f, c.name) for f, c in plan.layers.items()))]
-            checked.append(number)
-            drop = 0.03 if number < breaks_below else 0.005
-            return Accuracy(2, 0.5 - drop, drop, {}, "fake lm-eval")
-        return check
-
-    choice = choose_tier2(outcome, tier2(3), 0.01, RunLedger(Budget(trials=1), progress=False))
-    assert checked == [5, 2, 3] and choice.trial is trials[3] and choice.accuracy.drop == 0.005
-    assert [(d.kind, d.trial) for d in choice.decisions] == [
-        ("tier2_held", 5), ("tier2_rejected", 2), ("tier2_held", 3), ("tier2_chose_slower", 3)]
+    judges = _judges(tier2=True)
+    choice, judged = _choose(monkeypatch, outcome, judges, holds_from=3)
+    assert judged == [5, 2, 3] and choice.trial is trials[3] and choice.accuracy.drop == 0.005
+    assert choice.accuracy.tier == 2 and choice.accuracy.verdict.holds and [v.status for v in choice.verdicts] == ["holds"]
+    assert [(d.kind, d.trial_number, getattr(d, "status", None)) for d in choice.decisions] == [
+        ("judged", 5, "holds"), ("judged", 2, "breaks"), ("judged", 3, "holds"), ("chose_slower", 3, None)]
     assert not choice.trial.feasible  # past the screen, held on tier 2
-    assert describe(choice.decisions[-1]).endswith(
-        "in 3 checks by bisection; of the 3 plans predicted faster, those checked broke the budget")
-    assert "holds" in describe(choice.decisions[0]) and "rejected" in describe(choice.decisions[1])
+    assert choice.decisions[-1].describe().endswith(
+        "in 3 checks by bisection; of the 3 plans predicted faster, 1 broke the budget and 0 stayed unresolved")
+    assert "holds" in choice.decisions[0].describe() and "breaks" in choice.decisions[1].describe()
 
     # every plan holds: bisection walks to the fastest in log2 steps
-    checked.clear()
-    choice = choose_tier2(outcome, tier2(0), 0.01, RunLedger(Budget(trials=1), progress=False))
-    assert checked == [5, 2, 0] and choice.trial is trials[0]
-    assert choice.decisions[-1].kind == "tier2_held"
+    choice, judged = _choose(monkeypatch, outcome, judges, holds_from=0)
+    assert judged == [5, 2, 0] and choice.trial is trials[0] and choice.decisions[-1].kind == "judged"
 
     # nothing holds: the slower half, then the model stays as it came
-    checked.clear()
-    choice = choose_tier2(outcome, tier2(99), 0.01, RunLedger(Budget(trials=1), progress=False))
-    assert checked == [5, 6, 7] and choice.trial is None
-    assert choice.decisions[-1].kind == "tier2_none_held" and choice.decisions[-1].numbers["checked"] == 3
+    choice, judged = _choose(monkeypatch, outcome, judges, holds_from=99, unresolved=(6,))
+    assert judged == [5, 6, 7] and choice.trial is None and choice.accuracy is None
+    none = choice.decisions[-1]
+    assert (none.kind, none.checked, none.unresolved) == ("none_held", 3, 1) and none.ends_unchanged
+    assert "1 unresolved" in none.describe()
 
-    # the time budget stops the bisection after the first check: the plan that held stands; the
-    # budget is asked about one more check priced at the longest check so far
-    checked.clear()
-    asked = []
+    # a plan the evidence cannot settle does not hold: the search goes on to slower plans
+    choice, judged = _choose(monkeypatch, outcome, judges, holds_from=0, unresolved=(5,))
+    assert judged == [5, 6] and choice.trial is trials[6]
+    slower = choice.decisions[-1]
+    assert (slower.kind, slower.broke, slower.unresolved) == ("chose_slower", 0, 1)
 
-    def slow(plan):
-        time.sleep(0.05)
-        return tier2(3)(plan)
-
-    choice = choose_tier2(outcome, slow, 0.01, RunLedger(Budget(trials=1), progress=False),
-                          lambda seconds: asked.append(seconds) or False)
-    assert checked == [5] and choice.trial is trials[5]
-    assert asked == [choice.decisions[0].numbers["seconds"]] and asked[0] >= 0.05
-    assert [d.kind for d in choice.decisions] == ["tier2_held", "out_of_time", "tier2_chose_slower"]
-    assert choice.decisions[-1].numbers["unchecked"] == 5
-    assert describe(choice.decisions[-1]).endswith("the 5 plans predicted faster were not checked (no checks or time left)")
+    # no room in the time plan after the first check: the plan that held stands; the plan was
+    # asked about one more check, priced at the judges' check
+    tight = _NoRoom()
+    choice, judged = _choose(monkeypatch, outcome, judges, holds_from=3, plan=tight)
+    assert judged == [5] and choice.trial is trials[5] and tight.asked == [judges.check_s]
+    assert [d.kind for d in choice.decisions] == ["judged", "out_of_time", "chose_slower"]
+    assert choice.decisions[-1].unchecked == 5
+    assert choice.decisions[-1].describe().endswith(
+        "the 5 plans predicted faster were not judged (no checks or time left)")
 
 
-def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wins():
-    # Without tier 2, the feasible plans predicted within RERANK_BAND of the chosen one (distinct,
-    # at most RERANK_PLANS) are measured end to end; one replaces the chosen plan only when it runs
-    # more than RERANK_MARGIN faster. Out-of-band, infeasible and duplicate plans are not measured.
-    from autoao.ledger import RunLedger
-    from autoao.runfiles import describe
-    from autoao.search import Budget, Group, SearchOutcome, TrialResult
-    from autoao.stages import RERANK_MARGIN, RERANK_PLANS, rerank
+def test_a_screened_best_that_changes_no_layer_is_judged_no_further_where_the_proxy_decides(monkeypatch):
+    """Where the proxy decides, the screen is the budget itself: when the fastest plan it admits is
+    the unchanged model, no plan past it is judged, and that trial is the choice (finalize says
+    so). With a tier-2 judge the front is still bisected: the screen is wider than the budget."""
+    outcome, trials = _front(8, best=None)  # only the unchanged model passed the screen
+    reranked = []
+    choice, judged = _choose(monkeypatch, outcome, _judges(tier2=False), holds_from=0,
+                             rerank=lambda outcome, choice, *a: reranked.append(1) or choice)
+    assert judged == [] and choice.trial is trials[8] and choice.decisions == () and reranked == []
+    choice, judged = _choose(monkeypatch, outcome, _judges(tier2=True), holds_from=6)
+    assert judged == [4, 6, 5] and choice.trial is trials[6]
+    # no trial passed the screen at all: nothing is judged, and the decision says so
+    nothing = SimpleNamespace(**{**vars(outcome), "pareto": trials[:8], "best": None})
+    choice, judged = _choose(monkeypatch, nothing, _judges(tier2=False))
+    assert judged == [] and [d.kind for d in choice.decisions] == ["no_feasible_plan"]
 
-    ledger = RunLedger(Budget(trials=1), progress=False)
+
+def test_plans_predicted_nearly_as_fast_are_measured_and_a_faster_one_wins_if_it_holds():
+    """Where the proxy decides, the feasible plans predicted within RERANK_BAND of the chosen one
+    and at least as good on the screen (distinct, at most RERANK_PLANS) are measured end to end;
+    one replaces the chosen plan only when it runs more than RERANK_MARGIN faster and holds too.
+    Out-of-band, infeasible, worse-screened and duplicate plans are not measured."""
+    from autoao.choose import RERANK_MARGIN, RERANK_PLANS, Choice, rerank
+    from autoao.decisions import Judged
+    from autoao.search import Group, SearchOutcome
 
     assert RERANK_PLANS == 3
-    groups = [Group("l0", ("l0",), ("bf16", "int8_wo", "int8_dyn", "fp8_wo"))]
-    spec = [("int8_wo", 100.0, True), ("int8_dyn", 102.0, True), ("int8_wo", 101.0, True),  # 2 repeats 0
-            ("fp8_wo", 104.0, True), ("bf16", 101.5, False), ("int8_dyn", 120.0, True)]
-    trials = [TrialResult(i, {"l0": c}, us, 0.0, 0.5, ok, 1, 0.0, "COMPLETE") for i, (c, us, ok) in enumerate(spec)]
+    groups = [Group("l0", ("l0",), ("bf16", "int8_wo", "int8_dyn", "fp8_wo", "int4_wo(group_size=64)"))]
+    spec = [("int8_wo", 100.0, True, 0.0), ("int8_dyn", 102.0, True, 0.0), ("int8_wo", 101.0, True, 0.0),  # 2 repeats 0
+            ("fp8_wo", 104.0, True, 0.0), ("bf16", 101.5, False, 0.0),  # 4 is infeasible
+            ("int8_dyn", 120.0, True, 0.0), ("int4_wo(group_size=64)", 100.5, True, 0.002)]  # 5 out of band, 6 worse
+    trials = [_record(i, {"l0": c}, us, drop, ok) for i, (c, us, ok, drop) in enumerate(spec)]
     outcome = SearchOutcome(None, groups, trials, trials, trials[0], 0.0, "budget spent")
+    start = Choice(trials[0], Accuracy(1, 0.5, 0.0, {}, "proxy", _verdict("holds", 0.0, 1)), (_verdict("holds", 0.0, 1),), ())
 
-    def run(measured):
-        calls = []
+    def run(measured, holds=True, plan=None, within=outcome):
+        calls, judged = [], []
 
         def measure(params):
             calls.append(params["l0"])
@@ -323,27 +378,156 @@ def test_plans_predicted_nearly_as_fast_are_measured_and_the_fastest_measured_wi
                 raise measured[params["l0"]]
             return measured[params["l0"]]
 
-        choice = rerank(outcome, trials[0], measure, ledger)
-        return choice.trial, choice.measured_plans, calls, [describe(d) for d in choice.decisions]
+        def check(r):
+            judged.append(r.number)
+            status = "holds" if holds else "breaks"
+            return Judged(r.number, r.predicted_ms, r.drop, status, (_verdict(status, 0.001, 1),), 0.0)
 
-    chosen, rows, calls, notes = run({"int8_wo": 100.0, "int8_dyn": 90.0, "fp8_wo": 95.0})
-    assert calls == ["int8_wo", "int8_dyn", "fp8_wo"]  # trial 2 repeats the chosen plan, 4 is infeasible
-    assert chosen is trials[1] and [r.chosen for r in rows] == [False, True, False]
+        choice = rerank(within, start, SimpleNamespace(measure=measure), check, plan or _time_plan(), False)
+        return choice, calls, judged
+
+    choice, calls, judged = run({"int8_wo": 100.0, "int8_dyn": 90.0, "fp8_wo": 95.0})
+    assert calls == ["int8_wo", "int8_dyn", "fp8_wo"] and judged == [1]  # only the faster one is judged
+    rows = choice.measured_plans
+    assert choice.trial is trials[1] and [r.chosen for r in rows] == [False, True, False]
     assert [r.trial for r in rows] == [0, 1, 3] and rows[1].measured_ms == pytest.approx(0.09)
-    assert "chose trial 1" in notes[0] and "trial 0" in notes[0]
-    # faster, but within the margin: the cost model's pick stays
+    assert choice.verdicts[0].drop == 0.001 and choice.accuracy.verdict is choice.verdicts[0]
+    said = choice.decisions[-1]
+    assert said.kind == "rerank_chose" and "chose trial 1" in said.describe() and "trial 0" in said.describe()
+    # faster, but it does not hold: the chosen plan stays
+    choice, _, judged = run({"int8_wo": 100.0, "int8_dyn": 90.0, "fp8_wo": 95.0}, holds=False)
+    assert judged == [1] and choice.trial is trials[0] and choice.measured_plans[0].chosen
+    assert [d.kind for d in choice.decisions] == ["judged", "rerank_kept"]
+    # faster, but within the margin: the cost model's pick stays, nothing judged
     close = 100.0 / (1 + RERANK_MARGIN) + 0.5
-    chosen, rows, _, notes = run({"int8_wo": 100.0, "int8_dyn": close, "fp8_wo": 101.0})
-    assert chosen is trials[0] and rows[0].chosen and notes[0].startswith("kept trial 0")
+    choice, _, judged = run({"int8_wo": 100.0, "int8_dyn": close, "fp8_wo": 101.0})
+    assert judged == [] and choice.trial is trials[0] and choice.measured_plans[0].chosen
+    assert choice.decisions[-1].describe().startswith("kept trial 0")
     # a plan that could not be measured (inf, or it raised) is never taken, and the reason is kept
-    chosen, rows, _, _ = run({"int8_wo": 100.0, "int8_dyn": math.inf, "fp8_wo": 101.0})
-    assert chosen is trials[0]
-    chosen, rows, _, notes = run({"int8_wo": 100.0, "int8_dyn": RuntimeError("no kernel"), "fp8_wo": 101.0})
-    assert chosen is trials[0] and any("could not be measured: RuntimeError: no kernel" in n for n in notes)
+    choice, _, _ = run({"int8_wo": 100.0, "int8_dyn": math.inf, "fp8_wo": 101.0})
+    assert choice.trial is trials[0]
+    choice, _, _ = run({"int8_wo": 100.0, "int8_dyn": RuntimeError("no kernel"), "fp8_wo": 101.0})
+    assert choice.trial is trials[0]
+    assert any("could not be measured: RuntimeError: no kernel" in d.describe() for d in choice.decisions)
+    # no room in the time plan: nothing measured, and the decision says so
+    choice, calls, _ = run({}, plan=_NoRoom())
+    assert calls == [] and choice.trial is trials[0] and [d.kind for d in choice.decisions] == ["out_of_time"]
     # nothing else in the band: nothing measured
     lone = SearchOutcome(None, groups, trials[:1] + trials[5:], trials[:1], trials[0], 0.0, "budget spent")
-    choice = rerank(lone, trials[0], lambda p: pytest.fail("measured"), ledger)
-    assert choice.trial is trials[0] and choice.measured_plans == [] and choice.decisions == []
+    choice, calls, _ = run({}, within=lone)
+    assert calls == [] and choice is start
+
+
+def test_a_compiled_final_comparison_is_priced_by_a_cold_compile_and_the_last_one_seen(tmp_path):
+    """Compiled, the plan's graph is new to inductor's cache: the reserve prices it as the unchanged
+    model's cold first measurement, and never below the last final comparison of this model and
+    workload on this device (a warm cache's first measurement alone priced a 100 s one at 71 s)."""
+    from autoao.budget import WRITE_SECONDS, Costs, TimePlan
+    from autoao.evaluators.cache import ResultCache
+    from autoao.finalize import MIN_ROUNDS
+    from autoao.ledger import RunLedger
+    from autoao.measure import Baselines, compiled_costs, final_seconds, record_final
+
+    cache = ResultCache(tmp_path / "results.sqlite")
+    work = SimpleNamespace(device=torch.device("cpu"), examples=[torch.zeros(1, 256, dtype=torch.long)])
+    assert compiled_costs(cache, "w", work, 59.0) == {"cold_seconds": 59.0}  # a cold cache's first run
+    cold = Baselines(1.0, 59.0, True, "w", cold_seconds=59.0)
+    assert final_seconds(cold, MIN_ROUNDS) == pytest.approx(3 * 59.0)
+    # the time plan keeps that, and the writing after it, for the end
+    reserve = TimePlan(RunLedger(Budget(seconds=600), progress=False), Costs(0.1, 1.0, final_seconds(cold, MIN_ROUNDS)))
+    assert reserve.final_reserve() == pytest.approx(3 * 59.0 + WRITE_SECONDS)
+    record_final(cache, cold, work, 120.0, rounds=MIN_ROUNDS)
+    record_final(cache, cold, work, 0.01, rounds=0)  # an unchanged model measured nothing
+    seen = compiled_costs(cache, "w", work, 22.0)  # the next run, on a warm cache
+    assert seen == {"cold_seconds": 59.0, "final_seconds": 120.0}
+    warm = Baselines(1.0, 22.0, True, "w", cold_seconds=59.0, final_seen=120.0)
+    assert final_seconds(warm, MIN_ROUNDS) == pytest.approx(120.0)
+    assert final_seconds(Baselines(1.0, 22.0, True, "w", cold_seconds=59.0), MIN_ROUNDS) == pytest.approx(2 * 22.0 + 59.0)
+    # another workload of the same weights has its own costs
+    other = SimpleNamespace(device=work.device, examples=[torch.zeros(1, 2048, dtype=torch.long)])
+    assert compiled_costs(cache, "w", other, 30.0) == {"cold_seconds": 30.0}
+    # eager (the CPU): the plan's warm-up and two runs a round, each the unchanged model's run
+    assert final_seconds(Baselines(2e6, 1.0, False, "w"), MIN_ROUNDS) == pytest.approx((1 + 2 * MIN_ROUNDS) * 2.0)
+
+
+def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeypatch):
+    # Whole models are measured the way timing measured layers: on CUDA ("compile" mode) each
+    # distinct input shape is compiled from a reset dynamo; on the CPU (eager) nothing is compiled.
+    from torch import nn
+
+    from autoao import bench as B
+    from autoao import measure as M
+    from autoao.evaluators.cache import ResultCache
+    from autoao.evaluators.timing import Timing
+    from autoao.ledger import RunLedger
+    from autoao.profile import profile
+    from autoao.search import Group
+
+    calls, resets = [], []
+    monkeypatch.setattr(M, "measure_model",
+                        lambda model, ex, compile=False, reps=None, warmup=2, max_seconds=3.0: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    model = nn.Sequential(nn.Linear(8, 8))
+    examples = [torch.zeros(1, 5, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)]  # a prefill, two decode steps
+    assert M.measure_examples(model, examples, compile=True) == 30
+    assert calls == [((1, 5, 8), True), ((1, 1, 8), True)] and len(resets) == 2
+    calls.clear()
+    assert M.measure_examples(model, examples) == 30 and calls == [((1, 5, 8), False), ((1, 1, 8), False)]
+    assert len(resets) == 2
+
+    # the unchanged model's baseline, and every plan the bench measures, in the device's timing mode
+    seen = []
+    monkeypatch.setattr(M, "measure_examples", lambda model, examples, compile=False, **kw: seen.append(compile) or 1000.0)
+    monkeypatch.setattr(B, "workload_timing", lambda model, examples, compile=False, **kw: seen.append(compile) or (500.0,) * 3)
+    work = SimpleNamespace(device=torch.device("cpu"), examples=examples, prof=profile(model, examples))
+    cost = CostModel({"0": {"bf16": 1.0}}, rest_us=0.0)
+    for mode, compiled in (("eager", False), ("compile", True)):
+        seen.clear()
+        monkeypatch.setattr(M, "default_mode", lambda device: mode)
+        base = M.measure_baselines(model, work, cache=ResultCache(tmp_path / f"{mode}.sqlite"),
+                                   ledger=RunLedger(Budget(trials=1), progress=False))
+        assert base.compile is compiled and base.bf16_us == 1000.0
+        bench = B.ModelBench(model, work.prof, examples, compile=base.compile, groups=[Group("g", ("0",), ("bf16",))],
+                             cost=cost)
+        assert bench.measure({"g": "bf16"}) == 500.0
+        assert seen == [compiled, compiled], mode
+
+
+def _fake_timings(monkeypatch, per_layer: dict[str, float], default: float | None = None, by: str = "name",
+                  kernels: dict[str, float] | None = None) -> None:
+    """Per-layer timing as data: `per_layer[cand.<by>]` us at every M (else `default`, else
+    kernels[kernel])."""
+    from autoao.evaluators import timing
+    from autoao.evaluators.timing import Timing
+
+    def time_missing(cand, kern, n, k, tokens, *a):
+        key = getattr(cand, by)
+        us = per_layer.get(key, default if kernels is None or key in per_layer else kernels.get(kern, default))
+        return {m: Timing(us, 0.0, 0.0, 5) for m in tokens}
+
+    monkeypatch.setattr(timing, "_time_missing", time_missing)
+
+
+def _fake_workload(monkeypatch, timing) -> None:
+    """End-to-end times as data: timing(model) -> us, wherever a whole model is measured."""
+    from autoao import bench, measure
+
+    fake = lambda model, examples, *a, **kw: (timing(model),) * 3  # noqa: E731
+    monkeypatch.setattr(bench, "workload_timing", fake)
+    monkeypatch.setattr(measure, "workload_timing", fake)
+
+
+def _quantized(model) -> bool:
+    from autoao.kernels import QuantizedLinear
+
+    return any(isinstance(m, QuantizedLinear) for m in model.modules())
+
+
+def _no_anchors(monkeypatch) -> None:
+    from autoao import api
+    from autoao.anchors import Anchored
+
+    monkeypatch.setattr(api, "anchor_cost", lambda bench, bf16_us, ledger, deadline: Anchored(bench.cost, ()))
 
 
 @pytest.mark.parametrize("plan_us, ships", [(2000.0, False), (500.0, True)])
@@ -354,29 +538,19 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     # us, int8_dyn 100, int8_wo 101 (so the cost model predicts ~400 vs 1000 us for bf16, too far
     # behind to be re-ranked, while the int8 mixes are re-ranked); end to end, bf16 1000 us and any
     # model holding an autoao module `plan_us`.
-    import torch
     from torch import nn
 
-    from autoao import api, stages
-    from autoao.evaluators import timing
-    from autoao.evaluators.timing import Timing
-    from autoao.kernels import QuantizedLinear
+    from autoao import api
 
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing({"bf16": 400.0, "int8_dyn": 100.0}.get(cand.name, 101.0), 0.0, 0.0, 5) for m in tokens})
-
-    def quantized(model):
-        return any(isinstance(m, QuantizedLinear) for m in model.modules())
-
-    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
-        (plan_us,) * 3 if quantized(model) else (1000.0,) * 3))
-    monkeypatch.setattr(stages, "anchor_cost", lambda bench, ledger: [])  # the final comparison's safety net alone
+    _fake_timings(monkeypatch, {"bf16": 400.0, "int8_dyn": 100.0}, 101.0)
+    _fake_workload(monkeypatch, lambda model: plan_us if _quantized(model) else 1000.0)
+    _no_anchors(monkeypatch)  # the final comparison's safety net alone
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 64, bias=False))
     result = api.optimize(model, [torch.randn(4, 64)], budget=6, candidates=["int8_dyn", "int8_wo"],
                           max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
-    assert quantized(result.model) is ships and bool(result.plan.layers) is ships
+    assert _quantized(result.model) is ships and bool(result.plan.layers) is ships
     assert bool(result.summary.plan) is ships
     refused = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
     assert len(refused) == (0 if ships else 1)
@@ -384,153 +558,94 @@ def test_a_plan_measured_no_faster_than_bf16_is_not_shipped(tmp_path, monkeypatc
     assert result.summary.speedup.measured == pytest.approx(1.0 if not ships else 2.0)
     re_ranked = result.summary.measured_plans
     assert len(re_ranked) > 1 and sum(row.chosen for row in re_ranked) == (1 if ships else 0)
+    # a plan ships on its verdicts, which the summary keeps; an unchanged model has none
+    assert bool(result.summary.verdicts) is ships and all(v.holds for v in result.summary.verdicts)
 
 
-def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeypatch):
-    # optimize measures whole models the way timing measured layers: on CUDA ("compile" mode) each
-    # distinct input shape is compiled from a reset dynamo; on the CPU (eager) nothing is compiled.
-    import torch
+def _final_rounds(tmp_path, monkeypatch, plan_times: list[float]) -> tuple[list[str], object]:
+    """optimize on a one-layer model whose plan (int8_dyn, timed 4x faster per layer) measures
+    plan_times[i] us in round i against bf16's 1000 us; returns the A/B order of the whole-model
+    measurements and the result."""
     from torch import nn
 
-    from autoao import api, stages
-    from autoao.evaluators.timing import Timing
+    from autoao import api
 
-    calls, resets = [], []
-    monkeypatch.setattr(stages, "measure_model",
-                        lambda model, ex, compile=False, reps=None, warmup=2, max_seconds=3.0: calls.append((tuple(ex.shape), compile)) or Timing(10, 10, 10, 5))
-    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
-    model = nn.Linear(8, 8)
-    examples = [torch.zeros(1, 5, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)]  # a prefill, two decode steps
-    assert stages.measure_examples(model, examples, compile=True) == 30
-    assert calls == [((1, 5, 8), True), ((1, 1, 8), True)] and len(resets) == 2
-    calls.clear()
-    assert stages.measure_examples(model, examples) == 30 and calls == [((1, 5, 8), False), ((1, 1, 8), False)]
-    assert len(resets) == 2
+    _fake_timings(monkeypatch, {"bf16": 400.0, "int8_dyn": 100.0})
+    order: list[str] = []
+    times = iter(plan_times)
 
-    seen = []
-    monkeypatch.setattr(stages, "measure_examples", lambda model, examples, compile=False, reps=None, warmup=2, max_seconds=3.0: seen.append(compile) or 1000.0)
+    def timing(model):
+        quantized = _quantized(model)
+        order.append("B" if quantized else "A")
+        return next(times) if quantized else 1000.0
+
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
-    api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
-                 max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
-    assert seen and not any(seen)  # the CPU's timing mode is eager
-    monkeypatch.setattr(stages, "default_mode", lambda device: "compile")
-    seen.clear()
-    api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=3, candidates=["int8_dyn"],
-                 max_accuracy_drop=1.0, out_dir=tmp_path / "out2", progress=False)
-    assert seen and all(seen)
+    _fake_workload(monkeypatch, timing)
+    _no_anchors(monkeypatch)  # only the final rounds measure
+    result = api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=2,
+                          candidates=["int8_dyn"], max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
+    return order, result
 
 
 def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch):
     """bf16 and the plan are measured A, B, A, B, ... (never all of one, then all of the other), and
     a plan as often faster as slower is 'no measurable change': the model stays as it came."""
-    import torch
-    from torch import nn
+    from autoao.finalize import MAX_ROUNDS
 
-    from autoao import api, stages
-    from autoao.evaluators import timing
-    from autoao.evaluators.timing import Timing
-    from autoao.kernels import QuantizedLinear
-
-    # per layer, int8_dyn is timed 4x faster than bf16, so the search picks it
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing({"bf16": 400.0, "int8_dyn": 100.0}[cand.name], 0.0, 0.0, 5) for m in tokens})
-    order, plan_times = [], iter([900.0, 1100.0] * 20)
-
-    def fake(model, examples, *a, **kw):
-        quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
-        order.append("B" if quantized else "A")
-        return (next(plan_times),) * 3 if quantized else (1000.0,) * 3
-
-    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
-    model = nn.Sequential(nn.Linear(64, 64, bias=False))
-    monkeypatch.setattr(stages, "workload_timing", fake)
-    monkeypatch.setattr(stages, "anchor_cost", lambda bench, ledger: [])  # only the final rounds measure
-    result = api.optimize(model, [torch.randn(4, 64)], budget=4, candidates=["int8_dyn"],
-                          max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
-    final = order[-2 * stages.MAX_ROUNDS:] if len(order) >= 2 * stages.MAX_ROUNDS else order
+    order, result = _final_rounds(tmp_path, monkeypatch, [900.0, 1100.0] * 20)
+    final = order[-2 * MAX_ROUNDS:] if len(order) >= 2 * MAX_ROUNDS else order
     assert "".join(final).endswith("AB" * 3) and "AA" not in "".join(final[-6:])
     kept = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
     assert kept and "no measurable change" in result.summary.notes[-1]
     assert not result.plan.layers and result.summary.speedup.measured == 1.0
 
 
-def _final_rounds(tmp_path, monkeypatch, plan_times: list[float]) -> tuple[list[str], object]:
-    """optimize on a one-layer model whose plan (int8_dyn, timed 4x faster per layer) measures
-    plan_times[i] us in round i against bf16's 1000 us; returns the A/B order of the final
-    comparison's measurements and the result."""
-    import torch
-    from torch import nn
-
-    from autoao import api, stages
-    from autoao.evaluators import timing
-    from autoao.evaluators.timing import Timing
-    from autoao.kernels import QuantizedLinear
-
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing({"bf16": 400.0, "int8_dyn": 100.0}[cand.name], 0.0, 0.0, 5) for m in tokens})
-    order: list[str] = []
-    times = iter(plan_times)
-
-    def fake(model, examples, *a, **kw):
-        quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
-        order.append("B" if quantized else "A")
-        return (next(times),) * 3 if quantized else (1000.0,) * 3
-
-    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(stages, "workload_timing", fake)
-    monkeypatch.setattr(stages, "anchor_cost", lambda bench, ledger: [])  # only the final rounds measure
-    result = api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=2,
-                          candidates=["int8_dyn"], max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False)
-    return order, result
-
-
 def test_a_plan_faster_on_the_whole_ships_though_one_round_was_slow(tmp_path, monkeypatch):
     # rounds at 1.25x, then one disturbed round at 0.95x, then 1.25x again: faster with 95%
-    # confidence once enough rounds agree, so the plan ships, measured at the rounds' medians
-    from autoao import stages
+    # confidence once enough rounds agree, so the plan ships; its speed-up is the rounds' paired
+    # estimate (their ratios' geometric mean), its time the rounds' median
+    from autoao.finalize import MAX_ROUNDS, MIN_ROUNDS
 
-    order, result = _final_rounds(tmp_path, monkeypatch, [800.0, 800.0, 1050.0] + [800.0] * 20)
-    rounds = result.summary.rounds
-    assert stages.MIN_ROUNDS < rounds < stages.MAX_ROUNDS  # more than the minimum, stopped once shown
+    times = [800.0, 800.0, 1050.0] + [800.0] * 20
+    order, result = _final_rounds(tmp_path, monkeypatch, times)
+    s = result.summary
+    rounds = s.rounds
+    assert MIN_ROUNDS < rounds < MAX_ROUNDS  # more than the minimum, stopped once shown
     assert order[-2 * rounds - 1:] == ["A"] + ["A", "B"] * rounds  # the start's bf16, then the rounds
-    assert result.plan.layers
-    assert 1.0 < result.summary.speedup_bound < result.summary.speedup.measured == pytest.approx(1.25)
-    assert result.summary.speedup_range[0] == pytest.approx(1000 / 1050)
+    assert result.plan.layers and s.plan_ms.measured == pytest.approx(0.8)
+    paired = math.exp(sum(math.log(1000.0 / t) for t in times[:rounds]) / rounds)
+    assert s.speedup.measured == pytest.approx(paired) and 1.0 < s.speedup_bound < paired < 1.25
+    assert s.speedup_range[0] == pytest.approx(1000 / 1050)
 
 
 def test_a_clearly_faster_plan_stops_after_the_fewest_rounds(tmp_path, monkeypatch):
-    from autoao import stages
+    from autoao.finalize import MIN_ROUNDS
 
     order, result = _final_rounds(tmp_path, monkeypatch, [500.0, 510.0, 490.0] + [500.0] * 20)
-    assert result.plan.layers and result.summary.rounds == stages.MIN_ROUNDS
+    assert result.plan.layers and result.summary.rounds == MIN_ROUNDS
     assert result.summary.speedup_bound > 1.9
 
 
 def test_a_plan_slower_on_average_is_kept_unchanged_without_more_rounds(tmp_path, monkeypatch):
-    from autoao import stages
+    from autoao.finalize import MIN_ROUNDS
 
     order, result = _final_rounds(tmp_path, monkeypatch, [1100.0, 900.0, 1150.0] + [900.0] * 20)
     assert not result.plan.layers and result.summary.speedup_bound == 1.0
     kept = [d for d in result.summary.decisions if d.kind == "kept_unchanged"]
-    assert kept and kept[0].numbers["rounds"] == stages.MIN_ROUNDS and kept[0].numbers["estimate"] < 1.0
+    assert kept and kept[0].rounds == MIN_ROUNDS and kept[0].estimate < 1.0
     assert "not faster" in " ".join(result.summary.notes)
 
 
 def test_with_a_tier2_judge_the_proxy_only_screens(tmp_path, monkeypatch):
     """A plan whose proxy drop is past the budget but within TIER1_SCREEN x it reaches the user's
     metric, which keeps it; without a tier-2 judge the same plan is infeasible."""
-    import torch
     from torch import nn
 
-    from autoao import api, runfiles, stages
-    from autoao.evaluators import timing
-    from autoao.evaluators.timing import Timing
-    from autoao.kernels import QuantizedLinear
+    from autoao import api, records
+    from autoao.decisions import Judged
 
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing({"bf16": 400.0, "int4_wo": 100.0}.get(cand.family, 100.0), 0.0, 0.0, 5) for m in tokens})
-    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
-        (500.0,) * 3 if any(isinstance(m, QuantizedLinear) for m in model.modules()) else (1000.0,) * 3))
+    _fake_timings(monkeypatch, {"bf16": 400.0, "int4_wo": 100.0}, 100.0, by="family")
+    _fake_workload(monkeypatch, lambda model: 500.0 if _quantized(model) else 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
 
     def run(out, **kw):
@@ -541,20 +656,21 @@ def test_with_a_tier2_judge_the_proxy_only_screens(tmp_path, monkeypatch):
 
     # int4 g128 on Gaussian weights: relative output error ~0.1 (SQNR ~20 dB), past 0.05, within 3x
     alone = run("proxy")
-    assert runfiles.load_context(tmp_path / "proxy" / "context.json").screen_drop is None
+    assert records.load_context(tmp_path / "proxy" / "context.json").screen_drop is None
     assert not alone.plan.layers
-    assert not any(d.kind == "tier2_rejected" for d in alone.summary.decisions)
+    assert not any(isinstance(d, Judged) for d in alone.summary.decisions)  # nothing past the screen is judged
     judged = run("judged", accuracy=lambda m: 0.9)
-    ctx = runfiles.load_context(tmp_path / "judged" / "context.json")
-    assert ctx.screen_drop == pytest.approx(stages.TIER1_SCREEN * 0.05)
+    ctx = records.load_context(tmp_path / "judged" / "context.json")
+    assert ctx.screen_drop == pytest.approx(TIER1_SCREEN * 0.05)
     assert judged.plan.layers and judged.summary.accuracy.tier == 2
     assert judged.summary.accuracy.drop == pytest.approx(0.0)
+    verdict = judged.summary.verdict
+    assert verdict.tier == 2 and verdict.holds and verdict.low == verdict.high == 0.0  # one number: exact
 
 
 def test_a_search_whose_best_plan_is_the_unchanged_model_ships_no_trial(tmp_path, monkeypatch):
     # with no accuracy to spare, the best feasible trial is the all-bf16 warm start: the plan that
     # ships is the model as it came (no trial in its metadata), and a decision names that trial
-    import torch
     from torch import nn
 
     from autoao import api
@@ -568,33 +684,28 @@ def test_a_search_whose_best_plan_is_the_unchanged_model_ships_no_trial(tmp_path
     assert not result.plan.layers and "trial" not in result.plan.metadata
     best = [d for d in result.summary.decisions if d.kind == "best_is_unchanged"]
     assert len(best) == 1 and best[0].trial is not None
-    assert load(tmp_path / "out").chosen_trial is None
+    assert load(tmp_path / "out").shown.trial is None
 
 
 def test_uniform_plans_measured_end_to_end_anchor_the_cost_model(tmp_path, monkeypatch):
     """On the CPU the uniform plan of a candidate is measured against the unchanged model before the
     search, and its cells are scaled so that the cost model predicts the measured speed-up: cells
-    bf16 400 us, int4 300 us, the unchanged model 1000 us (rest 600), so the cells predict 1.11x;
-    measured 1.25x, the int4 cells are scaled by (1000 / 1.25 - 600) / 300 = 2 / 3."""
-    import torch
+    bf16 400 us, int8 300 us, the unchanged model 1000 us (rest 600), so the cells predict 1.11x;
+    measured 1.25x, the int8 cells are scaled by (1000 / 1.25 - 600) / 300 = 2 / 3."""
     from torch import nn
 
-    from autoao import api, runfiles, stages
-    from autoao.evaluators import timing
-    from autoao.evaluators.timing import Timing
-    from autoao.kernels import QuantizedLinear
+    from autoao import api, records
+    from autoao.anchors import ANCHOR_ROUNDS
 
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing({"bf16": 400.0}.get(cand.family, 300.0), 0.0, 0.0, 5) for m in tokens})
-    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
-        (800.0,) * 3 if any(isinstance(m, QuantizedLinear) for m in model.modules()) else (1000.0,) * 3))
+    _fake_timings(monkeypatch, {"bf16": 400.0}, 300.0, by="family")
+    _fake_workload(monkeypatch, lambda model: 800.0 if _quantized(model) else 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256, bias=False))
     result = api.optimize(model, [torch.randn(8, 256)], budget=4, candidates=["int8_wo"],
                           max_accuracy_drop=0.5, out_dir=tmp_path / "out", progress=False)
-    (anchor,) = runfiles.load_context(tmp_path / "out" / "context.json").anchors
-    assert (anchor.candidate, anchor.layers, anchor.rounds) == ("int8_wo", 1, stages.ANCHOR_ROUNDS)
+    (anchor,) = records.load_context(tmp_path / "out" / "context.json").anchors
+    assert (anchor.candidate, anchor.layers, anchor.rounds) == ("int8_wo", 1, ANCHOR_ROUNDS)
     assert anchor.measured == pytest.approx(1.25) and anchor.predicted == pytest.approx(1000 / 900)
     assert anchor.factor == pytest.approx(2 / 3)
     assert result.plan.layers and result.summary.speedup.predicted == pytest.approx(1.25)
@@ -607,61 +718,52 @@ def test_one_disturbed_anchor_round_does_not_set_the_factor(tmp_path, monkeypatc
     factor, not the disturbed pair's mean."""
     from torch import nn
 
-    from autoao import api, runfiles, stages
-    from autoao.evaluators import timing
-    from autoao.evaluators.timing import Timing
-    from autoao.kernels import QuantizedLinear
+    from autoao import api, records
+    from autoao.anchors import ANCHOR_ROUNDS
 
     planned_runs = []
 
-    def fake(model, examples, *a, **kw):
-        if any(isinstance(m, QuantizedLinear) for m in model.modules()):
+    def timing(model):
+        if _quantized(model):
             planned_runs.append(1)
-            return (2000.0 if len(planned_runs) == 1 else 800.0,) * 3
-        return (1000.0,) * 3
+            return 2000.0 if len(planned_runs) == 1 else 800.0
+        return 1000.0
 
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing({"bf16": 400.0}.get(cand.family, 300.0), 0.0, 0.0, 5) for m in tokens})
-    monkeypatch.setattr(stages, "workload_timing", fake)
+    _fake_timings(monkeypatch, {"bf16": 400.0}, 300.0, by="family")
+    _fake_workload(monkeypatch, timing)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)
     api.optimize(nn.Sequential(nn.Linear(256, 256, bias=False)), [torch.randn(8, 256)], budget=4,
                  candidates=["int8_wo"], max_accuracy_drop=0.5, out_dir=tmp_path / "out", progress=False)
-    (anchor,) = runfiles.load_context(tmp_path / "out" / "context.json").anchors
-    assert anchor.rounds == 2 * stages.ANCHOR_ROUNDS
+    (anchor,) = records.load_context(tmp_path / "out" / "context.json").anchors
+    assert anchor.rounds == 2 * ANCHOR_ROUNDS
     assert anchor.measured == pytest.approx(1.25) and anchor.factor == pytest.approx(2 / 3)
 
 
 def test_the_proxys_screen_is_no_finer_than_its_own_noise():
     """The screen is TIER1_SCREEN x the budget, or x the proxy's noise (1 - the agreement of the
-    unchanged model with its float32 twin) where that is larger."""
-    from types import SimpleNamespace
-
-    from autoao import stages
-
-    noisy = SimpleNamespace(baseline={"accuracy": 1.0, "noise_agreement": 0.98})
-    assert stages.screen_drop(0.005, noisy) == pytest.approx(stages.TIER1_SCREEN * 0.02)
-    assert stages.screen_drop(0.05, noisy) == pytest.approx(stages.TIER1_SCREEN * 0.05)
-    exact = SimpleNamespace(baseline={"accuracy": 1.0})  # an fp32 model: no lower precision to compare with
-    assert stages.screen_drop(0.01, exact) == pytest.approx(stages.TIER1_SCREEN * 0.01)
-    assert stages.screen_drop(0.5, exact) == 1.0
+    unchanged model with its float32 twin) where that is larger; where the proxy decides, it is
+    the budget itself."""
+    noisy = 1.0 - 0.98
+    assert AccuracyBudget.create(0.005, tier2=True, proxy_noise=noisy).screen == pytest.approx(TIER1_SCREEN * 0.02)
+    assert AccuracyBudget.create(0.05, tier2=True, proxy_noise=noisy).screen == pytest.approx(TIER1_SCREEN * 0.05)
+    # an fp32 model: no lower precision to compare with
+    assert AccuracyBudget.create(0.01, tier2=True).screen == pytest.approx(TIER1_SCREEN * 0.01)
+    assert AccuracyBudget.create(0.5, tier2=True).screen == 1.0
+    assert AccuracyBudget.create(0.005, tier2=False, proxy_noise=noisy).screen == 0.005
 
 
-def test_tier2_scores_the_plan_as_it_ships_with_its_timed_kernels(tmp_path, monkeypatch):
-    """Kernels round differently, so tier 2 judges the plan with the kernels it ships with (here
-    int8_wo's "dequant", timed faster than its default "int8pack"), not the trial modules' defaults."""
-    import torch
+def test_the_judges_score_the_plan_as_it_ships_with_its_timed_kernels(tmp_path, monkeypatch):
+    """Kernels round differently, so the deciding judge scores the plan with the kernels it ships
+    with (here int8_wo's "dequant", timed faster than its default "int8pack"), not the trial
+    modules' defaults."""
     from torch import nn
 
-    from autoao import api, stages
-    from autoao.evaluators import timing
-    from autoao.evaluators.timing import Timing
+    from autoao import api
     from autoao.kernels import QuantizedLinear
 
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
-        m: Timing({"bf16": 400.0}.get(cand.family, 100.0 if kern == "dequant" else 200.0), 0.0, 0.0, 5) for m in tokens})
-    monkeypatch.setattr(stages, "workload_timing", lambda model, examples, *a, **kw: (
-        (500.0,) * 3 if any(isinstance(m, QuantizedLinear) for m in model.modules()) else (1000.0,) * 3))
+    _fake_timings(monkeypatch, {"bf16": 400.0}, 200.0, by="family", kernels={"dequant": 100.0})
+    _fake_workload(monkeypatch, lambda model: 500.0 if _quantized(model) else 1000.0)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     seen = []
 
