@@ -113,8 +113,9 @@ def headline(data: ReportData) -> Headline:
         speedup_why = speedup_why or "measured when the run finishes"
     if emulated:
         predicted = measured = None
+    trials = s.trials if s is not None else len(data.completed)
     return Headline(f"{ctx.model.class_name} on {ctx.device.name}", predicted, measured, speedup_why, base, plan_ms,
-                    verdict, what, ctx.model.weight_bytes, after, len(data.completed), seconds, stopped,
+                    verdict, what, ctx.model.weight_bytes, after, trials, seconds, stopped,
                     sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name)
 
 
@@ -132,7 +133,8 @@ def _verdict(data: ReportData) -> tuple[Verdict | None, str]:
                       + (f": drop {fmt_drop(acc.drop)} on tier {acc.tier}, its evidence not recorded" if acc else ""))
     trial = data.shown_trial
     if trial is not None and trial.accuracy is not None and trial.accuracy.verdict is not None:
-        return trial.accuracy.verdict, f"trial {trial.number} on the search's screen; the verdicts that ship come at the end"
+        return (trial.accuracy.verdict,
+                f"trial {trial.number} on the search's screen; the verdicts that ship come at the end")
     return None, "no verdict yet: the judges run when the trials end"
 
 

@@ -170,7 +170,7 @@ def _choice(lay: LayerRecord, c: str, chosen: str, kept: bool, kernels: dict[str
         if t is not None and t_chosen is not None and t >= t_chosen:
             reason = "slower"
         elif s is not None and s_chosen is not None and s < s_chosen:
-            reason = "faster, less accurate (tier-0 SQNR)"
+            reason = "faster, less accurate"
         else:
             reason = "faster, no less accurate: the search's trade-off across layers"
     shipped = kernels.get(lay.fqn) if c == chosen else None

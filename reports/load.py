@@ -89,9 +89,7 @@ class ReportData:
 
     @property
     def baseline_name(self) -> str:
-        """The unchanged model's name on the page: its dtype ("bf16" for bfloat16, else e.g. float32)."""
-        dtype = self.context.model.dtype
-        return "bf16" if dtype == "bfloat16" else dtype
+        return baseline_name(self.context)
 
     @property
     def completed(self) -> tuple[TrialRecord, ...]:
@@ -121,17 +119,10 @@ class ReportData:
 
     @property
     def unchanged_reason(self) -> str:
-        """Why a finished run kept the model as it came: its last decision that ends a run so."""
-        if self.summary is None:
-            return ""
-        ending = [d for d in self.summary.decisions if d.ends_unchanged]
-        if ending:
-            return ending[-1].describe()
-        return "no trial finished" if not self.summary.trials else "no quantized plan was chosen"
+        return unchanged_reason(self.summary) if self.summary is not None else ""
 
     def emulated_in_plan(self) -> list[str]:
-        """Candidates of the shown plan that are only emulated here: no speed-up may be claimed."""
-        return sorted({lay.chosen for lay in self.layers if lay.pick.emulated})
+        return emulated(self.layers)
 
     def state_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -162,18 +153,27 @@ def load(out_dir: str | Path) -> ReportData:
     front = _front(context, summary, trials, out_dir)
     shown = _shown(context, summary, trials, front)
     kept = _kept(summary)
-    rows = explain(context, shown.plan, summary.fusions if summary else [], summary.kernels if summary else {},
-                          kept)
-    base = "bf16" if context.model.dtype == "bfloat16" else context.model.dtype
+    rows = explain(context, shown.plan, summary.fusions if summary else [], summary.kernels if summary else {}, kept)
+    base = baseline_name(context)
     trial = next((t for t in trials if t.number == shown.trial), None)
-    emulated = sorted({lay.chosen for lay in rows if lay.pick.emulated})
-    predicted = _predicted_speedup(context, summary, trial)
-    notes = (f"The study could not be read ({study_error}): no trials, history or live Pareto front",) if study_error else ()
+    warnings = trust.warnings(context, summary, emulated(rows), _predicted_speedup(context, summary, trial), base)
+    if study_error:
+        warnings = (f"The study could not be read ({study_error}): no trials, history or live Pareto front",
+                    *warnings)
     return ReportData(
         out_dir, context, summary, trials, front, shown, rows, group(rows),
         tuple((c, sum(p == c.name for p in shown.plan.values())) for c in context.candidates),
-        accuracy.metric_rows(context, summary, trial, shown.unchanged, base),
-        notes + trust.warnings(context, summary, emulated, predicted, base), trust.stages(summary))
+        accuracy.metric_rows(context, summary, trial, shown.unchanged, base), warnings, trust.stages(summary))
+
+
+def baseline_name(ctx: RunContext) -> str:
+    """The unchanged model's name on the page: its dtype ("bf16" for bfloat16, else e.g. float32)."""
+    return "bf16" if ctx.model.dtype == "bfloat16" else ctx.model.dtype
+
+
+def emulated(rows: tuple[Layer, ...]) -> list[str]:
+    """Candidates of a plan that are only emulated here: no speed-up may be claimed for them."""
+    return sorted({lay.chosen for lay in rows if lay.pick.emulated})
 
 
 def _run_files(out_dir: Path) -> tuple[RunContext, RunSummary | None]:
@@ -188,14 +188,21 @@ def _run_files(out_dir: Path) -> tuple[RunContext, RunSummary | None]:
     return context, summary
 
 
+def unchanged_reason(summary: RunSummary) -> str:
+    """Why a finished run kept the model as it came: its last decision that ends a run so."""
+    ending = [d for d in summary.decisions if d.ends_unchanged]
+    if ending:
+        return ending[-1].describe()
+    return "no trial finished" if not summary.trials else "no quantized plan was chosen"
+
+
 def _kept(summary: RunSummary | None) -> str | None:
     """Why no layer was weighed against another: the finished run kept the whole model (None: it did not)."""
     if summary is None or summary.plan:
         return None
     if summary.trials == 0:
         return "kept as it came: the budget ran out before the first trial"
-    ending = [d for d in summary.decisions if d.ends_unchanged]
-    return "kept as it came with the whole model: " + (ending[-1].describe() if ending else "no plan was chosen")
+    return f"kept as it came with the whole model: {unchanged_reason(summary)}"
 
 
 def _predicted_speedup(ctx: RunContext, summary: RunSummary | None, trial: TrialRecord | None) -> float | None:

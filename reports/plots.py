@@ -93,7 +93,8 @@ def _pareto(data: ReportData) -> str | None:
     _limits(ax, data)
     base = data.context.baseline_ms.predicted
     if base:
-        ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"{data.baseline_name}, predicted ({fmt_ms(base)})", zorder=1)
+        ax.axvline(base, color=BF16, ls=":", lw=1.2, label=f"{data.baseline_name}, predicted ({fmt_ms(base)})",
+                   zorder=1)
     chosen = star(data)
     if chosen is not None:
         ax.scatter([chosen.predicted_ms], [chosen.drop], marker="*", s=260, color=CHOSEN, edgecolors="black",
