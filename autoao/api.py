@@ -190,7 +190,8 @@ def trials(opts: Options, hooks: RunHooks, config: SearchConfig, bench: ModelBen
             hooks.on_study(config.study_name)
 
     def on_trial(r: Any, outcome: SearchOutcome) -> None:
-        plan.observe(judges.proxy_s, r.duration_s or 0.0)
+        plan.observe(judges.proxy_s, judges.proxy.last_seconds)  # a proxy pass now vs at the start
+        judges.proxy.last_seconds = 0.0
         if outcome.best is r:
             plan_from_params(bench.groups, r.params, anchored.cost.fusion_pays, trial=r.number, predicted_ms=r.predicted_ms,
                              drop=r.drop).save(opts.out_dir / "best_plan.json")

@@ -102,11 +102,11 @@ class HeldOutInputs(Decision):
     given: int = 0  # positions (or rows) in the inputs the proxy would have judged on
     minimum: int = 0
     positions: int = 0  # what the proxy judges on instead
-    source: str = ""  # "tokenizer text", "the model's own samples", "inputs like the examples"
+    source: str = ""  # "token positions of the model's own samples", "rows of inputs like the examples", ...
 
     def describe(self) -> str:
         return (f"the example inputs hold {self.given} positions, fewer than the {self.minimum} a verdict needs at "
-                f"least: the accuracy judges score {self.positions} held-out positions of {self.source}")
+                f"least: the accuracy judges score {self.positions} held-out {self.source}")
 
 
 ##### the search and the judges ################################################################

@@ -21,7 +21,7 @@ from autoao.budget import AccuracyBudget, Costs
 from autoao.common import BASELINE
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
-from autoao.evaluators.generation import GenerationJudge
+from autoao.evaluators.generation import GenerationJudge, prompts_from
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import layer_errors, token_ids
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
@@ -196,12 +196,11 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     """The proxy's reference outputs and noise floor, the generation check's reference
     continuations (causal LMs), the tier-2 baseline's first look; each one's cost, for the time plan."""
     ledger.say("reference outputs for the accuracy judges")
-    t0 = time.perf_counter()
     base_key = f"{weights_key}:{plan_key(Plan())}"
     proxy = ProxyEvaluator(model, work.held_out.inputs, cache=cache, reference_key=base_key,
                            confirm=list(work.confirm))
     proxy.calibrate(model)
-    proxy_s = time.perf_counter() - t0
+    proxy_s = proxy.pass_seconds
     if proxy.noise:
         ledger.say(f"the proxy's floor: {proxy.floor:.4f} top-1 agreement ({proxy.noise} of the unchanged model)")
     generation, gen_s = None, 0.0
@@ -230,16 +229,11 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
 def prompts(work: Workload, count: int) -> torch.Tensor:
     """[P <= count, PROMPT_TOKENS] prompts for the generation check: windows of the held-out token
     ids (the screen's, then the confirmation chunks')."""
-    rows = []
-    for ids in [*work.held_out.inputs, *(x for chunk in work.confirm for x in chunk)]:
-        ids = token_ids(ids)
-        for row in ids.reshape(-1, ids.shape[-1]):
-            rows += [row[s:s + PROMPT_TOKENS] for s in range(0, row.numel() - PROMPT_TOKENS + 1, PROMPT_TOKENS)]
-    if not rows:  # sequences shorter than a prompt: each whole
-        rows = [token_ids(ids)[0] for ids in work.held_out.inputs]
-        width = min(r.numel() for r in rows)
-        rows = [r[:width] for r in rows]
-    return torch.stack(rows[:count])
+    inputs = [*work.held_out.inputs, *(x for chunk in work.confirm for x in chunk)]
+    ids = [token_ids(x) for x in inputs]
+    windows = sum(t.shape[0] * (t.shape[1] // PROMPT_TOKENS) for t in ids if t is not None)
+    length = PROMPT_TOKENS if windows else min(t.shape[1] for t in ids if t is not None)
+    return prompts_from(inputs, n_prompts=max(1, min(count, windows or len(inputs))), length=length)
 
 
 def costs(base: Baselines, judges: Judges, rounds: int) -> Costs:

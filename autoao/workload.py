@@ -23,6 +23,7 @@ from autoao.common import call_model, input_numel, model_device
 from autoao.cost import fused_shape, layer_calls, token_counts
 from autoao.decisions import BusyCpu, Decision, HeldOutInputs
 from autoao.evaluators import heldout
+from autoao.evaluators.sensitivity import token_ids
 from autoao.profile import GRID_CANDIDATE, ModelProfile, int4_grid_layers, profile
 from autoao.search_space import Candidate
 
@@ -131,9 +132,10 @@ def build_workload(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = 
     chunks = _confirmation(model, examples, held, tokenizer) if confirm else ()
     notes: list[Decision] = [busy] if busy is not None else []
     if held.source != heldout.EVAL:
-        given = heldout.count(eval_inputs if eval_inputs is not None else examples, held.unit == "token positions")
-        minimum = heldout.MIN_LM_POSITIONS if held.unit == "token positions" else heldout.MIN_ROWS
-        notes.append(HeldOutInputs(given, minimum, held.positions, held.describe()))
+        lm = held.unit == "token positions"
+        given = _positions(eval_inputs if eval_inputs is not None else examples, lm)
+        notes.append(HeldOutInputs(given, heldout.MIN_LM_POSITIONS if lm else heldout.MIN_ROWS, held.positions,
+                                   f"{held.unit} of {held.source}"))
     dtypes = {lay.dtype for lay in prof.layers}
     dtype = torch.bfloat16 if torch.bfloat16 in dtypes or not dtypes else next(iter(dtypes))
     return Workload(prof, examples, held, tuple(chunks), prof.siblings if fuse_groups else [], model_device(model),
@@ -146,11 +148,28 @@ def _confirmation(model: nn.Module, examples: list[Any], held: heldout.HeldOut, 
     chunks, part = [], held
     for size in CONFIRM_POSITIONS:
         chunk: list[Any] = []
-        while heldout.count(chunk, part.unit == "token positions") < size:
+        have = 0
+        while have < size:
             part = heldout.more(model, examples, part, tokenizer=tokenizer)
             chunk += part.inputs
+            have += part.positions
         chunks.append(chunk)
     return chunks
+
+
+def _positions(inputs: Any, lm: bool) -> int:
+    """Token positions (a causal LM's ids) or batch rows in `inputs` (one or a list)."""
+    items = inputs if isinstance(inputs, list) else [inputs]
+    if lm:
+        return sum(t.numel() for t in map(token_ids, items) if t is not None)
+    return sum(next((v.shape[0] for v in _tensors(ex) if v.dim()), 1) for ex in items)
+
+
+def _tensors(example: Any) -> list[torch.Tensor]:
+    if isinstance(example, torch.Tensor):
+        return [example]
+    values = example.values() if isinstance(example, dict) else example if isinstance(example, (list, tuple)) else []
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def grid_warning(work: Workload, cands: list[Candidate]) -> str | None:

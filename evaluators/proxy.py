@@ -30,6 +30,7 @@ tokens of a 49k vocabulary are 200 MB). Results are cached on disk by `key` (the
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -85,7 +86,10 @@ class ProxyEvaluator:
         if not examples:
             raise ValueError("the proxy needs at least one held-out input")
         self.cache, self.reference_key = cache, reference_key
+        t0 = time.perf_counter()
         outs = run_model(reference, examples)
+        self.pass_seconds = time.perf_counter() - t0  # one pass over the screen: what a trial's scoring costs
+        self.last_seconds = 0.0  # the last plan actually scored (not read from the cache)
         self.mode = output_mode(outs, examples)
         self.lm = self.mode == "lm"
         self.screen = _Part(examples, outs, self.mode)
@@ -172,7 +176,9 @@ class ProxyEvaluator:
 
     def _measure(self, part: _Part, model: nn.Module) -> tuple[dict[str, float], list[tuple[float, int, int]]]:
         try:
+            t0 = time.perf_counter()
             outs = run_model(model, part.inputs)
+            self.last_seconds = time.perf_counter() - t0
             metrics, items = self._metrics(part, outs)
         except Exception as e:  # noqa: BLE001 - a plan that cannot run scores as useless
             return {"accuracy": -math.inf, "error": f"{type(e).__name__}: {e}"}, []  # type: ignore[dict-item]
