@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from autoao.decisions import Judged
 from autoao.records import RunContext, RunSummary, TrialRecord
+from autoao.types import Verdict
 
 # The proxy's metrics (keys of AccuracySpec.baseline_tier1 and of a trial's Accuracy.metrics):
 # (label, what it measures, higher is better). {base}: the unchanged model's name on the page.
@@ -59,6 +60,7 @@ class MetricRow:
     plan: float | None  # None: `missing` says why
     missing: str
     higher_is_better: bool | None
+    evidence: Verdict | None = None  # the verdict whose positions, documents or items the plan's value is over
 
 
 def metric_rows(ctx: RunContext, summary: RunSummary | None, shown: TrialRecord | None, unchanged: bool,
@@ -68,6 +70,7 @@ def metric_rows(ctx: RunContext, summary: RunSummary | None, shown: TrialRecord 
     model as it came (nothing measured on it: the rows say so, never "0")."""
     acc = ctx.accuracy
     measured = shown.accuracy.metrics if shown is not None and shown.accuracy is not None else None
+    screen = shown.accuracy.verdict if shown is not None and shown.accuracy is not None else None
     missing = "unchanged model" if unchanged else "not recorded" if summary is not None else "at the end"
     rows = []
     lm = "kl" in acc.baseline_tier1  # a causal LM's proxy accuracy is its top-1 agreement: one row, not two
@@ -77,7 +80,7 @@ def metric_rows(ctx: RunContext, summary: RunSummary | None, shown: TrialRecord 
         label, what, higher = _proxy_metric("agreement" if lm and key == "accuracy" else key, acc.proxy, base)
         plan = None if unchanged or key in BASELINE_ONLY or measured is None else measured.get(key)
         why = "the unchanged model's" if key in BASELINE_ONLY else missing
-        rows.append(MetricRow(label, what, 1, "proxy", value, plan, why, higher))
+        rows.append(MetricRow(label, what, 1, "proxy", value, plan, why, higher, screen if plan is not None else None))
     if acc.tier == 2:
         rows += _tier2_rows(ctx, summary, unchanged, missing)
     return tuple(rows)
@@ -98,23 +101,22 @@ def _proxy_metric(key: str, proxy: str, base: str) -> tuple[str, str, bool | Non
 
 def _tier2_rows(ctx: RunContext, summary: RunSummary | None, unchanged: bool, missing: str) -> list[MetricRow]:
     acc = ctx.accuracy
-    final = summary.accuracy if summary is not None and summary.accuracy is not None else None
+    final = summary.accuracy if summary is not None and not unchanged else None
     final = final if final is not None and final.tier == 2 else None
-    if acc.tasks:
-        source = f"lm-eval: {', '.join(acc.tasks)}"
-        rows = [MetricRow("mean headline accuracy of the tasks", "each task's headline metric, averaged over the "
-                          f"tasks ({', '.join(acc.tasks)})", 2, source, acc.baseline_tier2,
-                          None if unchanged or final is None else final.accuracy, missing, True)]
-        for key, value in acc.baseline_tier2_metrics.items():
-            task, _, name = key.partition("/")
-            plan = None if unchanged or final is None else final.metrics.get(key)
-            rows.append(MetricRow(key, f"lm-eval task {task}, its metric {name or key}", 2, source, value, plan,
-                                  missing, "perplexity" not in key and "bits" not in key))
-        return rows
-    name = acc.metric or "metric"
-    return [MetricRow(name, f"what your callable {name}(model) returned (higher is better)", 2,
-                      f"user metric: {name}", acc.baseline_tier2,
-                      None if unchanged or final is None else final.accuracy, missing, True)]
+    score, on = (final.accuracy, final.verdict) if final is not None else (None, None)
+    if not acc.tasks:
+        name = acc.metric or "metric"
+        return [MetricRow(name, f"what your callable {name}(model) returned (higher is better)", 2,
+                          f"user metric: {name}", acc.baseline_tier2, score, missing, True, on)]
+    source = f"lm-eval: {', '.join(acc.tasks)}"
+    rows = [MetricRow("mean headline accuracy of the tasks", f"each task's headline metric, averaged over the tasks "
+                      f"({', '.join(acc.tasks)})", 2, source, acc.baseline_tier2, score, missing, True, on)]
+    for key, value in acc.baseline_tier2_metrics.items():
+        task, _, name = key.partition("/")
+        plan = final.metrics.get(key) if final is not None else None
+        rows.append(MetricRow(key, f"lm-eval task {task}, its metric {name or key}", 2, source, value, plan, missing,
+                              "perplexity" not in key and "bits" not in key, on if plan is not None else None))
+    return rows
 
 
 def judged(summary: RunSummary | None) -> tuple[Judged, ...]:

@@ -166,13 +166,13 @@ def _choice(lay: LayerRecord, c: str, chosen: str, kept: bool, kernels: dict[str
         status, reason = "allowed", "not used: the model was kept as it came"
     else:
         status = "allowed"
-        t, t_chosen, s, s_chosen = times.get(c), times.get(chosen), sqnr.get(c), sqnr.get(chosen)
+        t, t_chosen, s, s_chosen = times.get(c), times.get(chosen), sqnr.get(c), _sqnr(lay, chosen)
         if t is not None and t_chosen is not None and t >= t_chosen:
             reason = "slower"
         elif s is not None and s_chosen is not None and s < s_chosen:
             reason = "faster, less accurate"
         else:
-            reason = "faster, no less accurate: the search's trade-off across layers"
+            reason = "faster, not shown less accurate: the search's trade-off across layers"
     shipped = kernels.get(lay.fqn) if c == chosen else None
     kern, note = _kernel(lay.kernels.get(c), shipped)
     return Choice(c, status, times.get(c), c in lay.emulated, sqnr.get(c), reason, kern, note)
@@ -192,10 +192,15 @@ def _kernel(info: KernelTimes | None, shipped: str | None) -> tuple[str | None, 
     return chosen, "; ".join([chosen, *others])
 
 
+def _sqnr(lay: LayerRecord, c: str) -> float | None:
+    """A candidate's recorded tier-0 SQNR on the layer; the baseline is exact where not recorded."""
+    return lay.sqnr_db.get(c, math.inf if c == BASELINE else None)
+
+
 def _why_chosen(chosen: str, lay: LayerRecord) -> str:
-    times, sqnr = lay.time_us, lay.sqnr_db
+    times, mine = lay.time_us, _sqnr(lay, chosen)
     faster = [c for c in lay.choices if c in times and times[c] < times.get(chosen, math.inf)]
-    noisier = all(sqnr.get(c, -math.inf) < sqnr.get(chosen, math.inf) for c in faster)
+    noisier = mine is not None and all((s := _sqnr(lay, c)) is not None and s < mine for c in faster)
     if chosen == BASELINE:
         if not faster:
             return "kept as it came: no allowed candidate is faster on these layers"
@@ -208,7 +213,7 @@ def _why_chosen(chosen: str, lay: LayerRecord) -> str:
     elif noisier:
         lead = "every faster candidate is less accurate here (tier-0 SQNR)"
     else:
-        lead = "the search's trade-off across layers (a faster candidate was not less accurate here)"
+        lead = "the search's trade-off across layers (a faster candidate was not shown less accurate here)"
     if chosen in lay.emulated:
         lead += "; emulated here: its time is not a speed-up"
     return lead

@@ -152,7 +152,9 @@ def test_every_layer_explains_every_candidate(search):
         assert {c.candidate for c in lay.choices} == set(CANDIDATES)
         for c in lay.choices[1:]:
             assert c.reason.startswith(("excluded: ", "slower", "faster, less accurate",
-                                        "faster, no less accurate")), c
+                                        "faster, not shown less accurate")), c
+        if "every faster candidate is less accurate" in lay.why:  # the reasons agree with the decision
+            assert all(c.reason == "faster, less accurate" for c in lay.choices if c.reason.startswith("faster"))
         sparse = next(c for c in lay.choices if c.candidate == "sparse24")
         assert sparse.emulated and sparse.status == "excluded" and "emulated on cpu" in sparse.reason
         assert sparse.time_us is None  # never picked here (allow_emulated is off), so never timed
@@ -460,7 +462,7 @@ def _context(out: Path, *, tier: int = 2, blocks: int = 4, baseline_tier1: dict 
         for kind in KINDS:
             fqn = f"model.layers.{b}.{kind}"
             layers.append(LayerRecord(fqn, 64, 64, 32, {32: 1}, {"bf16": 50.0, "int8_wo": 35.0, SYN[2]: 25.0}, {}, {},
-                                      [], {"int8_wo": 40.0 + b, SYN[2]: 20.0 + b}, list(SYN), {}))
+                                      [], {"bf16": math.inf, "int8_wo": 40.0 + b, SYN[2]: 20.0 + b}, list(SYN), {}))
         groups.append(GroupRecord(f"model.layers.{b}.{{q_proj,k_proj,v_proj}}",
                                   [f"model.layers.{b}.{k}" for k in KINDS[:3]], list(SYN)))
         groups += [GroupRecord(f"model.layers.{b}.{k}", [f"model.layers.{b}.{k}"], list(SYN)) for k in KINDS[3:]]
@@ -609,7 +611,7 @@ def test_each_metric_row_says_what_it_measures(tmp_path):
     ctx = replace(ctx, accuracy=replace(ctx.accuracy, proxy="top-1 agreement with the unmodified model on 1024 tokens"))
     _, _, got = _open(write_run(tmp_path / "run", ctx, _summary(ctx)), tmp_path, "metrics",
                       rows="[...document.querySelectorAll('#accuracy-table tbody tr')]"
-                           ".map(r => [r.cells[0].innerText, r.cells[5].innerText])")
+                           ".map(r => [r.cells[0].innerText, r.cells[6].innerText])")
     rows = dict(got["rows"])
     descriptions = list(rows.values())
     assert len(set(descriptions)) == len(descriptions) == len(rows)
