@@ -262,13 +262,26 @@ def test_fused_members_are_quantized_linears():
 
 
 def test_report_says_which_layers_run_fused():
-    from autoao.reports.load import _fusion_notes
-    from autoao.runfiles import FusedRecord, LayerRecord
+    """The report reads fusion from the shipped plan (what the run decided: the cost model fused a
+    group only where its fused time was faster, test_search), not from the timings again: the
+    members of a fused group run as one kernel with their siblings; a group that shares one
+    choice but was not fused is shown as shared; a layer of no group has no siblings."""
+    from autoao.records import (AccuracySpec, DeviceInfo, FusedRecord, GroupRecord, LayerRecord, Latency, ModelInfo,
+                                RunContext)
+    from autoao.reports.layers import explain
 
-    layers = [LayerRecord(f, 8, 8, 1, {1: 1}, {"bf16": 10.0, "int8_wo": 6.0, "int4": 5.0}, {}, {}, [], {}, [], {})
-              for f in QKV]
-    fused = [FusedRecord(list(QKV), {"bf16": 25.0, "int8_wo": 12.0, "int4": 16.0})]
-    notes = _fusion_notes(layers, fused, {f: "int8_wo" for f in QKV})
-    assert notes["k_proj"] == "; runs as one kernel with q_proj, v_proj: 12 µs for the group instead of 18 µs"
-    assert _fusion_notes(layers, fused, {f: "int4" for f in QKV}) == {}  # fused is slower: not fused
-    assert _fusion_notes(layers, fused, {"q_proj": "int8_wo", "k_proj": "int8_wo"}) == {}  # v stays bf16
+    names = (*QKV, "o_proj")
+    layers = [LayerRecord(f, 8, 8, 1, {1: 1}, {"bf16": 10.0, "int8_wo": 6.0}, {}, {}, [], {}, ["bf16", "int8_wo"], {})
+              for f in names]
+    ctx = RunContext("2026-12-01T00:00:00+00:00", ModelInfo("Attn", 1, 1, "bfloat16", 4), DeviceInfo("cpu", "x", "eager"),
+                     {}, "9 trials", 0.01, 0, None, AccuracySpec(1), "sqlite:///x.db", "s", Latency(1.0, 1.0), 0.2, [],
+                     [GroupRecord("{q_proj,k_proj,v_proj}", list(QKV), ["bf16", "int8_wo"]),
+                      GroupRecord("o_proj", ["o_proj"], ["bf16", "int8_wo"])],
+                     [FusedRecord(list(QKV), {"bf16": 25.0, "int8_wo": 12.0})], layers)
+    plan = {f: "int8_wo" for f in names}
+    fused = {lay.fqn: lay for lay in explain(ctx, plan, [list(QKV)], {})}
+    assert all(fused[f].fused and set(fused[f].siblings) == set(QKV) - {f} for f in QKV)
+    assert fused["k_proj"].siblings == ("q_proj", "v_proj") and fused["k_proj"].chosen == "int8_wo"
+    assert not fused["o_proj"].fused and fused["o_proj"].siblings == ()
+    shared = {lay.fqn: lay for lay in explain(ctx, plan, [], {})}  # one choice, not run as one kernel
+    assert not any(lay.fused for lay in shared.values()) and shared["k_proj"].siblings == ("q_proj", "v_proj")
