@@ -124,6 +124,10 @@ class ReportData:
     def emulated_in_plan(self) -> list[str]:
         return emulated(self.layers)
 
+    def uses_emulated(self, row: FrontRow) -> bool:
+        """Whether a plan of the front uses a candidate only emulated here (its speed-up is not one)."""
+        return any(c in lay.emulated for lay in self.context.layers for c in row.plan)
+
     def state_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for t in self.trials:

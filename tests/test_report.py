@@ -646,6 +646,20 @@ def test_the_demos_211_layers_fit_a_few_screens(tmp_path, capsys):
     assert not [row for row in got["rows"] for why in got["why"] if why in row]
 
 
+@pytest.mark.parametrize("run", sorted((ROOT / "benchmarks" / "results").glob("*-cpu/demo_search")),
+                         ids=lambda p: p.parent.name)
+def test_run_directories_of_an_earlier_autoao_still_render(run, tmp_path):
+    """Version-0 run files (notes as prose, no verdicts, no study beside them) load and render; the
+    accuracy card says no verdict was recorded rather than inventing one."""
+    out = tmp_path / "run"
+    shutil.copytree(run, out, ignore=shutil.ignore_patterns("report*"))
+    data = load(out)
+    assert data.finished and data.layers and data.front and not data.trials
+    assert all(d.kind == "note" for d in data.summary.decisions)  # prose notes, kept as written
+    html = render(out).read_text()
+    assert "Search finished" in html and "recorded no verdict" in html
+
+
 def test_the_time_section_shows_planned_and_spent_and_a_budget_too_short(tmp_path):
     ctx = _context(tmp_path / "run")
     stages = [StageTime("profile and baselines", 80.0), StageTime("kernel timing", 35.0, 30.0),
