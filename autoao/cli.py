@@ -195,7 +195,6 @@ def format_kernel_table(table, shapes, tokens, candidates, all_kernels: bool = F
 def write_kernel_csv(table, path: str, all_kernels: bool = False) -> None:
     """Every timing of `table` as CSV (times in us; empty when the kernel failed), atomically: one
     row per (candidate, M, shape) with the kernel timing chose, or with all_kernels one per kernel
-    opts_device(args)  # a bad --device before anything is said or loaded
     timed for candidates that have several (column chosen: 1 for the rows of the chosen kernel, or of the kernels of the chosen route)."""
     import csv
     import io
@@ -262,6 +261,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
     tasks = None if tasks in ("", "none", "proxy") else tasks
     candidates = parse_candidates(args.candidates)
+    opts_device(args)  # a bad --device before anything is said or loaded
     opts = search_options(args, tasks, candidates)
     if args.workers and not opts.shared:
         raise CLIError(f"--workers {args.workers} needs --storage on a database server (e.g. "
