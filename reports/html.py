@@ -17,16 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoao.common import BASELINE, atomic_write
+from autoao.decisions import Judged
 from autoao.records import Latency
 from autoao.reports import plots, tables
 from autoao.reports.fmt import (fmt_bytes, fmt_db, fmt_drop, fmt_interval, fmt_ms, fmt_n, fmt_num, fmt_s, fmt_times,
                                 fmt_us)
 from autoao.reports.layers import everywhere
-from autoao.reports.load import TIER_LABEL, ReportData, load, plan_text
+from autoao.reports.load import ReportData, load, plan_text
 from autoao.reports.trust import budget_seconds
 from autoao.types import Verdict
 
 TEMPLATE = "template.html.j2"
+TIER_LABEL = {0: "tier 0 · layer SQNR", 1: "tier 1 · proxy", 2: "tier 2"}
 
 
 def render(out_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -67,7 +69,8 @@ def render_html(data: ReportData, csv_names: list[str]) -> str:
         # Our own matplotlib output (its text is XML-escaped by matplotlib); never user markup.
         pareto_svg=Markup(pareto) if pareto else None, history_svg=Markup(history) if history else None,
         star=star, line=plots.feasibility_line(data), plan_text=plan_text, common=everywhere(data.layers),
-        notes=[d.describe() for d in data.summary.decisions if d.kind != "judged"] if data.summary else [],
+        # the judged plans have their own table (their verdicts); every other decision in words
+        notes=[d.describe() for d in data.summary.decisions if not isinstance(d, Judged)] if data.summary else [],
     )
 
 

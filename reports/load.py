@@ -30,9 +30,6 @@ from autoao.records import (CandidateRecord, ParetoRow, RunContext, RunFileError
 from autoao.reports import accuracy, trust
 from autoao.reports.layers import Layer, Pattern, explain, group
 
-TIER_LABEL = {0: "tier 0 · layer SQNR", 1: "tier 1 · proxy", 2: "tier 2"}
-
-
 class ReportError(ValueError):
     """The directory is not (or no longer) a readable autoao run directory."""
 
@@ -44,7 +41,6 @@ class FrontRow:
     trial: int
     predicted_ms: float
     drop: float  # tier 1, on the search's screen
-    tier: int
     feasible: bool  # as the search decided when the trial ran
     plan: dict[str, int]  # candidate -> layers (the baseline left out)
     screen: TrialRecord | None  # the trial's record (None: read from pareto.json alone)
@@ -271,13 +267,14 @@ def _front(context: RunContext, summary: RunSummary | None, trials: tuple[TrialR
     judged = {d.trial: d for d in accuracy.judged(summary)}  # the last verdicts on each judged trial
     done = [t for t in trials if t.state == "COMPLETE"]
     if done:
-        return tuple(FrontRow(t.number, t.predicted_ms, t.drop, t.tier, t.feasible, layer_counts(context, t.params),
+        return tuple(FrontRow(t.number, t.predicted_ms, t.drop, t.feasible, layer_counts(context, t.params),
                               t, judged.get(t.number)) for t in pareto_front(done))
-    return tuple(FrontRow(r.trial, r.predicted_ms, r.drop, r.tier, r.feasible, r.plan, None, judged.get(r.trial))
+    return tuple(FrontRow(r.trial, r.predicted_ms, r.drop, r.feasible, r.plan, None, judged.get(r.trial))
                  for r in _pareto_file(out_dir / "pareto.json"))
 
 
 def _pareto_file(path: Path) -> list[ParetoRow]:
+    """pareto.json's plans ([] without one); ReportError naming the file when it cannot be read."""
     if not path.is_file():
         return []
     try:
@@ -286,7 +283,10 @@ def _pareto_file(path: Path) -> list[ParetoRow]:
         raise ReportError(f"cannot read {path}: {e}") from None
     if not isinstance(rows, list):
         raise ReportError(f"{path} is not an autoao pareto.json (a list of plans was expected)")
-    return [from_dict(ParetoRow, r, path) for r in rows]
+    try:
+        return [from_dict(ParetoRow, r, path) for r in rows]
+    except RunFileError as e:
+        raise ReportError(str(e)) from None
 
 
 def _shown(context: RunContext, summary: RunSummary | None, trials: tuple[TrialRecord, ...],
@@ -297,11 +297,11 @@ def _shown(context: RunContext, summary: RunSummary | None, trials: tuple[TrialR
         trial = _trial_of(context, shipped, trials) if summary.plan else None
         return Shown(trial, "plan.json: the plan the run chose, applied and measured" if summary.plan else
                      "the model as it came: no plan shipped", shipped)
-    best = next((r for r in front if r.feasible and r.screen is not None), None)
+    best = next((r.screen for r in front if r.feasible and r.screen is not None), None)
     if best is None:
         return Shown(None, "no feasible plan yet: every layer stays as it came", every)
-    return Shown(best.trial, f"trial {best.trial}, the fastest feasible plan of the front so far (best_plan.json)",
-                 {**every, **layer_plan(context, best.screen.params)})  # type: ignore[union-attr]
+    return Shown(best.number, f"trial {best.number}, the fastest feasible plan of the front so far (best_plan.json)",
+                 {**every, **layer_plan(context, best.params)})
 
 
 def _trial_of(context: RunContext, plan: dict[str, str], trials: tuple[TrialRecord, ...]) -> int | None:

@@ -674,7 +674,7 @@ def test_the_time_section_shows_planned_and_spent_and_a_budget_too_short(tmp_pat
     rows = {name: (cls, planned, spent) for name, cls, planned, spent in got["rows"]}
     assert rows == {"profile and baselines": ("culprit", "–", "80.0 s"), "kernel timing": ("", "30.0 s", "35.0 s"),
                     "final measurement": ("", "5.0 s", "2.0 s")}
-    assert "'profile and baselines' took 80 s" in got["short"] and "a budget of about 240 s" in got["short"]
+    assert "profile and baselines" in got["short"] and "80 s" in got["short"] and "240 s" in got["short"]
 
 
 def test_every_verdict_is_shown_with_its_evidence(tmp_path):
