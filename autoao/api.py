@@ -11,6 +11,7 @@ modules say what each does); the command line calls it with its own hooks (optio
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from autoao.bench import ModelBench
 from autoao.budget import TimePlan
 from autoao.choose import choose
 from autoao.common import cache_dir
+from autoao.decisions import NothingToTry
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
 from autoao.finalize import MIN_ROUNDS, finalize
@@ -109,7 +111,8 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
         busy = settle_cpu_threads(model, example_inputs)  # before profiling, which runs every example
         ledger.say("profiling")
         work = build_workload(model, example_inputs, eval_inputs=opts.eval_inputs, tokenizer=opts.tokenizer,
-                              fuse_groups=opts.fuse_groups, busy=busy, seed=opts.seed, confirm=opts.accuracy is None)
+                              fuse_groups=opts.fuse_groups, busy=busy, seed=opts.seed,
+                              screen_positions=opts.screen_positions, confirm=opts.accuracy is None)
         for note in work.notes:
             ledger.say(note.describe())
         ledger.say(grid_warning(work, list(opts.candidates)) or f"{len(work.prof.layers)} linear layers")
@@ -117,6 +120,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
                               ledger=ledger)
         plan = TimePlan(ledger, costs(base, judges, MIN_ROUNDS), skip=("anchors",) if base.compile else ())
+        notes = work.notes + too_short(plan, ledger)
     with ledger.stage("kernel timing"):
         table, health = time_candidates(work, list(opts.candidates), cache=TimingCache(rcache.path), ledger=ledger,
                                         deadline=plan.deadline("kernel timing"), allow_emulated=opts.allow_emulated)
@@ -139,7 +143,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
     with ledger.stage("accuracy verdicts"):
         choice = choose(outcome, bench, judges, plan, ledger)
     with ledger.stage("final measurement"):
-        final = finalize(bench, choice, meas, anchored.cost, base, work.notes, ledger)
+        final = finalize(bench, choice, meas, anchored.cost, base, notes, ledger)
         record_final(rcache, base, work, ledger.stage_seconds()["final measurement"], final.rounds)
         summary = run_summary(final, outcome, meas, context, model, ledger, plan.planned,
                               {a: s - fits.get(a, 0.0) for a, s in algorithm_seconds().items()}, base.bf16_us)
@@ -149,6 +153,17 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
 
     return OptimizeResult(model, shipped, summary, pareto_rows(outcome), outcome.study, opts.out_dir,
                           report_path=render(opts.out_dir))
+
+
+def too_short(plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...]:
+    """The decision that the time budget cannot hold a search, said now (the run goes on with what
+    the timing cache and the trials that still fit allow)."""
+    short = plan.shortfall()
+    if short is None:
+        return ()
+    note = NothingToTry(0, short[0], short[1], math.ceil(short[2] / 30) * 30)
+    ledger.say(note.describe())
+    return (note,)
 
 
 def tier2_judge(opts: Options, model: nn.Module, cache: ResultCache) -> LmEvalJudge | MetricJudge | None:

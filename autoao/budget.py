@@ -76,6 +76,7 @@ SHARES = {"kernel timing": 0.40, "layer errors": 0.10, "anchors": 0.10, "search 
 STAGES = ("profile and baselines", *SHARES, "accuracy verdicts", "final measurement")
 WRITE_SECONDS = 5.0  # saving the model and rendering the report
 MAX_CHECKS = 4  # plans the chooser judges at most (bisection of the Pareto front)
+MIN_FLEXIBLE_S = 30.0  # below this for timing, layer errors and trials, a budget is said to be too short
 CHECK_SHARE = 0.3  # of the budget left after the baselines, at most this is reserved for checks
 
 
@@ -149,6 +150,18 @@ class TimePlan:
         the final measurement its reserve."""
         remaining = self.ledger.remaining()
         return remaining is None or remaining - self.slowdown * seconds >= self.final_reserve()
+
+    def shortfall(self) -> tuple[str, float, float] | None:
+        """When the budget leaves the flexible stages less than MIN_FLEXIBLE_S after what was spent
+        and the reserve: (what took the time, its seconds, a budget that would leave them
+        MIN_FLEXIBLE_S * 4); else None."""
+        remaining = self.ledger.remaining()
+        if remaining is None or remaining - self.reserve() >= MIN_FLEXIBLE_S:
+            return None
+        spent, reserve = self.ledger.elapsed(), self.reserve()
+        what = ("measuring the model as it came" if spent >= reserve else
+                "the reserve for judging a plan's accuracy and the final measurement")
+        return what, max(spent, reserve), spent + reserve + 4 * MIN_FLEXIBLE_S
 
     def plan_verdicts(self) -> None:
         """Record what the accuracy verdicts and the final measurement are planned to take, at the

@@ -11,7 +11,6 @@ Bad input prints one line `autoao: error: ...` and exits with status 2 (no trace
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import replace
@@ -21,10 +20,10 @@ from typing import Any, Sequence
 import autoao.models
 from autoao import search_space, workers
 from autoao.api import _run
-from autoao.common import BASELINE, atomic_write, process_age
+from autoao.common import BASELINE, process_age
 from autoao.evaluators.cache import TimingCache, cache_dir
+from autoao.evaluators.kernel_table import format_kernel_table, write_kernel_csv
 from autoao.evaluators.timing import measure_latencies
-from autoao.kernels import describe_route, parse_route
 from autoao.options import Options, RunHooks, check_storage
 from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
@@ -151,71 +150,6 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_kernel_table(table, shapes, tokens, candidates, all_kernels: bool = False) -> str:
-    """One block per shape: median time per candidate and M, speed-up vs bf16, and a notes column
-    with why a candidate is unsupported or emulated (emulated times are never shown as a speed-up)
-    and, for candidates with several kernels, which one (or route of them) timing chose. all_kernels: below such a
-    candidate, one row per kernel it timed ("  @kernel"; kernels not timed because another one
-    outran them, or ran the same code, are absent or repeat its numbers)."""
-    lines = []
-
-    def row(label: str, times: list, bases: list, is_bf16: bool, notes: set[str]) -> str:
-        cells = []
-        for t, base in zip(times, bases):
-            if not t.ok:
-                cells.append("n/a" if (t.error or "").startswith("unsupported") else "failed")
-                notes.add(t.error or "")
-            elif t.emulated:
-                cells.append(f"{t.median_us:.1f}us emul.")
-                notes.add(f"emulated: {t.emulated}")
-            elif is_bf16 or not base.ok:
-                cells.append(f"{t.median_us:.1f}us")
-            else:
-                cells.append(f"{t.median_us:.1f}us {base.median_us / t.median_us:.2f}x")
-        return f"{label:<28}" + "".join(f"{c:>18}" for c in cells) + "  " + "; ".join(sorted(notes))
-
-    for n, k in shapes:
-        lines.append(f"\n{n}x{k} (N x K), {table.dtype} on {table.device}, mode {table.mode}")
-        head = f"{'candidate':<28}" + "".join(f"{'M=' + str(m):>18}" for m in tokens) + "  notes"
-        lines += [head, "-" * len(head)]
-        bases = [table.get(BASELINE, m, k, n) for m in tokens]
-        for cand in candidates:
-            times = [table.get(cand.name, m, k, n) for m in tokens]
-            lines.append(row(cand.name, times, bases, cand.family == BASELINE,
-                             {f"kernel {describe_route(t.kernel)}" for t in times if t.kernel is not None}))
-            by_kernel = table.kernel_timings.get((cand.name, k, n), {}) if all_kernels else {}
-            chosen = table.kernel_for(cand.name, k, n)
-            in_route = {kern for kern, _ in parse_route(chosen)} if chosen else set()
-            for kern, kern_times in by_kernel.items():
-                lines.append(row(f"  @{kern}", [kern_times[m] for m in tokens], bases, False,
-                                 {"chosen"} if kern in in_route else set()))
-    return "\n".join(lines)
-
-
-def write_kernel_csv(table, path: str, all_kernels: bool = False) -> None:
-    """Every timing of `table` as CSV (times in us; empty when the kernel failed), atomically: one
-    row per (candidate, M, shape) with the kernel timing chose, or with all_kernels one per kernel
-    timed for candidates that have several (column chosen: 1 for the rows of the chosen kernel, or of the kernels of the chosen route)."""
-    import csv
-    import io
-    from pathlib import Path
-
-
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["device", "dtype", "mode", "candidate", "m", "k", "n", "median_us", "p20_us", "p80_us",
-                "emulated", "error", "cached", "kernel", "chosen"])
-    for r in table.rows:
-        by_kernel = table.kernel_timings.get((r.candidate, r.k, r.n), {}) if all_kernels else {}
-        options = {kern: times[r.m] for kern, times in by_kernel.items()} or {r.timing.kernel: r.timing}
-        route = {kern for kern, _ in parse_route(r.timing.kernel)} if r.timing.kernel else set()
-        for kern, t in options.items():
-            w.writerow([table.device, table.dtype, table.mode, r.candidate, r.m, r.k, r.n,
-                        *(v if math.isfinite(v) else "" for v in (t.median_us, t.p20_us, t.p80_us)),
-                        t.emulated or "", t.error or "", int(r.cached), kern or "", int(kern == r.timing.kernel or kern in route)])
-    atomic_write(Path(path), lambda f: f.write(buf.getvalue().encode()))
-
-
 ##### autoao search / apply #####################################################################
 
 DEMO_MODEL = "smollm2-135m"
@@ -273,7 +207,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     # a built-in encoder (or a factory) brings its own metric; --tasks still overrides it
     accuracy = loaded["accuracy"] if args.tasks is None and loaded.get("accuracy") is not None else opts.accuracy
     opts = replace(opts, candidates=tuple(candidates), accuracy=accuracy, tokenizer=loaded.get("tokenizer"),
-                   eval_inputs=held_out)
+                   eval_inputs=held_out, screen_positions=args.eval_seqs * args.seq_len)
     started: list = []
     hooks = RunHooks(command="autoao " + " ".join(args.argv), spent=process_age(), left_out=left_out,
                      study_name=args.study, heartbeat=args.heartbeat,
@@ -337,8 +271,9 @@ def print_result(result, opts: Options) -> None:
 
 def workload_inputs(args: argparse.Namespace, loaded: dict, device) -> tuple[Any, Any]:
     """The factory's example and held-out inputs, or for a model with a tokenizer only: one
-    prefill of --seq-len tokens then --decode-steps one-token steps, and --eval-seqs held-out
-    sequences (the same in the coordinator and its workers)."""
+    prefill of --seq-len tokens then --decode-steps one-token steps (the same in the coordinator
+    and its workers); its held-out inputs are then the tokenizer's bundled text, which the
+    workload cuts (--eval-seqs x --seq-len positions for the screen, more for verdicts)."""
     examples, held_out = loaded.get("example_inputs"), loaded.get("eval_inputs")
     if examples is None:
         tok = loaded.get("tokenizer")
@@ -347,8 +282,6 @@ def workload_inputs(args: argparse.Namespace, loaded: dict, device) -> tuple[Any
                            "'example_inputs' from the factory")
         prefill = autoao.models.text_inputs(tok, seq_len=args.seq_len, n_seqs=1)[0].to(device)
         examples = [prefill] + [prefill[:, i:i + 1] for i in range(args.decode_steps)]
-        held_out = [t.to(device) for t in autoao.models.text_inputs(tok, seq_len=args.seq_len,
-                                                                     n_seqs=args.eval_seqs, held_out=True)]
     return examples, held_out
 
 
@@ -556,7 +489,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "workload of built-in models, after the prefill (default %(default)s): decode is where "
                    "weight-only kernels win")
     s.add_argument("--eval-seqs", type=int, default=2, help="held-out sequences for the tier-1 proxy (default %(default)s)")
-    s.add_argument("--lm-eval-limit", type=int, default=None, help="documents per lm-eval task (default: all)")
     s.add_argument("--allow-emulated", action="store_true", help="time candidates only emulated here and let the search pick them (off: they are not timed)")
     s.add_argument("--no-fuse", action="store_true",
                    help="sibling layers (same input: q/k/v, gate/up) choose independently and never run as one fused kernel")

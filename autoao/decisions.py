@@ -96,17 +96,18 @@ class BusyCpu(Decision):
 @decision
 @dataclass(frozen=True)
 class HeldOutInputs(Decision):
-    """The judges' inputs: the caller's held too few positions, so autoao built held-out ones."""
+    """The judges' inputs, built by autoao: none were given (eval_inputs), or too few."""
 
     kind: ClassVar[str] = "held_out_inputs"
-    given: int = 0  # positions (or rows) in the inputs the proxy would have judged on
-    minimum: int = 0
-    positions: int = 0  # what the proxy judges on instead
+    given: int | None = None  # positions (or rows) in the eval_inputs given; None: none given
+    minimum: int = 0  # what a verdict needs at least
+    positions: int = 0  # what the proxy's screen scores
     source: str = ""  # "token positions of the model's own samples", "rows of inputs like the examples", ...
 
     def describe(self) -> str:
-        return (f"the example inputs hold {self.given} positions, fewer than the {self.minimum} a verdict needs at "
-                f"least: the accuracy judges score {self.positions} held-out {self.source}")
+        lead = ("no held-out inputs were given (eval_inputs)" if self.given is None else
+                f"the held-out inputs given hold {self.given} positions, fewer than the {self.minimum} a verdict needs")
+        return f"{lead}: the accuracy judges score {self.positions} held-out {self.source}"
 
 
 ##### the search and the judges ################################################################
@@ -280,16 +281,19 @@ class NothingToTry(Decision):
     kind: ClassVar[str] = "nothing_to_try"
     ends_unchanged: ClassVar[bool] = True
     not_timed: int = 0  # cells the time budget left untimed
-    stage: str = ""  # the stage that spent the budget
+    stage: str = ""  # what spent the budget
     stage_s: float = 0.0
     suggest_s: float = 0.0  # a time budget that would let the search try plans
 
     def describe(self) -> str:
-        if not self.not_timed and not self.stage:
+        if not self.stage:
+            if self.not_timed:
+                return (f"the time budget ran out before any candidate but the unchanged one was timed ({self.not_timed} "
+                        "cells not timed), so no plan could be tried; a larger budget lets the search try plans")
             return "no layer has a candidate other than the unchanged one that runs here, so no plan could be tried"
-        return (f"the time budget was spent before any plan could be tried: '{self.stage}' took {self.stage_s:.0f} s "
-                f"({self.not_timed} timing cells never timed); a budget of about {self.suggest_s:.0f} s lets the search "
-                "try plans")
+        return (f"the time budget is too short to try plans: {self.stage} takes {self.stage_s:.0f} s of it "
+                f"({self.not_timed} timing cells never timed); a budget of about {self.suggest_s:.0f} s lets the "
+                "search try plans")
 
 
 @decision

@@ -69,7 +69,9 @@ def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostMo
     plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
     predicted_base = cost.predict(Plan())
     if not plan.layers:
-        if all(ch == [BASELINE] for ch in meas.choices.values()):
+        if any(isinstance(d, NothingToTry) for d in decisions):
+            pass  # the time plan said the budget cannot hold a search
+        elif all(ch == [BASELINE] for ch in meas.choices.values()):
             decisions.append(NothingToTry(sum(r.timing.error == NOT_TIMED for r in meas.table.rows)))
         elif trial is not None:  # the best plan that held changes no layer
             decisions.append(BestIsUnchanged(trial.number))

@@ -39,6 +39,8 @@ class Options:
     progress: bool
     fuse_groups: bool = True
     allow_emulated: bool = False
+    # a causal LM's screen: the held-out positions every trial is scored on, where autoao builds them
+    screen_positions: int = 512
 
     @classmethod
     def check(cls, *, budget: Any, accuracy: Any, tokenizer: Any, max_accuracy_drop: Any, candidates: Any,

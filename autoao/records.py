@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, TypeVar
 
 from autoao.common import atomic_write
-from autoao.decisions import Decision, Note, decision_fields, decision_type
+from autoao.decisions import Decision, decision_fields, decision_type
 from autoao.types import Accuracy, Verdict
 
 # 1: the first typed version; 2: decisions as typed records, accuracy with verdicts, stages planned
@@ -509,6 +509,11 @@ def _build(tp: Any, value: Any, where: str) -> Any:
             raise TypeError(f"{where} should be an object, got {type(value).__name__}")
         return {_build(key_t, k if key_t is not int else int(k), where): _build(val_t, v, f"{where}[{k!r}]")
                 for k, v in value.items()}
+    return _scalar(tp, value, where)
+
+
+def _scalar(tp: Any, value: Any, where: str) -> Any:
+    """A JSON scalar as `tp` (float, int, str, bool, None or Any); TypeError naming `where` otherwise."""
     if tp is Any:
         return value
     if tp is float:

@@ -147,6 +147,7 @@ class SharedInputs:
     deadline: float | None  # time.time() after which no trial starts
     heartbeat: int
     seed: int = 0  # the coordinator's: held-out inputs it drew are drawn alike here
+    screen_positions: int = 512  # the coordinator's screen size (options.Options.screen_positions)
 
     def to_json(self) -> str:
         cost = {"layer_us": self.cost.layer_us, "rest_us": self.cost.rest_us,
@@ -157,7 +158,8 @@ class SharedInputs:
                            "groups": [[g.name, list(g.fqns), list(g.choices)] for g in self.groups], "cost": cost,
                            "sqnr": self.sqnr, "proxy_baseline": self.proxy_baseline,
                            "accuracy": asdict(self.accuracy), "trials": self.trials, "deadline": self.deadline,
-                           "heartbeat": self.heartbeat, "seed": self.seed})
+                           "heartbeat": self.heartbeat, "seed": self.seed,
+                           "screen_positions": self.screen_positions})
 
     @classmethod
     def from_json(cls, text: str) -> SharedInputs:
@@ -170,7 +172,7 @@ class SharedInputs:
                          {tuple(g): per for g, per in c["fused_us"]})
         return cls(Fingerprint(**d["fingerprint"]), [Group(n, tuple(f), tuple(ch)) for n, f, ch in d["groups"]],
                    cost, d["sqnr"], d["proxy_baseline"], AccuracyBudget(**d["accuracy"]), d["trials"], d["deadline"],
-                   d["heartbeat"], d["seed"])
+                   d["heartbeat"], d["seed"], d["screen_positions"])
 
 
 ##### the coordinator ###########################################################################
@@ -183,7 +185,7 @@ def publish(config: SearchConfig, groups: list[Group], cost: CostModel, sqnr: di
     seed_study(study, groups, cost, sqnr)
     shared = SharedInputs(fingerprint(model, judges.weights_key, work.examples, work.held_out.inputs, work.device),
                           groups, cost, sqnr, dict(judges.proxy.baseline), judges.budget, config.trials,
-                          config.deadline, config.heartbeat or 0, config.seed)
+                          config.deadline, config.heartbeat or 0, config.seed, work.held_out.positions)
     study.set_user_attr(TRIALS, config.trials)
     study.set_user_attr(CLOSED, False)
     study.set_user_attr(SHARED, shared.to_json())
@@ -297,7 +299,8 @@ def run_worker(model: nn.Module, examples: Any, eval_inputs: Any, shared: Shared
     sides otherwise, before any trial."""
     device = model_device(model)
     key = weights_key(model)
-    work = build_workload(model, examples, eval_inputs=eval_inputs, tokenizer=tokenizer, seed=shared.seed)
+    work = build_workload(model, examples, eval_inputs=eval_inputs, tokenizer=tokenizer, seed=shared.seed,
+                          screen_positions=shared.screen_positions, confirm=False)
     mine = fingerprint(model, key, work.examples, work.held_out.inputs, device)
     if mine != shared.fingerprint:
         raise ValueError(f"this worker's model is not the study's: here {mine.text()}, study {study_name!r} "

@@ -133,7 +133,7 @@ def build_workload(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = 
     notes: list[Decision] = [busy] if busy is not None else []
     if held.source != heldout.EVAL:
         lm = held.unit == "token positions"
-        given = _positions(eval_inputs if eval_inputs is not None else examples, lm)
+        given = None if eval_inputs is None else _positions(eval_inputs, lm)
         notes.append(HeldOutInputs(given, heldout.MIN_LM_POSITIONS if lm else heldout.MIN_ROWS, held.positions,
                                    f"{held.unit} of {held.source}"))
     dtypes = {lay.dtype for lay in prof.layers}

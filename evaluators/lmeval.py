@@ -34,14 +34,16 @@ lm_eval's evaluator, datasets and transformers are imported only by `evaluate`. 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import logging
 import re
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -132,7 +134,8 @@ def evaluate(
         limit: score only the first `limit` documents of each task (a fraction if < 1), for a fast
             run. The bundled facts are stored in a shuffled order, so a prefix mixes every category.
         samples: task -> the indices of the documents to score (instead of `limit`): a judge that
-            samples a task's documents in a random order scores them in chunks.
+            samples a task's documents in a random order scores them in chunks. Passed to lm-eval
+            sorted: it scores them in index order but labels its logged samples in the order given.
         batch_size: sequences per forward pass.
         device: where inputs go; default the device of the model's parameters. The model must
             already be there.
@@ -140,7 +143,7 @@ def evaluate(
     """
     names = _check_args(model, tokenizer, tasks, batch_size)
     start = time.perf_counter()
-    with _offline_env(), tempfile.TemporaryDirectory(prefix="autoao-lmeval-") as tmp:
+    with _offline_env(), _quiet_harness(), tempfile.TemporaryDirectory(prefix="autoao-lmeval-") as tmp:
         import lm_eval
 
         manager = _task_manager(Path(tmp), names)
@@ -149,7 +152,8 @@ def evaluate(
         model.eval()
         try:
             out = lm_eval.simple_evaluate(
-                model=lm, tasks=names, task_manager=manager, limit=None if samples else limit, samples=samples,
+                model=lm, tasks=names, task_manager=manager, limit=None if samples else limit,
+                samples={t: sorted(ids) for t, ids in samples.items()} if samples else None,
                 log_samples=True, bootstrap_iters=0,  # stderrs: the judges compute their own, paired
                 # leave the caller's RNG state alone (nothing here samples)
                 random_seed=None, numpy_random_seed=None, torch_random_seed=None,
@@ -225,6 +229,25 @@ def _per_doc(logged: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
 def _offline_env():
     """OFFLINE_ENV (datasets too) for the duration of a run."""
     return offline_env(OFFLINE_ENV)
+
+
+@contextlib.contextmanager
+def _quiet_harness() -> Iterator[None]:
+    """lm-eval's own console output held back for a run: its warnings about a model passed in memory
+    (HFLM: "`pretrained` model kwarg is not of type `str`"), which are what autoao means to do, and
+    its record of its own git commit, whose `git describe` prints "fatal: not a git repository"
+    outside a checkout (a model in memory has no harness commit worth recording)."""
+    import lm_eval.evaluator
+
+    logger = logging.getLogger("lm_eval")
+    level, git_hash = logger.level, lm_eval.evaluator.get_git_commit_hash
+    logger.setLevel(logging.ERROR)
+    lm_eval.evaluator.get_git_commit_hash = lambda: None
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        lm_eval.evaluator.get_git_commit_hash = git_hash
 
 
 def _write_bundled_tasks(tmp: Path) -> Path:

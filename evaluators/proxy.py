@@ -37,8 +37,7 @@ import torch
 from torch import nn
 
 from autoao.evaluators.cache import ResultCache, digest
-from autoao.evaluators.sensitivity import (_logits, _neighbours, _pooled, output_mode, run_model, token_ids,
-                                           upcast)
+from autoao.evaluators.sensitivity import _neighbours, _pooled, output_mode, run_model, token_ids, upcast
 from autoao.types import Accuracy, Evidence, Stratum, finite
 
 BLOCK = 32  # positions of one sequence per evidence unit

@@ -19,8 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn

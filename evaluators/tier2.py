@@ -11,7 +11,8 @@ differences. Each look scores more of them (LOOK_DOCS, then doubling, then all),
 for as many documents as the interval needs and no more; on part of a task the interval covers
 the documents not scored (the finite-population correction), on all of it the drop is exact.
 Each document's score is cached on disk per (task, model weights, plan), so no document is scored
-twice for the same plan.
+twice for the same plan. Both models score a look's new documents in one call each: the same
+documents in the same batches (a bf16 model's scores move slightly with what it is batched with).
 
 The user's metric, `fn(model) -> float`, is judged as exact: one number, measured whole. The
 optional protocol for per-item evidence: `fn(model)` returns a sequence (list, tuple or 1-D
@@ -120,7 +121,9 @@ class LmEvalJudge:
         missing = {}
         for task, n in self.documents(look).items():
             have = self._cached(task, key)
-            todo = [d for d in self.order[task][:n] if d not in have]
+            # sorted: lm-eval scores a task's sampled documents in index order but labels its logged
+            # samples in the order given (lm-eval 0.4.13)
+            todo = sorted(d for d in self.order[task][:n] if d not in have)
             if todo:
                 missing[task] = todo
         if not missing:

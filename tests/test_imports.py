@@ -22,22 +22,22 @@ FOLDERS = {"autoao": "autoao", "search_space": "autoao.search_space", "kernels":
 # import from its own layer and the ones before it, never after.
 LAYERS = [
     ["autoao.common", "autoao.clock", "autoao.calibration", "autoao.types", "autoao.decisions",
-     "autoao.records", "autoao.runfiles"],  # leaves: the values every stage passes on, and the run files
+     "autoao.records", "autoao.ledger"],  # leaves: the values every stage passes on, the run files, the clock
     ["autoao.kernels"],
     ["autoao.search_space"],
     ["autoao.profile", "autoao.plan"],
     ["autoao.evaluators"],
-    ["autoao.cost", "autoao.budget"],
+    ["autoao.cost", "autoao.budget", "autoao.models"],
     ["autoao.search"],
-    ["autoao.workload", "autoao.ledger", "autoao.stages"],
+    ["autoao.workload"],
     ["autoao.measure"],
     ["autoao.bench"],
     ["autoao.anchors", "autoao.choose"],
     ["autoao.finalize"],
-    ["autoao.workers"],
+    ["autoao.outputs", "autoao.workers"],
     ["autoao.reports"],
     ["autoao.export"],
-    ["autoao.options", "autoao.api", "autoao.models"],
+    ["autoao.options", "autoao.api"],
     ["autoao.cli", "autoao"],  # the package's __init__ re-exports the API
 ]
 LAZY_REASON = re.compile(r"#.*\b(light|lazy|lazily|heavy|optional)\b", re.I)
