@@ -189,7 +189,8 @@ def test_engine_checks_on_a_written_config():
              for n in ("gate_proj", "up_proj")}
     w8 = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
     config = {"sparsity_config": {"format": "sparse-24-bitmask"}, "config_groups": {
-        "a": {"targets": ["m.layers.0.mlp.gate_proj"], "format": "pack-quantized", "weights": {**w8, "actorder": "weight"}},
+        "a": {"targets": ["m.layers.0.mlp.gate_proj"], "format": "pack-quantized",
+              "weights": {**w8, "actorder": "weight"}},
         "b": {"targets": ["m.layers.0.mlp.up_proj"], "format": "int-quantized", "weights": w8,
               "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}}}}
     problems = "\n".join(ct.config_problems(config, specs, vllm))
@@ -229,7 +230,8 @@ def test_targets_registry_and_search_spaces():
     wide = LayerSpec("x", 576, 1536, False, torch.bfloat16)
     assert "K=576" in targets.get("vllm").supports(search_space.get("int8_wo"), wide)
     assert targets.get("transformers").supports(search_space.get("int8_wo"), wide) is None
-    assert "multiple of 32" in llama.supports(search_space.get("gguf(type=q4_0)"), LayerSpec("x", 48, 64, False, torch.float32))
+    narrow = LayerSpec("x", 48, 64, False, torch.float32)
+    assert "multiple of 32" in llama.supports(search_space.get("gguf(type=q4_0)"), narrow)
     assert "GGUF block types only" in llama.supports(search_space.get("int8_wo"), wide)
     assert targets.get("vllm").supports(object(), wide).startswith("vLLM support check failed")  # never raises
     assert "Q8_0" in llama.describe(search_space.get("gguf(type=q4_0)")) and "Marlin" in targets.get("vllm").describe(
@@ -246,7 +248,8 @@ def test_int4_sym_is_int4_wo_with_zero_zeros(group_size):
     lin = torch.nn.Linear(256, 128, bias=False)
     x = torch.randn(64, 256)
     rtn = search_space.get("int4_sym", group_size=group_size).build(lin, fqn="l")
-    gptq = search_space.get("int4_sym", group_size=group_size, algorithm="gptq").build(lin, LayerStats(sample=x), fqn="l")
+    gptq = search_space.get("int4_sym", group_size=group_size, algorithm="gptq").build(lin, LayerStats(sample=x),
+                                                                                       fqn="l")
     for m in (rtn, gptq):
         assert not m.canonical()["zeros"].any()
         with torch.no_grad():
@@ -303,9 +306,10 @@ def test_gguf_export_reads_back_as_planned(tmp_path):
     out = export(model, "gguf", tmp_path / "g")
     reader = gguf.GGUFReader(out / "model.gguf")
     stored = {t.name: t for t in reader.tensors}
-    assert stored["blk.0.attn_q.weight"].tensor_type.name == "Q4_0" and stored["blk.1.attn_k.weight"].tensor_type.name == "Q4_1"
-    assert stored["blk.0.ffn_down.weight"].tensor_type.name == "BF16" and stored["output.weight"].tensor_type.name == "Q8_0"
-    assert stored["blk.0.attn_norm.weight"].tensor_type.name == "F32" and stored["token_embd.weight"].tensor_type.name == "BF16"
+    kinds = {name: t.tensor_type.name for name, t in stored.items()}
+    assert kinds["blk.0.attn_q.weight"] == "Q4_0" and kinds["blk.1.attn_k.weight"] == "Q4_1"
+    assert kinds["blk.0.ffn_down.weight"] == "BF16" and kinds["output.weight"] == "Q8_0"
+    assert kinds["blk.0.attn_norm.weight"] == "F32" and kinds["token_embd.weight"] == "BF16"
     for i in range(2):
         for n, t in GGUF_PLAN.items():
             name = f"blk.{i}.{gg._LAYER_NAMES[n]}.weight"

@@ -132,7 +132,8 @@ def test_module_against_reference_float_and_bound(type_name, dtype):
 def test_save_load_is_bit_exact_and_the_plan_names_the_type(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
-    plan = autoao.Plan.for_model(model, {"0": search_space.get("gguf(type=q4_1)"), "2": search_space.get("gguf(type=q4_0)")})
+    plan = autoao.Plan.for_model(model, {"0": search_space.get("gguf(type=q4_1)"),
+                                         "2": search_space.get("gguf(type=q4_0)")})
     autoao.apply(model, plan)
     autoao.save(model, tmp_path)
     fresh = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))

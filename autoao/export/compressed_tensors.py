@@ -6,13 +6,14 @@ are listed in `ignore` and stored in the model's dtype. Each scheme holds autoao
 tensors unchanged (never re-quantized from float weights: compressed-tensors' own quantizer would
 flip codes at rounding ties and pick other scales):
 
-    candidate                     scheme                 format            tensors per layer
-    int4_sym (g 32/64/128;        W4A16, symmetric       pack-quantized    weight_packed int32 [N, K/8], weight_scale [N, K/g], weight_shape
-      rtn, gptq)
-    int8_wo (rtn, gptq)           W8A16, per channel     pack-quantized    weight_packed int32 [N, K/4], weight_scale [N, 1], weight_shape
-    int8_dyn (per token; rtn)     W8A8 int8, dynamic     int-quantized     weight int8 [N, K], weight_scale [N, 1]
-    fp8_dyn (row / tensor)        FP8 dynamic            float-quantized   weight e4m3 [N, K], weight_scale [N, 1] / [1]
-    fp8_wo                        FP8 weight-only        float-quantized   weight e4m3 [N, K], weight_scale [N, 1]
+    candidate                   scheme              format           tensors per layer
+    int4_sym (g 32/64/128;      W4A16, symmetric    pack-quantized   weight_packed int32 [N, K/8],
+      rtn, gptq)                                                     weight_scale [N, K/g], weight_shape
+    int8_wo (rtn, gptq)         W8A16, per channel  pack-quantized   weight_packed int32 [N, K/4],
+                                                                     weight_scale [N, 1], weight_shape
+    int8_dyn (per token; rtn)   W8A8 int8, dynamic  int-quantized    weight int8 [N, K], weight_scale [N, 1]
+    fp8_dyn (row / tensor)      FP8 dynamic         float-quantized  weight e4m3 [N, K], weight_scale [N, 1] / [1]
+    fp8_wo                      FP8 weight-only     float-quantized  weight e4m3 [N, K], weight_scale [N, 1]
 
 (scales float32, exactly autoao's). What the format cannot hold is refused, layer by layer, with
 the reason (`scheme_of` returns it): int4_wo's zero points are floats (w = (q - 8) * scale + zero,
@@ -206,10 +207,10 @@ def quantization_config(schemes: dict[str, CtScheme], ignore: list[str]) -> dict
     groups = {}
     for i, (scheme, targets) in enumerate(by_scheme.items()):
         args = scheme.args()
+        inputs = args["input_activations"]
         groups[f"group_{i}"] = QuantizationScheme(
             targets=targets, weights=QuantizationArgs(**args["weights"]),
-            input_activations=None if args["input_activations"] is None else QuantizationArgs(**args["input_activations"]),
-            format=scheme.format)
+            input_activations=None if inputs is None else QuantizationArgs(**inputs), format=scheme.format)
     formats = sorted({s.format for s in by_scheme})
     config = QuantizationConfig(config_groups=groups, format=formats[0] if len(formats) == 1 else "mixed-precision",
                                 quantization_status="compressed", ignore=ignore)
@@ -314,7 +315,8 @@ def config_problems(qconfig: dict[str, Any], specs: dict[str, Any], target: Any)
 
 ##### writing ###################################################################################
 
-def write(model: nn.Module, directory: Path, specs: dict[str, Any], tokenizer: Any = None) -> dict[str, CtScheme | None]:
+def write(model: nn.Module, directory: Path, specs: dict[str, Any],
+          tokenizer: Any = None) -> dict[str, CtScheme | None]:
     """Write the checkpoint of the applied `model` into `directory` (which exists): weights,
     config.json with `quantization_config`, generation and tokenizer files where known. The
     caller has checked the plan (targets.check_plan). Returns fqn -> scheme (None: ignored) for
