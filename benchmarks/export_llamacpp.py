@@ -118,7 +118,8 @@ def write_results(args: argparse.Namespace, rows: list[dict]) -> None:
     import llama_cpp
 
     info = {"date": datetime.date.today().isoformat(),
-            "command": " ".join([Path(sys.executable).name] + sys.argv), "cpu": cpu_model(), "threads": args.threads, "rounds": args.rounds,
+            "command": " ".join([Path(sys.executable).name] + sys.argv), "cpu": cpu_model(),
+            "threads": args.threads, "rounds": args.rounds,
             "workload": f"{WORKLOAD_PREFILL}-token prefill + {WORKLOAD_DECODE} decode steps",
             "versions": {"llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
                          "autoao": autoao.__version__, "python": platform.python_version()},
@@ -157,8 +158,8 @@ def main() -> None:
         files[name] = export(Path(run_dir), "gguf", work / name.replace(" ", "_")) / "model.gguf"
     _, tokenizer = models.load()
     prompt = models.text_inputs(tokenizer, seq_len=WORKLOAD_PREFILL, n_seqs=1, held_out=True)[0][0].tolist()
-    llms = {name: llama_cpp.Llama(str(path), n_ctx=512, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
-                                  verbose=False) for name, path in files.items()}
+    llms = {name: llama_cpp.Llama(str(path), n_ctx=512, n_batch=512, n_threads=args.threads,
+                                  n_threads_batch=args.threads, verbose=False) for name, path in files.items()}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in files}
     for llm in llms.values():  # warm-up
         time_workload(llm, prompt)
