@@ -427,3 +427,12 @@ def test_deploy_section_data():
     assert "Marlin" in next(r.runs for r in d.rows if r.candidate == "int8_wo")
     assert deploy(plan, model, "autoao").command is None
     assert len(deploy(plan, model, "llama.cpp").problems) == 4
+
+
+def test_layer_candidates_hold_what_the_target_loads():
+    specs = autoao.plan.layer_specs(tiny_llama(torch.bfloat16))
+    space = targets.layer_candidates("llama.cpp", specs, "cpu")
+    assert {c.name for c in space["model.layers.0.mlp.down_proj"]} == {
+        "bf16", "gguf(type=q8_0)", "gguf(type=q4_0)", "gguf(type=q4_1)"}
+    vllm = targets.layer_candidates("vllm", specs, "cpu")["model.layers.0.self_attn.k_proj"]  # N = 128
+    assert "int4_sym(group_size=128)" in {c.name for c in vllm} and not any(c.family == "sparse24" for c in vllm)

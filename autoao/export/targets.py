@@ -213,6 +213,18 @@ def targets_of(format: str) -> list[Target]:
     return [t for t in TARGETS.values() if t.format == format]
 
 
+def layer_candidates(target: str | Target, specs: dict[str, LayerSpec], device: Any,
+                     candidates: list[Candidate] | None = None) -> dict[str, list[Candidate]]:
+    """The search space of a run made for `target`: per layer, the candidates (default: the
+    target's `candidates()`) that both run on `device` in autoao (Candidate.supports: the search
+    measures them there) and load on the target (Target.supports). A search keeps the layers of
+    each `shared_groups` group on one candidate where the target fuses them."""
+    chosen = get(target)
+    pool = chosen.candidates() if candidates is None else candidates
+    return {fqn: [c for c in pool if c.supports(spec, device) is None and chosen.supports(c, spec) is None]
+            for fqn, spec in specs.items()}
+
+
 def check_plan(plan: Any, layers: nn.Module | dict[str, LayerSpec], target: str | Target) -> list[str]:
     """Every problem `plan` (an autoao.Plan) meets on `target`, one line each, naming the layer:
     a candidate the engine cannot load or run as planned on that layer's shape, and fused sibling
