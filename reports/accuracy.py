@@ -79,7 +79,7 @@ def metric_rows(ctx: RunContext, summary: RunSummary | None, shown: TrialRecord 
             continue
         label, what, higher = _proxy_metric("agreement" if lm and key == "accuracy" else key, acc.proxy, base)
         plan = None if unchanged or key in BASELINE_ONLY or measured is None else measured.get(key)
-        why = "the unchanged model's" if key in BASELINE_ONLY else missing
+        why = "–" if key in BASELINE_ONLY else missing  # a property of the unchanged model alone
         rows.append(MetricRow(label, what, 1, "proxy", value, plan, why, higher, screen if plan is not None else None))
     if acc.tier == 2:
         rows += _tier2_rows(ctx, summary, unchanged, missing)

@@ -41,6 +41,16 @@ def fmt_db(v: float | None) -> str:
     return "exact" if v == math.inf else f"{v:.1f} dB"
 
 
+def fmt_db_range(span: tuple[float, float]) -> str:
+    """An SQNR range with its unit once: "20.6–32.2 dB", "exact", "44.1 dB–exact"."""
+    low, high = span
+    if low == high:
+        return fmt_db(low)
+    if high == math.inf:
+        return f"{fmt_db(low)}–exact"
+    return f"{low:.1f}–{high:.1f} dB"
+
+
 def fmt_times(v: float | None) -> str:
     if v is None or not math.isfinite(v):
         return "–"

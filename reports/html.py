@@ -20,8 +20,8 @@ from autoao.common import BASELINE, atomic_write
 from autoao.decisions import Judged
 from autoao.records import Latency
 from autoao.reports import plots, tables
-from autoao.reports.fmt import (fmt_bytes, fmt_db, fmt_drop, fmt_interval, fmt_ms, fmt_n, fmt_num, fmt_s, fmt_times,
-                                fmt_us)
+from autoao.reports.fmt import (fmt_bytes, fmt_db, fmt_db_range, fmt_drop, fmt_interval, fmt_ms, fmt_n, fmt_num,
+                                fmt_s, fmt_times, fmt_us)
 from autoao.reports.layers import everywhere
 from autoao.reports.load import ReportData, load, plan_text
 from autoao.reports.trust import budget_seconds
@@ -59,8 +59,8 @@ def render_html(data: ReportData, csv_names: list[str]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters.update(ms=fmt_ms, us=fmt_us, db=fmt_db, times=fmt_times, drop=fmt_drop, num=fmt_num, secs=fmt_s,
-                       size=fmt_bytes, interval=fmt_interval, evidence=fmt_n, tier=tier_label,
+    env.filters.update(ms=fmt_ms, us=fmt_us, db=fmt_db, db_range=fmt_db_range, times=fmt_times, drop=fmt_drop,
+                       num=fmt_num, secs=fmt_s, size=fmt_bytes, interval=fmt_interval, evidence=fmt_n, tier=tier_label,
                        sh=lambda p: shlex.quote(str(p)), py=lambda p: repr(str(p)))
     pareto, history = plots.pareto_svg(data), plots.history_svg(data)
     star = plots.star(data)

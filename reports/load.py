@@ -197,12 +197,13 @@ def unchanged_reason(summary: RunSummary) -> str:
 
 
 def _kept(summary: RunSummary | None) -> str | None:
-    """Why no layer was weighed against another: the finished run kept the whole model (None: it did not)."""
+    """Why no layer was weighed against another: the finished run kept the whole model (None: it
+    did not). Short: the status box above the layers gives the run's reason in full."""
     if summary is None or summary.plan:
         return None
     if summary.trials == 0:
         return "kept as it came: the budget ran out before the first trial"
-    return f"kept as it came with the whole model: {unchanged_reason(summary)}"
+    return "kept as it came with the whole model, for the reason the status box gives"
 
 
 def _predicted_speedup(ctx: RunContext, summary: RunSummary | None, trial: TrialRecord | None) -> float | None:

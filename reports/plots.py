@@ -65,10 +65,10 @@ def feasibility_line(data: ReportData) -> tuple[float, str] | None:
     proxy decides, the proxy's screen where tier 2 does (None: the run did not record its screen)."""
     ctx = data.context
     if ctx.accuracy.tier == 1:
-        return data.max_drop, f"the max accuracy drop ({data.max_drop:g})"
+        return data.max_drop, f"the max accuracy drop ({data.max_drop:.4g})"
     if ctx.screen_drop is None:
         return None
-    return ctx.screen_drop, f"the proxy's screen ({ctx.screen_drop:g}, tier 1)"
+    return ctx.screen_drop, f"the proxy's screen ({ctx.screen_drop:.4g}, tier 1)"
 
 
 def _pareto(data: ReportData) -> str | None:
@@ -118,7 +118,7 @@ def _limits(ax: Any, data: ReportData) -> None:
                    zorder=1).set_gid("pareto-screen")
     if data.context.accuracy.tier == 2:
         ax.axhline(data.max_drop, color=BUDGET, ls="-.", lw=1.0, zorder=1,
-                   label=f"max accuracy drop ({data.max_drop:g}): judged on tier 2, not on this axis").set_gid(
+                   label=f"max accuracy drop ({data.max_drop:.4g}): judged on tier 2, not on this axis").set_gid(
                        "pareto-budget")
 
 
