@@ -25,7 +25,7 @@ from autoao.bench import ModelBench
 from autoao.budget import TimePlan
 from autoao.choose import choose
 from autoao.common import cache_dir
-from autoao.decisions import NothingToTry
+from autoao.decisions import NothingToTry, StudyClosed
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
 from autoao.finalize import MIN_ROUNDS, finalize
@@ -139,11 +139,11 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
                           left_out=hooks.left_out, anchors=anchored.records)
     write(opts.out_dir / "context.json", context)
     with ledger.stage("search trials"):
-        outcome = trials(opts, hooks, config, bench, judges, meas, anchored, work, plan, ledger)
+        outcome, closed = trials(opts, hooks, config, bench, judges, meas, anchored, work, plan, ledger)
     with ledger.stage("accuracy verdicts"):
         choice = choose(outcome, bench, judges, plan, ledger)
     with ledger.stage("final measurement"):
-        final = finalize(bench, choice, meas, anchored.cost, base, notes, ledger)
+        final = finalize(bench, choice, meas, anchored.cost, base, notes + closed, ledger)
         record_final(rcache, base, work, ledger.stage_seconds()["final measurement"], final.rounds)
         summary = run_summary(final, outcome, meas, context, model, ledger, plan.planned,
                               {a: s - fits.get(a, 0.0) for a, s in algorithm_seconds().items()}, base.bf16_us)
@@ -193,10 +193,12 @@ def search_config(opts: Options, hooks: RunHooks, judges: Judges, groups: list[G
 
 
 def trials(opts: Options, hooks: RunHooks, config: SearchConfig, bench: ModelBench, judges: Judges,
-           meas: Measurements, anchored: Anchored, work: Workload, plan: TimePlan, ledger: RunLedger) -> SearchOutcome:
+           meas: Measurements, anchored: Anchored, work: Workload, plan: TimePlan, ledger: RunLedger
+           ) -> tuple[SearchOutcome, tuple[StudyClosed, ...]]:
     """The study's trials, scored by the judges' screen; on a database server, published for
-    `autoao worker` processes first and closed after (workers). The best feasible plan so far is
-    on disk (best_plan.json) after every trial, so a killed run leaves it."""
+    `autoao worker` processes first and closed after (workers), what the close did recorded as a
+    decision. The best feasible plan so far is on disk (best_plan.json) after every trial, so a
+    killed run leaves it."""
     if opts.shared:
         workers.publish(config, bench.groups, anchored.cost, meas.sqnr, judges, bench.model, work)
         ledger.say(f"study {config.study_name} published on {workers.shown(config.storage)}: "
@@ -214,10 +216,11 @@ def trials(opts: Options, hooks: RunHooks, config: SearchConfig, bench: ModelBen
     ledger.say(f"searching: {len(bench.groups)} choices, budget {ledger.budget} ({ledger.elapsed():.0f} s spent on measurements)")
     outcome = run_search(bench.groups, anchored.cost, bench.scorer(judges.screen), config, layer_sqnr=meas.sqnr,
                          on_trial=on_trial, progress=opts.progress, stop=lambda: plan.past("search trials"))
-    if opts.shared:
-        ledger.say(workers.close(outcome, config, anchored.cost, bench.scorer(judges.screen), ledger,
-                                 keep=plan.reserve()).describe())
-    return outcome
+    if not opts.shared:
+        return outcome, ()
+    closed = workers.close(outcome, config, anchored.cost, bench.scorer(judges.screen), ledger, keep=plan.reserve())
+    ledger.say(closed.describe())
+    return outcome, (closed,)
 
 
 def result_line(summary: RunSummary, plan: Plan, out_dir: Path) -> str:

@@ -75,8 +75,9 @@ def choose(outcome: SearchOutcome, bench: ModelBench, judges: Judges, plan: Time
     start = keys.index(best) if best in keys else len(front) // 2
 
     def check(r: TrialRecord) -> Judged:
-        ledger.say(f"judging trial {r.number} (plan {front.index(r) + 1} of the {len(front)} on the Pareto front, "
-                   "fastest first)")
+        where = (f"plan {front.index(r) + 1} of the {len(front)} on the Pareto front, fastest first" if r in front
+                 else "measured faster end to end than the chosen plan")  # the re-rank's plans need not be on it
+        ledger.say(f"judging trial {r.number} ({where})")
         return judge_plan(r, bench, judges, plan, ledger)
 
     index, decisions = bisect(front, start, check, plan, judges.check_s)

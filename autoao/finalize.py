@@ -16,7 +16,7 @@ other's. An empty plan is the unchanged model: 1.00x by definition, not measured
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoao.bench import ModelBench, Sample, interleaved
 from autoao.choose import Choice
@@ -69,10 +69,12 @@ def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostMo
     plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
     predicted_base = cost.predict(Plan())
     if not plan.layers:
-        if any(isinstance(d, NothingToTry) for d in decisions):
-            pass  # the time plan said the budget cannot hold a search
+        not_timed = sum(r.timing.error == NOT_TIMED for r in meas.table.rows)
+        short = [i for i, d in enumerate(decisions) if isinstance(d, NothingToTry)]
+        if short:  # the time plan said the budget cannot hold a search, before timing: now with its untimed cells
+            decisions[short[0]] = replace(decisions[short[0]], not_timed=not_timed)
         elif all(ch == [BASELINE] for ch in meas.choices.values()):
-            decisions.append(NothingToTry(sum(r.timing.error == NOT_TIMED for r in meas.table.rows)))
+            decisions.append(NothingToTry(not_timed))
         elif trial is not None:  # the best plan that held changes no layer
             decisions.append(BestIsUnchanged(trial.number))
             plan = bench.shipped({})

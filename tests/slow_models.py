@@ -1,9 +1,10 @@
 """Tiny models whose trials take a set time, for the tests of several processes on one study:
 `autoao search --model tests/slow_models.py:build`.
 
-A trial is the proxy's forward on the held-out inputs ([2, 32] ids) with quantized layers in the
-model; only that forward is slowed (profiling, the proxy's reference and end-to-end timing, on
-[1, 16] ids or the unchanged model, stay fast). Environment variables, read at each forward:
+A trial is the proxy's forward on the held-out inputs ([16, 32] ids: the 512 positions `autoao search`
+asks of the screen by default, so the judges score them and build no others) with quantized layers in the model; only
+that forward is slowed (profiling, the proxy's reference and end-to-end timing, on [1, 16] ids or
+the unchanged model, and the verdicts' other inputs, stay fast). Environment variables, read at each forward:
   AUTOAO_TEST_TRIAL_SLEEP  seconds each such forward sleeps (every process)
   AUTOAO_TEST_STALL_FILE   a path: the first `autoao worker` process to reach such a forward creates
                            it, writes its pid there, and sleeps for good (a worker to SIGKILL mid-trial);
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # loaded by file path:
 from tiny_models import TinyLM  # noqa: E402
 
 
-EVAL_SHAPE = (2, 32)
+EVAL_SHAPE = (16, 32)
 
 
 class SlowTinyLM(TinyLM):

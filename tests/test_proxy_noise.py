@@ -18,6 +18,7 @@ from autoao.decisions import HeldOutInputs
 from autoao.evaluators import heldout
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import upcast
+from autoao.workload import build_workload
 
 
 def _tiny_bf16() -> nn.Module:
@@ -88,10 +89,15 @@ def test_one_token_inputs_are_judged_on_held_out_positions_in_stated_units(token
     r = autoao.optimize(model, steps, budget=3, accuracy=None, tokenizer=tokenizer, candidates=["int8_wo"],
                         out_dir=tmp_path, progress=False)
     note = next(d for d in r.summary.decisions if isinstance(d, HeldOutInputs))
-    assert note.given == 3 and note.minimum == heldout.MIN_LM_POSITIONS <= note.positions
+    assert note.given is None and heldout.MIN_LM_POSITIONS <= note.minimum <= note.positions  # none given: built
     ctx = records.load_context(tmp_path / "context.json")
     assert ctx.accuracy.tier == 1 and "top-1 agreement with the unmodified model" in ctx.accuracy.proxy
     assert f"on {note.positions} tokens" in ctx.accuracy.proxy and "points below" in ctx.accuracy.proxy
     source = heldout.TEXT if tokenizer is not None else heldout.SAMPLES
     assert source in note.source and source in ctx.accuracy.held_out
-    assert "3 positions" in note.describe() and source in note.describe()
+    assert "no held-out inputs were given" in note.describe() and source in note.describe()
+    # inputs given, but too few (the three steps as eval_inputs): said as such, the same inputs built
+    work = build_workload(_tiny_bf16(), steps, eval_inputs=steps, tokenizer=tokenizer, confirm=False)
+    (given,) = [d for d in work.notes if isinstance(d, HeldOutInputs)]
+    assert given.given == 3 and "hold 3 positions, fewer than the" in given.describe()
+    assert source in work.held_out.source and given.positions == work.held_out.positions
