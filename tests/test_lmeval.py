@@ -210,3 +210,20 @@ def test_demo_model_is_far_above_chance_on_facts():
     result = lmeval.evaluate(model, tok, ["autoao_facts"], limit=100)
     assert result.samples == {"autoao_facts": 100}
     assert result.metrics["autoao_facts"]["acc"] >= 0.5, result.metrics
+
+
+def test_a_judge_scores_the_documents_it_samples_each_on_its_own(tok, llama, monkeypatch):
+    """The tier-2 judge asks for given documents of a task (`samples`), not a prefix: exactly those
+    are scored, each with its own headline score (0/1 for accuracy) and, for multiple choice, the
+    gold answer's log-likelihood margin; their mean is the task's accuracy on them."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    picked = [9, 2, 5]
+    result = lmeval.evaluate(llama, tok, ["autoao_facts"], samples={"autoao_facts": picked}, batch_size=4,
+                             max_length=MAX_LENGTH)
+    docs = result.per_doc["autoao_facts"]
+    assert sorted(docs) == sorted(picked) and result.samples == {"autoao_facts": 3}
+    assert all(d["score"] in (0.0, 1.0) and "margin" in d for d in docs.values())
+    assert result.metrics["autoao_facts"]["acc"] == pytest.approx(sum(d["score"] for d in docs.values()) / 3)
+    assert all((d["margin"] > 0) == (d["score"] == 1.0) for d in docs.values())  # right exactly when gold leads
+    assert lmeval.task_sizes(["autoao_facts"]) == {"autoao_facts": result.documents["autoao_facts"]}
