@@ -136,6 +136,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
     context = run_context(model, work, list(opts.candidates), meas, anchored.cost, groups, judges,
                           budget=str(opts.budget), seed=opts.seed, storage=config.storage or "",
                           study_name=config.study_name, command=hooks.command, bf16_us=base.bf16_us,
+                          started=ledger.elapsed(),
                           left_out=hooks.left_out, anchors=anchored.records)
     write(opts.out_dir / "context.json", context)
     with ledger.stage("search trials"):
@@ -161,7 +162,7 @@ def too_short(plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...]:
     short = plan.shortfall()
     if short is None:
         return ()
-    note = NothingToTry(0, short[0], short[1], math.ceil(short[2] / 30) * 30)
+    note = NothingToTry(0, "profile and baselines", short[0], math.ceil(short[2] / 30) * 30, short[1])
     ledger.say(note.describe())
     return (note,)
 

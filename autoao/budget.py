@@ -151,17 +151,15 @@ class TimePlan:
         remaining = self.ledger.remaining()
         return remaining is None or remaining - self.slowdown * seconds >= self.final_reserve()
 
-    def shortfall(self) -> tuple[str, float, float] | None:
+    def shortfall(self) -> tuple[float, float, float] | None:
         """When the budget leaves the flexible stages less than MIN_FLEXIBLE_S after what was spent
-        and the reserve: (what took the time, its seconds, a budget that would leave them
-        MIN_FLEXIBLE_S * 4); else None."""
+        (the first stage, which measured the model as it came) and the reserve: (the seconds spent,
+        the reserve's, a budget that would leave them 4 x MIN_FLEXIBLE_S); else None."""
         remaining = self.ledger.remaining()
         if remaining is None or remaining - self.reserve() >= MIN_FLEXIBLE_S:
             return None
         spent, reserve = self.ledger.elapsed(), self.reserve()
-        what = ("measuring the model as it came" if spent >= reserve else
-                "the reserve for judging a plan's accuracy and the final measurement")
-        return what, max(spent, reserve), spent + reserve + 4 * MIN_FLEXIBLE_S
+        return spent, reserve, spent + reserve + 4 * MIN_FLEXIBLE_S
 
     def plan_verdicts(self) -> None:
         """Record what the accuracy verdicts and the final measurement are planned to take, at the

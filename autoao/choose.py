@@ -131,14 +131,16 @@ def judge_plan(r: TrialRecord, bench: ModelBench, judges: Judges, plan: TimePlan
         with bench.applied(shipped):
             modules = bench.modules(shipped)
             swap = _Swap(bench, modules)
-            verdicts.append(_deciding_verdict(judges, swap, key, plan, ledger))
+            deciding, metrics = _deciding_verdict(judges, swap, key, plan, ledger)
+            verdicts.append(deciding)
             if judges.generation is not None and verdicts[0].status != BREAKS:
                 swap.plan()
                 verdicts.append(judges.budget.judge(judges.generation.evidence(bench.model)))
     except Exception as e:  # noqa: BLE001 - a plan that cannot run does not hold
         ledger.say(f"trial {r.number} could not be judged: {type(e).__name__}: {e}")
         return Judged(r.number, r.predicted_ms, r.drop, BREAKS, tuple(verdicts), time.perf_counter() - t0)
-    judged = Judged(r.number, r.predicted_ms, r.drop, combine(verdicts), tuple(verdicts), time.perf_counter() - t0)
+    judged = Judged(r.number, r.predicted_ms, r.drop, combine(verdicts), tuple(verdicts), time.perf_counter() - t0,
+                    metrics)
     ledger.say(judged.describe())
     return judged
 
@@ -159,13 +161,16 @@ class _Swap:
         return self.bench.model
 
 
-def _deciding_verdict(judges: Judges, swap: _Swap, key: str, plan: TimePlan, ledger: RunLedger) -> Verdict:
+def _deciding_verdict(judges: Judges, swap: _Swap, key: str, plan: TimePlan, ledger: RunLedger
+                      ) -> tuple[Verdict, dict[str, float]]:
     """The deciding judge's verdict, look by look: tier 2's documents, or the proxy's confirmation
-    chunks, until it resolves, the evidence runs out, or the time plan has no room for a look."""
+    chunks, until it resolves, the evidence runs out, or the time plan has no room for a look; and
+    the plan's metrics on the last look (tier 2: each task's accuracy on the documents scored)."""
     tier2, proxy, budget = judges.tier2, judges.proxy, judges.budget
     looks = tier2.looks if tier2 is not None else max(len(proxy.confirm_inputs), 1)
     evidence: Evidence | None = None
     verdict: Verdict | None = None
+    metrics: dict[str, float] = {}
     for look in range(looks):
         price = judges.check_s / looks
         if verdict is not None and not plan.allows(price):
@@ -175,7 +180,8 @@ def _deciding_verdict(judges: Judges, swap: _Swap, key: str, plan: TimePlan, led
         if tier2 is not None:
             if hasattr(tier2, "prepare"):
                 tier2.prepare(swap.reference(), look)
-            evidence = tier2.evidence(swap.plan(), key, look)[1]  # cumulative: all the look's documents
+            acc, evidence = tier2.evidence(swap.plan(), key, look)  # cumulative: all the look's documents
+            metrics = dict(acc.metrics)
         else:
             if not proxy.prepare(swap.reference(), look):
                 break
@@ -186,15 +192,15 @@ def _deciding_verdict(judges: Judges, swap: _Swap, key: str, plan: TimePlan, led
         if verdict.status != UNRESOLVED:
             break
     if verdict is None:  # no confirmation inputs: the screen's evidence is all there is
-        verdict = budget.judge(proxy.score(swap.plan(), key)[1])
-    return verdict
+        acc, evidence = proxy.score(swap.plan(), key)
+        verdict, metrics = budget.judge(evidence), dict(acc.metrics)
+    return verdict, metrics
 
 
 def _deciding(judged: Judged, judges: Judges) -> Accuracy:
     """The held plan's accuracy on the deciding tier, from its verdict."""
     v = judged.verdicts[0]
-    tier = judges.budget.tier
-    return Accuracy(tier, v.score, v.drop, {}, judges.describe(), v)
+    return Accuracy(judges.budget.tier, v.score, v.drop, dict(judged.metrics), judges.describe(), v)
 
 
 def rerank(outcome: SearchOutcome, choice: Choice, bench: ModelBench, check: Callable[[TrialRecord], Judged],

@@ -134,6 +134,7 @@ class Judged(Decision):
     status: str = ""  # holds / breaks / unresolved: every judge's verdict combined
     verdicts: tuple[Verdict, ...] = ()
     seconds: float = 0.0  # what judging it took
+    metrics: dict[str, float] = field(default_factory=dict)  # the deciding judge's, on the evidence it took
 
     def describe(self) -> str:
         said = "; ".join(v.describe() for v in self.verdicts) or "no judge ran"
@@ -281,9 +282,10 @@ class NothingToTry(Decision):
     kind: ClassVar[str] = "nothing_to_try"
     ends_unchanged: ClassVar[bool] = True
     not_timed: int = 0  # cells the time budget left untimed
-    stage: str = ""  # what spent the budget
+    stage: str = ""  # the stage that spent the budget (a RunSummary.stages name)
     stage_s: float = 0.0
     suggest_s: float = 0.0  # a time budget that would let the search try plans
+    reserve_s: float = 0.0  # what the time plan kept for judging a plan and the final measurement
 
     def describe(self) -> str:
         if not self.stage:
@@ -291,7 +293,8 @@ class NothingToTry(Decision):
                 return (f"the time budget ran out before any candidate but the unchanged one was timed ({self.not_timed} "
                         "cells not timed), so no plan could be tried; a larger budget lets the search try plans")
             return "no layer has a candidate other than the unchanged one that runs here, so no plan could be tried"
-        return (f"the time budget is too short to try plans: {self.stage} takes {self.stage_s:.0f} s of it "
+        return (f"the time budget is too short to try plans: '{self.stage}' took {self.stage_s:.0f} s of it and "
+                f"judging a plan's accuracy and the final measurement need {self.reserve_s:.0f} s "
                 f"({self.not_timed} timing cells never timed); a budget of about {self.suggest_s:.0f} s lets the "
                 "search try plans")
 

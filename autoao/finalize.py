@@ -23,7 +23,7 @@ from autoao.choose import Choice
 from autoao.clock import PairedSpeedup, paired_speedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
-from autoao.decisions import BestIsUnchanged, Decision, KeptUnchanged, NothingToTry
+from autoao.decisions import BestIsUnchanged, Decision, Judged, KeptUnchanged, NothingToTry
 from autoao.ledger import RunLedger
 from autoao.measure import Baselines, Measurements
 from autoao.plan import Plan, apply
@@ -63,7 +63,9 @@ def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostMo
     """Apply the chosen plan (fresh modules, validated) and compare it with the model as it came,
     measured in alternation (module docstring); a plan not shown faster leaves the model unchanged."""
     model = bench.model
-    decisions = [*notes, *choice.decisions]
+    tried = any(isinstance(d, Judged) for d in choice.decisions)
+    # the time plan's early word that the budget was too short stands only if nothing was judged
+    decisions = [d for d in (*notes, *choice.decisions) if not (tried and isinstance(d, NothingToTry))]
     bench.restore()
     trial = choice.trial
     plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)

@@ -39,14 +39,16 @@ from autoao.workload import Workload
 
 def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements, cost: CostModel,
                 groups: list[Group], judges: Judges, *, budget: str, seed: int, storage: str, study_name: str,
-                command: str | None, bf16_us: float, left_out: dict[str, str] | None = None,
+                command: str | None, bf16_us: float, started: float, left_out: dict[str, str] | None = None,
                 anchors: tuple[AnchorRecord, ...] = ()) -> RunContext:
-    """Everything the report needs that is known before the first trial (context.json). left_out:
-    candidates not considered -> why (listed as "left out")."""
+    """Everything the report needs that is known before the first trial (context.json). started:
+    seconds ago the run began (its command's start, for the command line); left_out: candidates not
+    considered -> why (listed as "left out")."""
     calls = layer_calls(work.prof)
     layers = [_layer_record(lay, calls[lay.fqn], cands, meas, work.device) for lay in work.prof.layers]
     return RunContext(
-        started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        started=(datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=started)
+                 ).isoformat(timespec="seconds"),
         model=ModelInfo(type(model).__name__, sum(p.numel() for p in model.parameters()), weight_bytes(model),
                         str(work.dtype).removeprefix("torch."), len(work.prof.layers)),
         device=DeviceInfo(work.device.type, meas.table.device, meas.table.mode,
@@ -68,12 +70,20 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
 
 
 def _accuracy_spec(judges: Judges, work: Workload) -> AccuracySpec:
+    """Which accuracy decides, and the unchanged model's scores: tier 2's on the documents its
+    first look scored (`task/documents` says how many; verdicts pair each plan's with the baseline's
+    on the documents they took)."""
     tier2 = judges.tier2
+    base2, metrics2 = None, {}
+    if isinstance(tier2, LmEvalJudge):
+        base2, metrics2 = tier2.baseline_scores(0)
+    elif isinstance(tier2, MetricJudge) and tier2.baseline:
+        base2 = sum(tier2.baseline) / len(tier2.baseline)
     return AccuracySpec(
         tier=judges.budget.tier, tasks=tier2.tasks if isinstance(tier2, LmEvalJudge) else None,
         metric=tier2.name if isinstance(tier2, MetricJudge) else None,
-        baseline_tier1=dict(judges.proxy.baseline), proxy=judges.proxy.describe(),
-        held_out=work.held_out.describe(), unit=judges.budget.unit)
+        baseline_tier1=dict(judges.proxy.baseline), baseline_tier2=base2, baseline_tier2_metrics=metrics2,
+        proxy=judges.proxy.describe(), held_out=work.held_out.describe(), unit=judges.budget.unit)
 
 
 def _layer_record(lay: Any, calls: dict[int, int], cands: list[Candidate], meas: Measurements,
@@ -140,7 +150,7 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
         timing_seconds={label: round(sec, 2) for label, sec in
                         sorted(meas.table.seconds_by_kernel.items(), key=lambda kv: -kv[1])},
         algorithm_seconds={alg: sec for alg, sec in fits.items() if sec > 0},
-        verdicts=list(final.verdicts),
+        verdicts=list(final.verdicts), trial=plan.metadata.get("trial") if plan.layers else None,
         stages=[StageTime(name, round(sec, 2), None if planned.get(name) is None else round(planned[name], 2))
                 for name, sec in spent.items()],
     )

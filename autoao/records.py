@@ -266,6 +266,7 @@ class RunSummary:
     # every judge's verdict on the shipped plan (empty: the model is unchanged)
     verdicts: list[Verdict] = field(default_factory=list)
     stages: list[StageTime] = field(default_factory=list)  # planned and spent per stage
+    trial: int | None = None  # the trial whose plan shipped (None: the model is unchanged)
     version: int = RUN_FILES_VERSION
 
     @property

@@ -76,6 +76,21 @@ class LmEvalJudge:
         self.seconds_per_doc = per_doc if scored else self.seconds_per_doc
         return self.seconds_per_doc
 
+    def baseline_scores(self, look: int) -> tuple[float | None, dict[str, float]]:
+        """The unmodified model's accuracy on the documents of `look` it has scored, and per task
+        its acc and how many documents that is (None, {} before `probe`)."""
+        if self.baseline_key is None:
+            return None, {}
+        metrics: dict[str, float] = {}
+        for task, n in self.documents(look).items():
+            docs = set(self.order[task][:n])
+            scored = [v["score"] for d, v in self._cached(task, self.baseline_key).items() if d in docs]
+            if scored:
+                metrics[f"{task}/acc"] = sum(scored) / len(scored)
+                metrics[f"{task}/documents"] = float(len(scored))
+        accs = [v for k, v in metrics.items() if k.endswith("/acc")]
+        return (sum(accs) / len(accs) if accs else None), metrics
+
     def prepare(self, reference: nn.Module, look: int) -> None:
         """The unmodified model's scores on look `look`'s documents (before a plan is applied)."""
         assert self.baseline_key is not None, "probe(reference, key) first"
