@@ -48,7 +48,7 @@ def start_hogs(cores: float, seconds: float) -> list[mp.Process]:
 
 
 def seconds_of(budget: str) -> float:
-    from autoao.search import Budget
+    from autoao.types import Budget
 
     return Budget.parse(budget).seconds or 0.0
 
@@ -73,7 +73,7 @@ def run_one(budget: str, loaded: bool, out: Path, cache: Path, models: Path | No
     row["within"] = wall <= row["limit_s"]
     (out / "stdout.txt").parent.mkdir(parents=True, exist_ok=True)
     (out / "stdout.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    shutil.rmtree(out / "model", ignore_errors=True)  # the saved model (~260 MB) is not a result
+    shutil.rmtree(out / "model", ignore_errors=True)  # the saved model (~260 MB) is not a result (plan.json is)
     # nor are the pages and tables `autoao report` rebuilds from a study (~3 MB a run): the folder
     # keeps the summary, the plan, the Pareto front, the output and the small CSVs
     for name in ("report.html", "study.db", "context.json", "report_layer_candidates.csv", "report_layers.csv",
@@ -88,7 +88,10 @@ def run_one(budget: str, loaded: bool, out: Path, cache: Path, models: Path | No
         row.update(trials=s["trials"], predicted=round(pred, 3), measured=round(meas, 3),
                    pred_vs_meas_within_25=abs(pred / meas - 1) <= 0.25 if meas else None,
                    range=s.get("speedup_range"), bound=round(s.get("speedup_bound", 1.0), 3),
-                   device=s["device"], stages={k: round(v, 1) for k, v in s["stage_seconds"].items()},
+                   device=s["device"],
+                   stages={x["name"]: (x["spent_s"], x["planned_s"]) for x in s.get("stages", [])}
+                   or {k: round(v, 1) for k, v in s["stage_seconds"].items()},
+                   verdicts=[f"{v['judge']} {v['status']} on {v['n']} {v['unit']}" for v in s.get("verdicts", [])],
                    plan=", ".join(f"{c} x{n}" for c, n in sorted(counts.items())) or "unchanged (bf16)",
                    decisions=[d["kind"] for d in s.get("decisions", [])])
     return row
@@ -98,7 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budgets", default="90s,5m")
     ap.add_argument("--runs", type=int, default=3, help="runs per budget and condition")
-    ap.add_argument("--hog-cores", type=float, default=1.3, help="cores the competing process keeps busy")
+    ap.add_argument("--hog-cores", type=float, default=2.0, help="cores the competing processes keep busy")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -122,13 +125,14 @@ def main() -> None:
                     w.writeheader()
                     w.writerows(rows)
                 lines = [header, "| budget | machine | wall s | limit s | within | trials | predicted | measured "
-                         "| at least (95%) | pred/meas within 25% | plan | threads | decisions | stages (s) |",
-                         "|" + "---|" * 14]
+                         "| at least (95%) | pred/meas within 25% | plan | verdicts | threads | decisions | "
+                         "stages: spent, planned (s) |", "|" + "---|" * 15]
                 for r in rows:
                     lines.append(f"| {r['budget']} | {'loaded' if r['loaded'] else 'quiet'} | {r['wall_s']} | "
                                  f"{r['limit_s']:.0f} | {'yes' if r['within'] else 'NO'} | {r.get('trials', '-')} | "
                                  f"{r.get('predicted', '-')} | {r.get('measured', '-')} | {r.get('bound', '-')} | "
                                  f"{r.get('pred_vs_meas_within_25', '-')} | {r.get('plan', 'rc=' + str(r['rc']))} | "
+                                 f"{'; '.join(r.get('verdicts', []))} | "
                                  f"{r.get('device', '').rpartition('(')[2].rstrip(')')} | "
                                  f"{', '.join(r.get('decisions', []))} | {r.get('stages', '')} |")
                 (args.out / "budget.md").write_text("\n".join(lines) + "\n")
