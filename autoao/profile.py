@@ -49,7 +49,7 @@ from torch import nn
 from autoao.calibration import Calibration, LayerStats
 from autoao.common import call_model
 from autoao.kernels import is_conv1d
-from autoao.search_space import LayerSpec
+from autoao.types import LayerSpec
 
 
 @dataclass

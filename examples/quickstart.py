@@ -41,8 +41,9 @@ def main(out_dir: Path) -> None:
 
     result = autoao.optimize(model, example_inputs, budget=20, accuracy=agreement, max_accuracy_drop=0.05,
                              out_dir=out_dir)
-    speedup = result.plan.metadata["speedup"]["measured"]  # end to end, vs the model as it came
-    print(f"plan: {result.plan.summary() or 'unchanged'}, measured {speedup:.2f}x")
+    s = result.summary  # the speed-up end to end vs the model as it came, and the verdicts it shipped on
+    print(f"plan: {result.plan.summary() or 'unchanged'}, measured {s.speedup.measured:.2f}x (at least "
+          f"{s.speedup_bound:.2f}x); accuracy: {s.verdict.describe() if s.verdict else 'unchanged'}")
     result.plan.save(out_dir / "my_plan.json")  # JSON: layer name -> candidate (optimize also wrote plan.json)
 
     autoao.apply(original, autoao.Plan.load(out_dir / "my_plan.json"))  # the same plan on the other copy

@@ -23,7 +23,7 @@ ORDER = {"chosen": 0, "allowed": 1, "excluded": 2}
 
 
 @dataclass(frozen=True)
-class Choice:
+class LayerOption:
     """One candidate on one layer: its cost, its error, and why it is or is not the plan's."""
 
     candidate: str
@@ -49,14 +49,14 @@ class Layer:
     tied: tuple[str, ...]
     chosen: str
     why: str  # why `chosen`, in a pattern's words
-    choices: tuple[Choice, ...]  # chosen first, then allowed, then excluded
+    choices: tuple[LayerOption, ...]  # chosen first, then allowed, then excluded
 
     @property
-    def pick(self) -> Choice:
+    def pick(self) -> LayerOption:
         return self.choices[0]
 
     @property
-    def baseline(self) -> Choice | None:
+    def baseline(self) -> LayerOption | None:
         return next((c for c in self.choices if c.candidate == BASELINE), None)
 
     @property
@@ -89,7 +89,7 @@ class Pattern:
         return self.layers[0].why
 
     @property
-    def others(self) -> tuple[tuple[Choice, tuple[float, float] | None, tuple[float, float] | None], ...]:
+    def others(self) -> tuple[tuple[LayerOption, tuple[float, float] | None, tuple[float, float] | None], ...]:
         """Every other candidate with its reason, and its time and SQNR ranges over the layers (those
         excluded everywhere alike left out)."""
         out = []
@@ -154,7 +154,7 @@ def _names(lay: LayerRecord) -> list[str]:
     return list(dict.fromkeys([*lay.time_us, *lay.timing_error, *lay.excluded, *lay.choices]))
 
 
-def _choice(lay: LayerRecord, c: str, chosen: str, kept: bool, kernels: dict[str, str]) -> Choice:
+def _choice(lay: LayerRecord, c: str, chosen: str, kept: bool, kernels: dict[str, str]) -> LayerOption:
     times, sqnr = lay.time_us, lay.sqnr_db
     if c == chosen:
         status, reason = "chosen", "chosen"
@@ -175,7 +175,7 @@ def _choice(lay: LayerRecord, c: str, chosen: str, kept: bool, kernels: dict[str
             reason = "faster, not shown less accurate: the search's trade-off across layers"
     shipped = kernels.get(lay.fqn) if c == chosen else None
     kern, note = _kernel(lay.kernels.get(c), shipped)
-    return Choice(c, status, times.get(c), c in lay.emulated, sqnr.get(c), reason, kern, note)
+    return LayerOption(c, status, times.get(c), c in lay.emulated, sqnr.get(c), reason, kern, note)
 
 
 def _kernel(info: KernelTimes | None, shipped: str | None) -> tuple[str | None, str]:
