@@ -119,7 +119,8 @@ def test_every_decision_kind_describes_itself_as_a_distinct_sentence(tmp_path):
     assert "trial 3" in by_kind["judged"] and "+0.0200" in by_kind["judged"] and "holds" in by_kind["judged"]
     assert "1.20x faster than trial 0" in by_kind["rerank_chose"]
     assert "18.8 ms on 2 threads" in by_kind["busy_cpu"]
-    assert "kernel timing takes 80 s" in by_kind["nothing_to_try"] and "about 240 s" in by_kind["nothing_to_try"]
+    too_short = by_kind["nothing_to_try"]
+    assert "kernel timing" in too_short and "80 s" in too_short and "about 240 s" in too_short
     # typed in the run files: each reads back as the same record, kind and numbers
     summary = RunSummary("cpu", "90 s", 1.0, 0, "", Latency(), None, Latency(), Latency(), None, 0.01, list(EXAMPLES),
                          "", "s", 0, None, WeightBytes(1, 1), [], [], {}, {}, [], {}, {})
