@@ -86,7 +86,7 @@ def choose(outcome: SearchOutcome, bench: ModelBench, judges: Judges, plan: Time
     held = next(d for d in decisions if isinstance(d, Judged) and d.trial == front[index].number)
     choice = Choice(front[index], _deciding(held, judges), held.verdicts, tuple(decisions))
     if judges.tier2 is None:
-        choice = rerank(outcome, choice, bench, lambda r: check(r), plan, bench.compile)
+        choice = rerank(outcome, choice, bench, judges, check, plan)
     return choice
 
 
@@ -203,8 +203,8 @@ def _deciding(judged: Judged, judges: Judges) -> Accuracy:
     return Accuracy(judges.budget.tier, v.score, v.drop, dict(judged.metrics), judges.describe(), v)
 
 
-def rerank(outcome: SearchOutcome, choice: Choice, bench: ModelBench, check: Callable[[TrialRecord], Judged],
-           plan: TimePlan, compiled: bool) -> Choice:
+def rerank(outcome: SearchOutcome, choice: Choice, bench: ModelBench, judges: Judges,
+           check: Callable[[TrialRecord], Judged], plan: TimePlan) -> Choice:
     """The chosen plan, or a plan predicted nearly as fast and at least as good on the screen that
     runs faster end to end and holds too (module docstring)."""
     chosen = choice.trial
@@ -224,16 +224,14 @@ def rerank(outcome: SearchOutcome, choice: Choice, bench: ModelBench, check: Cal
             times.append(math.inf)
     plans = [chosen, *near]
     best = min(range(len(plans)), key=lambda i: times[i])
-    if best and times[best] * (1 + RERANK_MARGIN) < times[0] and plan.allows(0.0):
+    if best and times[best] * (1 + RERANK_MARGIN) < times[0] and plan.allows(judges.check_s):
         judged = check(plans[best])
         decisions.append(judged)
         if judged.status == HOLDS:
             rows = tuple(MeasuredPlan(r.number, r.predicted_ms, t / 1e3, i == best) for i, (r, t) in enumerate(zip(plans, times)))
             decisions.append(RerankChose(plans[best].number, times[best] / 1e3, chosen.number, times[0] / 1e3,
                                          chosen.predicted_ms))
-            return Choice(plans[best], Accuracy(1, judged.verdicts[0].score, judged.verdicts[0].drop, {},
-                                                choice.accuracy.source if choice.accuracy else "", judged.verdicts[0]),
-                          judged.verdicts, tuple(decisions), rows)
+            return Choice(plans[best], _deciding(judged, judges), judged.verdicts, tuple(decisions), rows)
     rows = tuple(MeasuredPlan(r.number, r.predicted_ms, t / 1e3, i == 0) for i, (r, t) in enumerate(zip(plans, times)))
     decisions.append(RerankKept(chosen.number, times[0] / 1e3, RERANK_BAND, RERANK_MARGIN,
                                 {r.number: t / 1e3 for r, t in zip(plans[1:], times[1:])}))
