@@ -401,7 +401,8 @@ def test_plans_predicted_nearly_as_fast_are_measured_and_a_faster_one_wins_if_it
             status = "holds" if holds else "breaks"
             return Judged(r.number, r.predicted_ms, r.drop, status, (_verdict(status, 0.001, 1),), 0.0)
 
-        choice = rerank(within, start, SimpleNamespace(measure=measure), check, plan or _time_plan(), False)
+        judges = SimpleNamespace(check_s=0.0, budget=SimpleNamespace(tier=1), describe=lambda: "proxy")
+        choice = rerank(within, start, SimpleNamespace(measure=measure), judges, check, plan or _time_plan())
         return choice, calls, judged
 
     choice, calls, judged = run({"int8_wo": 100.0, "int8_dyn": 90.0, "fp8_wo": 95.0})
