@@ -208,7 +208,7 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
         count, new_tokens = GENERATION["tier2" if tier2 is not None else "proxy"]
         generation = GenerationJudge(model, prompts(work, count), new_tokens)
         gen_s = time.perf_counter() - t0
-    check_s = once_s = gen_s
+    check_s, once_s = gen_s, 0.0  # a check runs the generation judge once (its reference and noise ran already)
     if isinstance(tier2, LmEvalJudge):
         ledger.say("the unmodified model on the tasks' first documents (tier 2)")
         per_doc = tier2.probe(model, base_key)
@@ -218,7 +218,7 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
         check_s += tier2.seconds
     else:  # the proxy decides: its confirmation chunks, references and noise computed once
         confirm = sum(len(c) for c in work.confirm) / max(len(work.held_out.inputs), 1)
-        check_s, once_s = check_s + proxy_s * confirm, once_s + 2 * proxy_s * confirm
+        check_s, once_s = check_s + proxy_s * confirm, 2 * proxy_s * confirm
     noise = 1.0 - proxy.baseline.get("noise_agreement", 1.0)
     budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, proxy_noise=noise,
                                    unit=tier2.describe() if tier2 is not None else proxy.describe())
