@@ -5,6 +5,7 @@ A GGUF tensor is a row-major [N, K] matrix stored as blocks of 32 consecutive in
     Q8_0  34 bytes: fp16 d, int8 q[32]                   w = d * q
     Q4_0  18 bytes: fp16 d, 16 bytes of nibbles          w = d * (q - 8),   q in [0, 15]
     Q4_1  20 bytes: fp16 d, fp16 m, 16 bytes of nibbles  w = d * q + m,     q in [0, 15]
+    Q6_K  210 bytes per super-block of 256 inputs (kernels/gguf_k.py), for K a multiple of 256
 
 (nibbles: byte j holds element j in its low and element j + 16 in its high nibble). The canonical
 tensor of a `GgufLinear` is exactly those bytes, [N, K / 32 * bytes per block] uint8, so an export
@@ -17,7 +18,7 @@ zero) for Q8_0 and truncation of `x * id + 8.5` / `(x - min) * id + 0.5` for Q4_
 
 A llama.cpp matmul never multiplies float activations by these weights: it first quantizes each
 activation row to blocks of 32 (`from_float` of the weight type's `vec_dot_type`: Q8_0 for Q8_0
-and Q4_0, Q8_1 for Q4_1; on x86 with AVX2, id = 127 / amax and round-half-to-even), then sums
+and Q4_0, Q8_1 for Q4_1, Q8_K (blocks of 256) for Q6_K; on x86 with AVX2, id = 127 / amax and round-half-to-even), then sums
 per block d_w * d_x * sum(q_w * q_x) (+ m_w * s_x for Q4_1, s_x = fp16(d_x * sum(q_x))).
 `GgufLinear.forward` computes exactly those numbers: the integer block sums are exact in float32
 (|sum| <= 32 * 127 * 127 < 2^24); only the order of the float32 additions over blocks differs from
@@ -47,16 +48,18 @@ class GgufType:
     block_bytes: int
     bits: int  # bits per weight code
     activation: str  # the vec_dot_type llama.cpp quantizes activations to
+    block: int = BLOCK  # inputs per block: 32, or 256 for the K-quants' super-blocks
 
     @property
     def bits_per_weight(self) -> float:
-        return self.block_bytes * 8 / BLOCK
+        return self.block_bytes * 8 / self.block
 
 
 TYPES: dict[str, GgufType] = {t.name.lower(): t for t in (
     GgufType("Q8_0", 8, 34, 8, "Q8_0"),
     GgufType("Q4_0", 2, 18, 4, "Q8_0"),
     GgufType("Q4_1", 3, 20, 4, "Q8_1"),
+    GgufType("Q6_K", 14, 210, 6, "Q8_K", block=256),  # kernels/gguf_k.py
 )}
 
 
@@ -100,12 +103,16 @@ def _unpack_nibbles(b: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(weight: torch.Tensor, type_name: str) -> torch.Tensor:
-    """weight [N, K] float -> GGUF blocks [N, K / 32 * block_bytes] uint8, as ggml's
+    """weight [N, K] float -> GGUF blocks [N, K / block * block_bytes] uint8, as ggml's
     quantize_row_<type>_ref computes them."""
     t = TYPES[type_name]
     n, k = weight.shape
-    if k % BLOCK:
-        raise ValueError(f"GGUF {t.name}: in_features={k} is not a multiple of {BLOCK}")
+    if k % t.block:
+        raise ValueError(f"GGUF {t.name}: in_features={k} is not a multiple of {t.block}")
+    if t.name == "Q6_K":
+        from autoao.kernels.gguf_k import quantize_q6_k  # the K-quants' longer reference rules
+
+        return quantize_q6_k(weight.detach().float())
     x = weight.detach().float().reshape(n, k // BLOCK, BLOCK)  # [N, B, 32]
     if t.name == "Q8_0":
         d = x.abs().amax(-1) / 127  # [N, B]
@@ -126,11 +133,15 @@ def quantize(weight: torch.Tensor, type_name: str) -> torch.Tensor:
 
 
 def unpack(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """GGUF blocks [N, K / 32 * block_bytes] uint8 -> (q [N, B, 32] float32 codes as the dot
-    product uses them: int8 for Q8_0, nibble - 8 for Q4_0, nibble for Q4_1; d [N, B] float32;
-    m [N, B] float32 for Q4_1, else None)."""
+    """GGUF blocks [N, K / block * block_bytes] uint8 -> (q [N, B, block] float32 codes as the dot
+    product uses them: int8 for Q8_0, nibble - 8 for Q4_0, nibble for Q4_1, 6-bit code - 32 times
+    its sub-block's int8 scale for Q6_K; d [N, B] float32; m [N, B] float32 for Q4_1, else None)."""
     t = TYPES[type_name]
     n = blocks.shape[0]
+    if t.name == "Q6_K":
+        from autoao.kernels.gguf_k import unpack_q6_k
+
+        return (*unpack_q6_k(blocks), None)
     b = blocks.reshape(n, -1, t.block_bytes)  # [N, B, bytes]
     d = _fp16_from(b[..., 0:2])
     if t.name == "Q8_0":
@@ -149,11 +160,17 @@ def dequantize(blocks: torch.Tensor, type_name: str) -> torch.Tensor:
 
 ##### activations: what llama.cpp's matmul quantizes them to #####################################
 
-def quantize_activations(x: torch.Tensor, with_sum: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def quantize_activations(x: torch.Tensor, with_sum: bool, kind: str = "Q8_0"
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x [M, K] float -> (q [M, B, 32] float32 integer codes in [-127, 127], d [M, B] float32
     holding fp16 values, s [M, B] float32 holding fp16 values or None): llama.cpp's Q8_0
     (with_sum False) or Q8_1 (with_sum True, s = d * sum(q)) from_float on x86 with AVX2 (the
-    codes from id = 127 / amax, rounded half to even; d = amax / 127 stored as fp16)."""
+    codes from id = 127 / amax, rounded half to even; d = amax / 127 stored as fp16). kind "Q8_K":
+    the K-quants' activations instead, blocks of 256 with a float32 d (kernels/gguf_k.py)."""
+    if kind == "Q8_K":
+        from autoao.kernels.gguf_k import quantize_q8_k
+
+        return (*quantize_q8_k(x), None)
     m, k = x.shape
     xb = x.float().reshape(m, k // BLOCK, BLOCK)  # [M, B, 32]
     amax = xb.abs().amax(-1)  # [M, B]
@@ -165,18 +182,20 @@ def quantize_activations(x: torch.Tensor, with_sum: bool) -> tuple[torch.Tensor,
 
 def block_matmul(qx: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor | None,
                  qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor | None) -> torch.Tensor:
-    """llama.cpp's quantized dot products for every (row, output): qx [M, B, 32], dx, sx [M, B];
-    qw [N, B, 32], dw, mw [N, B] -> y [M, N] float32 = sum_b (dw * dx) * (qw . qx) (+ mw * sx).
+    """llama.cpp's quantized dot products for every (row, output): qx [M, B, block], dx, sx [M, B];
+    qw [N, B, block], dw, mw [N, B] -> y [M, N] float32 = sum_b (dw * dx) * (qw . qx) (+ mw * sx).
     Rows are processed in chunks so that the [rows, N, B] partial sums stay within _MAX_PARTIALS."""
-    m, nb, _ = qx.shape
+    m, nb, size = qx.shape
     n = qw.shape[0]
-    wt = qw.permute(1, 2, 0)  # [B, 32, N]
+    # Q6_K's super-block sums reach 256 * 127 * 32 * 127 > 2^24: exact only in float64
+    exact = torch.float32 if size == BLOCK else torch.float64
+    wt = qw.permute(1, 2, 0).to(exact)  # [B, block, N]
     chunk = max(1, _MAX_PARTIALS // max(1, n * nb))
     out = []
     for lo in range(0, m, chunk):
-        sums = torch.bmm(qx[lo:lo + chunk].transpose(0, 1), wt)  # [B, rows, N]: exact integers
+        sums = torch.bmm(qx[lo:lo + chunk].transpose(0, 1).to(exact), wt)  # [B, rows, N]: exact integers
         scale = dx[lo:lo + chunk].t()[:, :, None] * dw.t()[:, None, :]  # [B, rows, N]: fp32 d_w * d_x
-        y = (scale * sums).sum(0)  # [rows, N]
+        y = (scale * sums).sum(0).float()  # [rows, N]
         if mw is not None:
             y = y + sx[lo:lo + chunk] @ mw.t()  # type: ignore[index]
         out.append(y)
@@ -184,10 +203,10 @@ def block_matmul(qx: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor | None,
 
 
 class GgufLinear(QuantizedLinear):
-    """One GGUF block type (`type`: "q8_0", "q4_0", "q4_1"), computed as llama.cpp does.
+    """One GGUF block type (`type`: "q8_0", "q4_0", "q4_1", "q6_k"), computed as llama.cpp does.
 
-    Canonical: blocks [N, K / 32 * block_bytes] uint8 (the GGUF tensor's bytes). Emulated on every
-    device (see the module docstring)."""
+    Canonical: blocks [N, K / block * block_bytes] uint8 (the GGUF tensor's bytes). Emulated on
+    every device (see the module docstring)."""
 
     emulated_on = frozenset({"cpu", "cuda"})
 
@@ -195,8 +214,9 @@ class GgufLinear(QuantizedLinear):
         super().__init__(in_features, out_features, bias, dtype, device)
         if type not in TYPES:
             raise ValueError(f"GGUF type must be one of {', '.join(TYPES)}, got {type!r}")
-        if in_features % BLOCK:
-            raise ValueError(f"in_features={in_features} is not a multiple of the GGUF block ({BLOCK})")
+        if in_features % TYPES[type].block:
+            raise ValueError(f"in_features={in_features} is not a multiple of the GGUF {TYPES[type].name} block "
+                             f"({TYPES[type].block})")
         self.type = type
         self._init_canonical()
 
@@ -208,7 +228,7 @@ class GgufLinear(QuantizedLinear):
         return {"type": self.type}
 
     def canonical_spec(self) -> CanonicalSpec:
-        row_bytes = self.in_features // BLOCK * self.gguf_type.block_bytes
+        row_bytes = self.in_features // self.gguf_type.block * self.gguf_type.block_bytes
         return {"blocks": ((self.out_features, row_bytes), torch.uint8)}
 
     def quantize(self, weight, stats=None):
@@ -223,14 +243,15 @@ class GgufLinear(QuantizedLinear):
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        qx, dx, sx = quantize_activations(x2, with_sum=self.w_m is not None)
+        qx, dx, sx = quantize_activations(x2, with_sum=self.w_m is not None, kind=self.gguf_type.activation)
         y = block_matmul(qx, dx, sx, self.w_q, self.w_d, self.w_m)  # [M, N] float32
         return unflatten_tokens(self._add_bias(y).to(x.dtype), x)
 
     def reference(self, x):
         """The same numbers by another route: dequantized activations times dequantized weights,
         in float64 (the block sums of _forward are exact, so the two differ by float32 rounding)."""
-        qx, dx, sx = quantize_activations(flatten_tokens(x), with_sum=self.w_m is not None)
+        qx, dx, sx = quantize_activations(flatten_tokens(x), with_sum=self.w_m is not None,
+                                          kind=self.gguf_type.activation)
         xd = (qx.double() * dx.double()[..., None]).reshape(qx.shape[0], -1)  # [M, K]
         q, d, m = unpack(self._canon["blocks"], self.type)
         wd = (q.double() * d.double()[..., None]).reshape(q.shape[0], -1).to(x.device)  # [N, K]

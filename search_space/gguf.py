@@ -1,4 +1,5 @@
-"""`gguf(type)`: a GGUF block type (Q8_0, Q4_0, Q4_1) as llama.cpp computes it, activations
+"""`gguf(type)`: a GGUF block type (Q8_0, Q4_0, Q4_1; Q6_K where K is a multiple of 256) as
+llama.cpp computes it, activations
 quantized to 8 bits per block of 32 included (kernels/gguf.py). Emulated on every device: these
 are the llama.cpp target's candidates (autoao.export.targets), so its search measures the accuracy
 of what llama.cpp will compute; the default search space holds none of them (`variants` is empty),
@@ -12,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from autoao.kernels.gguf import BLOCK, TYPES, GgufLinear
+from autoao.kernels.gguf import TYPES, GgufLinear
 from autoao.search_space._base import Candidate, LayerSpec, multiple_reason
 from autoao.search_space._registry import register
 
@@ -32,7 +33,7 @@ class Gguf(Candidate):
     # none in the default search space: the llama.cpp target lists them (autoao.export.targets)
     variants: ClassVar[tuple[dict, ...]] = ()
 
-    type: str = "q8_0"  # the GGUF type, lower case: q8_0 | q4_0 | q4_1
+    type: str = "q8_0"  # the GGUF type, lower case: q8_0 | q4_0 | q4_1 | q6_k
 
     def __post_init__(self) -> None:
         if self.type not in TYPES:
@@ -44,7 +45,8 @@ class Gguf(Candidate):
         return TYPES[self.type].name
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
-        return multiple_reason("K", layer.in_features, BLOCK, f"GGUF {self.ggml_name} blocks hold 32 inputs of a row")
+        block = TYPES[self.type].block
+        return multiple_reason("K", layer.in_features, block, f"GGUF {self.ggml_name} blocks hold {block} inputs of a row")
 
     def _emulation_reason(self, device: torch.device) -> str:
         return f"GGUF {self.ggml_name}: emulated in torch on {device.type} (llama.cpp runs it natively)"

@@ -1,9 +1,10 @@
 """The GGUF candidates (kernels/gguf.py) compute what llama.cpp computes.
 
-- weights: bit-exact with gguf-py's quantizer (which mirrors ggml's reference functions) and, where
-  llama.cpp's library is installed, with ggml's own `ggml_quantize_chunk`, ties included;
-- activations: where ggml is installed, its `from_float` for Q8_0 / Q8_1 gives the same codes,
-  scales and sums as `quantize_activations`, and its `vec_dot` the same dot products up to float32
+- weights: bit-exact with gguf-py's quantizer (which mirrors ggml's reference functions for the
+  32-wide types) and, where llama.cpp's library is installed, with ggml's own `ggml_quantize_chunk`
+  for every type, Q6_K included, ties included;
+- activations: where ggml is installed, its `from_float` for Q8_0 / Q8_1 / Q8_K gives the same
+  codes, scales and sums as `quantize_activations`, and its `vec_dot` the same dot products up to float32
   summation order (a relative 1e-5 of the summed magnitudes);
 - the module against its float64 reference, save / load bit-exact, `supports`, emulation, and the
   default search space unchanged.
@@ -37,13 +38,15 @@ def weights(seed: int, n: int = 64, k: int = 512, ties: bool = False) -> torch.T
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("ties", [False, True], ids=["gaussian", "ties"])
 def test_weights_match_gguf_py(type_name, ties):
+    """gguf-py quantizes the 32-wide types as ggml does and dequantizes all of them."""
     gguf = pytest.importorskip("gguf")
     w = weights(0, ties=ties)
-    ref = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[type_name.upper()])
     ours = kg.quantize(w, type_name).numpy()
-    assert np.array_equal(ours, ref)
-    back = gguf.quants.dequantize(ref, gguf.GGMLQuantizationType[type_name.upper()])
-    assert np.array_equal(kg.dequantize(torch.from_numpy(ours), type_name).numpy(), back)
+    qtype = gguf.GGMLQuantizationType[type_name.upper()]
+    if kg.TYPES[type_name].block == 32:  # gguf-py has no K-quant quantizer (ggml's is checked below)
+        assert np.array_equal(ours, gguf.quants.quantize(w.numpy(), qtype))
+    back = gguf.quants.dequantize(ours, qtype)
+    assert np.array_equal(kg.dequantize(torch.from_numpy(ours), type_name).numpy(), back.reshape(64, 512))
 
 
 class _Traits(ctypes.Structure):
@@ -75,27 +78,32 @@ def test_weights_and_activations_match_ggml(ggml, type_name):
     t = kg.TYPES[type_name]
     traits = cpu.ggml_get_type_traits_cpu(t.ggml_type).contents
     act = cpu.ggml_get_type_traits_cpu(traits.vec_dot_type).contents
-    act_bytes = {"Q8_0": 34, "Q8_1": 36}[t.activation]
+    act_bytes = {"Q8_0": 34, "Q8_1": 36, "Q8_K": 292}[t.activation]  # per block of t.block inputs
+    blocks_per_row = 512 // t.block
     for seed, ties in [(0, False), (1, True), (2, False)]:
         w = np.ascontiguousarray(weights(seed, ties=ties).numpy())
-        blocks = np.zeros(64 * 512 // 32 * t.block_bytes, np.uint8)
+        blocks = np.zeros(64 * blocks_per_row * t.block_bytes, np.uint8)
         base.ggml_quantize_chunk(t.ggml_type, w.ctypes.data, blocks.ctypes.data, 0, 64, 512, None)
         ours = kg.quantize(torch.from_numpy(w), type_name).numpy().reshape(-1)
         assert np.array_equal(ours, blocks), (seed, ties)
         torch.manual_seed(seed)
         x = torch.randn(4, 512) * (1 + 3 * seed)
         x = torch.round(x * 4) / 4 if ties else x  # exact halves after scaling: the rounding rule shows
-        q, d, s = kg.quantize_activations(x, with_sum=t.activation == "Q8_1")
+        q, d, s = kg.quantize_activations(x, with_sum=t.activation == "Q8_1", kind=t.activation)
         qw, dw, mw = kg.unpack(torch.from_numpy(blocks.reshape(64, -1)), type_name)
         ys = kg.block_matmul(q, d, s, qw, dw, mw)  # [4, 64]
         for r in range(4):
             xr = np.ascontiguousarray(x[r].numpy())
-            qx = np.zeros(16 * act_bytes, np.uint8)
+            qx = np.zeros(blocks_per_row * act_bytes, np.uint8)
             act.from_float(xr.ctypes.data, qx.ctypes.data, 512)
-            b = torch.from_numpy(qx).reshape(16, act_bytes)
-            start = 4 if t.activation == "Q8_1" else 2
-            assert torch.equal(b[:, start:].contiguous().view(torch.int8).float(), q[r])
-            assert torch.equal(b[:, :2].contiguous().view(torch.float16).float().reshape(-1), d[r])
+            b = torch.from_numpy(qx).reshape(blocks_per_row, act_bytes)
+            if t.activation == "Q8_K":  # float32 d, int8 q[256], int16 sums[16]
+                codes, scales = b[:, 4:260], b[:, :4].contiguous().view(torch.float32).reshape(-1)
+            else:  # fp16 d (and fp16 s for Q8_1), int8 q[32]
+                start = 4 if t.activation == "Q8_1" else 2
+                codes, scales = b[:, start:], b[:, :2].contiguous().view(torch.float16).float().reshape(-1)
+            assert torch.equal(codes.contiguous().view(torch.int8).float(), q[r])
+            assert torch.equal(scales, d[r])
             if s is not None:
                 assert torch.equal(b[:, 2:4].contiguous().view(torch.float16).float().reshape(-1), s[r])
             for n in (0, 5, 63):
@@ -150,7 +158,10 @@ def test_supports_names_and_default_space():
     assert q4.supports(LayerSpec("a", 576, 1536, False, torch.bfloat16), "cpu") is None
     assert "K=48 not a multiple of 32" in q4.supports(LayerSpec("a", 48, 64, False, torch.bfloat16), "cpu")
     assert q4.ggml_name == "Q4_0" and search_space.get(q4.name) == q4
-    with pytest.raises(ValueError, match="type must be one of q8_0, q4_0, q4_1"):
+    with pytest.raises(ValueError, match="type must be one of q8_0, q4_0, q4_1, q6_k"):
         search_space.get("gguf(type=q5_k)")
+    q6 = search_space.get("gguf(type=q6_k)")
+    assert "K=576 not a multiple of 256" in q6.supports(LayerSpec("a", 576, 1536, False, torch.bfloat16), "cpu")
+    assert q6.supports(LayerSpec("a", 1536, 576, False, torch.bfloat16), "cpu") is None
     assert not q4.fusable
     assert all(c.family != "gguf" for c in search_space.all_candidates())

@@ -145,9 +145,10 @@ def write(model: nn.Module, path: Path, source: Path | None = None) -> list[tupl
     import gguf
 
     tensors = gguf_tensors(model)
-    kinds = [k for _, _, k in tensors if k in ("Q8_0", "Q4_0", "Q4_1")]
+    kinds = [k for _, _, k in tensors if k not in _DTYPES.values() and k != "F32"]
     common = max(set(kinds), key=kinds.count) if kinds else _DTYPES[next(model.parameters()).dtype]
-    file_type = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32}[common]
+    # gguf.LlamaFileType of the most common type (llama.cpp shows it; each tensor has its own type)
+    file_type = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q6_K": 18, "BF16": 32}[common]
     writer = gguf.GGUFWriter(str(path), "llama")
     _metadata(writer, model, source, file_type)
     for name, data, kind in tensors:
