@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels.gguf_k import quantize_q6_k, quantize_q8_k, unpack_q6_k
 
 BLOCK = 32  # inputs per block, every type here
 # Bound on the [rows, N, blocks] float32 block sums a forward holds at once (64 MiB).
@@ -110,8 +111,6 @@ def quantize(weight: torch.Tensor, type_name: str) -> torch.Tensor:
     if k % t.block:
         raise ValueError(f"GGUF {t.name}: in_features={k} is not a multiple of {t.block}")
     if t.name == "Q6_K":
-        from autoao.kernels.gguf_k import quantize_q6_k  # the K-quants' longer reference rules
-
         return quantize_q6_k(weight.detach().float())
     x = weight.detach().float().reshape(n, k // BLOCK, BLOCK)  # [N, B, 32]
     if t.name == "Q8_0":
@@ -139,8 +138,6 @@ def unpack(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Te
     t = TYPES[type_name]
     n = blocks.shape[0]
     if t.name == "Q6_K":
-        from autoao.kernels.gguf_k import unpack_q6_k
-
         return (*unpack_q6_k(blocks), None)
     b = blocks.reshape(n, -1, t.block_bytes)  # [N, B, bytes]
     d = _fp16_from(b[..., 0:2])
@@ -168,8 +165,6 @@ def quantize_activations(x: torch.Tensor, with_sum: bool, kind: str = "Q8_0"
     codes from id = 127 / amax, rounded half to even; d = amax / 127 stored as fp16). kind "Q8_K":
     the K-quants' activations instead, blocks of 256 with a float32 d (kernels/gguf_k.py)."""
     if kind == "Q8_K":
-        from autoao.kernels.gguf_k import quantize_q8_k
-
         return (*quantize_q8_k(x), None)
     m, k = x.shape
     xb = x.float().reshape(m, k // BLOCK, BLOCK)  # [M, B, 32]

@@ -42,8 +42,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from autoao.export.rules import fused_groups, marlin_reason
 from autoao.kernels import QuantizedLinear
-from autoao.search_space import Candidate
+from autoao.kernels.quant import unpack_int4
+from autoao.search_space import Candidate, candidate_of
 
 FORMAT = "compressed-tensors"
 WEIGHTS_FILE = "model.safetensors"
@@ -159,8 +161,6 @@ def _int4_tensors(fqn: str, module: QuantizedLinear, c: dict[str, torch.Tensor])
     """int4_sym's tensors: weight_packed [N, K/8] int32 (signed codes q - 8: compressed-tensors
     dequantizes (q - 8) * scale), weight_scale [N, K/g] float32 (bf16 values), weight_shape."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-
-    from autoao.kernels.quant import unpack_int4
 
     if bool(c["zeros"].any()):  # int4_sym's zeros are 0 by construction; anything else would be changed
         raise ValueError(f"{fqn}: int4 layer with non-zero zero points cannot be written as symmetric W4A16")
@@ -286,8 +286,6 @@ def config_problems(qconfig: dict[str, Any], specs: dict[str, Any], target: Any)
     written `quantization_config`, read from the config itself (not the plan): a fused group whose
     shards differ in scheme, a weight-only int layer outside Marlin's shapes and group sizes,
     GPTQ act-order, a `sparsity_config`. One line per problem; [] for none."""
-    from autoao.export.targets import fused_groups, marlin_reason
-
     problems = []
     if qconfig.get("sparsity_config"):
         problems.append("  quantization_config: has a sparsity_config, which no engine loads any more")
@@ -322,8 +320,6 @@ def write(model: nn.Module, directory: Path, specs: dict[str, Any],
     caller has checked the plan (targets.check_plan). Returns fqn -> scheme (None: ignored) for
     every linear layer, for the reload check and SERVING.md."""
     from safetensors.torch import save_file
-
-    from autoao.search_space import candidate_of
 
     modules = dict(model.named_modules())
     layer_schemes: dict[str, CtScheme | None] = {}

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from autoao.export import targets as tg
+from autoao.plan import layer_specs
 from autoao.types import LayerSpec
 
 
@@ -42,8 +43,6 @@ class Deploy:
 def deploy(plan: Any, layers: nn.Module | dict[str, LayerSpec], target: str, run_dir: str = "RUN_DIR") -> Deploy:
     """The Deploy section for `plan` (an autoao.Plan) on `target`; `layers`: the model or its
     fqn -> LayerSpec; run_dir: the run directory the command names."""
-    from autoao.plan import layer_specs
-
     chosen = tg.get(target)
     specs = layers if isinstance(layers, dict) else layer_specs(layers)
     counts: dict[str, list[str]] = {}

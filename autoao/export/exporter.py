@@ -25,10 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from autoao import models
 from autoao.export import compressed_tensors as ct
 from autoao.export import gguf as gg
 from autoao.export import targets as tg
 from autoao.export.serving import serving_md
+from autoao.plan import PLAN_FILE, Plan, apply, fingerprint, layer_specs, load, plan_of
+from autoao.records import RunFileError, load_context
 
 FORMATS = {"compressed-tensors": "vllm", "gguf": "llama.cpp"}  # format -> its default target
 SERVING_FILE = "SERVING.md"
@@ -66,8 +69,6 @@ def _target_for(fmt: str, target: str | None, plan: Any) -> tg.Target:
 def applied_model(source: Any, calibration: Any = None) -> nn.Module:
     """An nn.Module carrying autoao's modules (returned as is), or (model, plan): the plan applied
     to the unquantized model (calibration: for GPTQ / AWQ / SmoothQuant plans)."""
-    from autoao.plan import apply, plan_of
-
     if isinstance(source, nn.Module):
         return source
     if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], nn.Module):
@@ -86,9 +87,6 @@ def applied_model(source: Any, calibration: Any = None) -> nn.Module:
 def model_from_run(run_dir: Path) -> tuple[nn.Module, Any, Path | None]:
     """(the run's saved model, loaded bit-exactly; its tokenizer; the GGUF file it came from or None)
     for a run of a built-in model, found by the saved plan's model fingerprint."""
-    from autoao import models
-    from autoao.plan import PLAN_FILE, Plan, fingerprint, load
-
     saved = run_dir / "model"
     if not (saved / PLAN_FILE).is_file():
         raise ValueError(f"{run_dir} is not a finished autoao run directory: {saved / PLAN_FILE} does not exist "
@@ -112,8 +110,6 @@ def model_from_run(run_dir: Path) -> tuple[nn.Module, Any, Path | None]:
 
 def _run_dtype(run_dir: Path) -> torch.dtype:
     """The model dtype the run recorded (context.json), bf16 where it did not."""
-    from autoao.records import RunFileError, load_context
-
     try:
         name = load_context(run_dir / "context.json").model.dtype
     except (RunFileError, OSError, ValueError):
@@ -150,8 +146,6 @@ def export(source: Any, format: str, out: str | os.PathLike, *, tokenizer: Any =
 
     Raises ValueError for bad arguments and ExportError (a ValueError) naming every layer the
     format or target cannot hold as planned; nothing is written then."""
-    from autoao.plan import layer_specs, plan_of
-
     _check_format(format)
     out = Path(out)
     gguf_src = Path(source_gguf) if source_gguf is not None else None
@@ -190,8 +184,6 @@ def _write_compressed_tensors(model: nn.Module, directory: Path, specs: dict, to
                               check: bool) -> dict[str, list[str]]:
     """Write the checkpoint; return, per compressed-tensors target, what it would refuse (the plan
     checks, the written config's checks, and for `chosen`'s format the fresh-process reload)."""
-    from autoao.plan import plan_of
-
     schemes = ct.write(model, directory, specs, tokenizer)
     qconfig = json.loads((directory / "config.json").read_text())["quantization_config"]
     plan = plan_of(model)

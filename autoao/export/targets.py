@@ -25,15 +25,12 @@ from torch import nn
 
 from autoao import search_space
 from autoao.export.compressed_tensors import scheme_of
+from autoao.export.rules import fused_groups, marlin_reason
 from autoao.kernels.gguf import TYPES as GGUF_TYPES
+from autoao.plan import layer_specs
 from autoao.search_space import Candidate
 from autoao.types import LayerSpec
 
-# vLLM's packed_modules_mapping for llama-like models: the fused module -> its shards' names
-FUSED = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
-# vLLM's Marlin (GPTQ_MARLIN_MIN_THREAD_K / _N) on weight-only int layers, and its group sizes
-MARLIN_K, MARLIN_N = 128, 64
-MARLIN_GROUPS = (None, -1, 32, 64, 128)
 INT4_GROUPS = (32, 64, 128)  # int4_sym's group sizes in the compressed-tensors targets' search space
 
 _CT_ENGINE_RUNS = {
@@ -160,32 +157,6 @@ class Target:
         return f"{scheme.label}, {scheme.format}: {runs}"
 
 
-def marlin_reason(k: int, n: int, group_size: int | None) -> str | None:
-    """Why vLLM's Marlin cannot run a weight-only int layer of K inputs and N outputs, or None."""
-    if k % MARLIN_K:
-        return f"K={k} is not a multiple of {MARLIN_K} (vLLM's Marlin weight-only kernels need it)"
-    if n % MARLIN_N:
-        return f"N={n} is not a multiple of {MARLIN_N} (vLLM's Marlin weight-only kernels need it)"
-    if group_size not in MARLIN_GROUPS:
-        return f"group size {group_size} is not one Marlin runs (32, 64, 128 or per channel)"
-    return None
-
-
-def fused_groups(names: list[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """(fused name, present shards) for each parent module that has two or more of a FUSED group's
-    shards among `names`, e.g. ("model.layers.0.self_attn.qkv_proj", (q, k, v FQNs))."""
-    present = set(names)
-    out = []
-    parents = dict.fromkeys(n.rpartition(".")[0] for n in names)
-    for parent in parents:
-        for fused, shards in FUSED:
-            members = tuple(f"{parent}.{s}" if parent else s for s in shards)
-            found = tuple(m for m in members if m in present)
-            if len(found) >= 2:
-                out.append((f"{parent}.{fused}" if parent else fused, found))
-    return out
-
-
 TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("autoao", "autoao", None),
     Target("vllm", "vLLM", "compressed-tensors", fuses=True, marlin=True),
@@ -229,8 +200,6 @@ def check_plan(plan: Any, layers: nn.Module | dict[str, LayerSpec], target: str 
     """Every problem `plan` (an autoao.Plan) meets on `target`, one line each, naming the layer:
     a candidate the engine cannot load or run as planned on that layer's shape, and fused sibling
     groups whose schemes differ. `layers`: the model, or its fqn -> LayerSpec. [] = loads there."""
-    from autoao.plan import layer_specs
-
     target = get(target)
     specs = layers if isinstance(layers, dict) else layer_specs(layers)
     problems = []
