@@ -158,7 +158,7 @@ def test_reload_dequantizes_to_autoaos_weights_and_logits_match(ct_export):
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=str)
 def test_logits_of_weight_only_plans(tmp_path, dtype, tolerance):
     model = applied(dtype, mixed_layers(weight_only=True))
-    out = export(model, "compressed-tensors", tmp_path / "wo")
+    out = export(model, "compressed-tensors", tmp_path / "wo", check=False)  # reloaded here, in-process
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
     with torch.no_grad():
         ours, theirs = model(ids()).logits.float(), reloaded(ids()).logits.float()
@@ -213,8 +213,7 @@ def test_reload_check_catches_a_layer_loading_as_another_scheme(ct_export, tmp_p
     specs = autoao.plan.layer_specs(model)
     schemes = {f: ct.scheme_of(search_space.candidate_of(model.get_submodule(f))) for f in specs}
     problems = ct.reload_check(copy, schemes, torch.float32)
-    assert len(problems) == 6 and all("planned W8A8-INT8" in p for p in problems)
-    assert ct.reload_check(out, schemes, torch.float32) == []
+    assert len(problems) == 6 and all("planned W8A8-INT8" in p for p in problems)  # (the untouched export passed)
 
 
 def test_targets_registry_and_search_spaces():
