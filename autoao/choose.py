@@ -127,15 +127,16 @@ def judge_plan(r: TrialRecord, bench: ModelBench, judges: Judges, plan: TimePlan
     shipped = bench.shipped(r.params)
     key = judges.key(shipped)
     verdicts: list[Verdict] = []
+    metrics: dict[str, float] = {}
     try:
         with bench.applied(shipped):
-            modules = bench.modules(shipped)
-            swap = _Swap(bench, modules)
-            deciding, metrics = _deciding_verdict(judges, swap, key, plan, ledger)
-            verdicts.append(deciding)
-            if judges.generation is not None and verdicts[0].status != BREAKS:
-                swap.plan()
-                verdicts.append(judges.budget.judge(judges.generation.evidence(bench.model)))
+            swap = _Swap(bench, bench.modules(shipped))
+            for judge in _judges(judges, swap, key):
+                verdict, got = _looks(judge, judges, plan, ledger)
+                verdicts.append(verdict)
+                metrics = metrics or got  # the deciding judge's, first
+                if verdict.status == BREAKS:
+                    break
     except Exception as e:  # noqa: BLE001 - a plan that cannot run does not hold
         ledger.say(f"trial {r.number} could not be judged: {type(e).__name__}: {e}")
         return Judged(r.number, r.predicted_ms, r.drop, BREAKS, tuple(verdicts), time.perf_counter() - t0)
@@ -161,39 +162,71 @@ class _Swap:
         return self.bench.model
 
 
-def _deciding_verdict(judges: Judges, swap: _Swap, key: str, plan: TimePlan, ledger: RunLedger
-                      ) -> tuple[Verdict, dict[str, float]]:
-    """The deciding judge's verdict, look by look: tier 2's documents, or the proxy's confirmation
-    chunks, until it resolves, the evidence runs out, or the time plan has no room for a look; and
-    the plan's metrics on the last look (tier 2: each task's accuracy on the documents scored)."""
-    tier2, proxy, budget = judges.tier2, judges.proxy, judges.budget
-    looks = tier2.looks if tier2 is not None else max(len(proxy.confirm_inputs), 1)
-    evidence: Evidence | None = None
-    verdict: Verdict | None = None
-    metrics: dict[str, float] = {}
-    for look in range(looks):
-        price = judges.check_s / looks
-        if verdict is not None and not plan.allows(price):
-            ledger.say("no time for more evidence: the verdict stays unresolved")
-            break
-        t0 = time.perf_counter()
+@dataclass(frozen=True)
+class _Judge:
+    """One judge as the chooser runs it: `step(look)` -> the evidence so far and the plan's metrics
+    (None: no evidence left); `looks`, its Bonferroni count; `price`, a look's seconds at worst."""
+
+    step: Callable[[int], tuple[Evidence, dict[str, float]] | None]
+    looks: int
+    price: float
+
+
+def _judges(judges: Judges, swap: _Swap, key: str) -> list[_Judge]:
+    """The deciding judge (tier 2's documents, or the proxy's confirmation chunks) and, for causal
+    LMs, the generation check: each adds evidence look by look."""
+    tier2, proxy, generation = judges.tier2, judges.proxy, judges.generation
+    taken: dict[str, Evidence] = {}
+
+    def merged(name: str, more: Evidence) -> Evidence:
+        taken[name] = more if name not in taken else taken[name].merged(more)
+        return taken[name]
+
+    def deciding(look: int) -> tuple[Evidence, dict[str, float]] | None:
         if tier2 is not None:
             if hasattr(tier2, "prepare"):
                 tier2.prepare(swap.reference(), look)
             acc, evidence = tier2.evidence(swap.plan(), key, look)  # cumulative: all the look's documents
-            metrics = dict(acc.metrics)
-        else:
-            if not proxy.prepare(swap.reference(), look):
-                break
-            more = proxy.score(swap.plan(), key, chunk=look)[1]
-            evidence = more if evidence is None else evidence.merged(more)
-        plan.observe(price, time.perf_counter() - t0)
-        verdict = budget.judge(evidence, looks=looks)
+            return evidence, dict(acc.metrics)
+        if not proxy.prepare(swap.reference(), look):  # no confirmation inputs: the screen is all there is
+            if look:
+                return None
+            acc, evidence = proxy.score(swap.plan(), key)
+            return evidence, dict(acc.metrics)
+        acc, evidence = proxy.score(swap.plan(), key, chunk=look)
+        return merged("proxy", evidence), dict(acc.metrics)
+
+    def generated(look: int) -> tuple[Evidence, dict[str, float]] | None:
+        assert generation is not None
+        generation.prepare(swap.reference(), look)
+        return merged("generation", generation.evidence(swap.plan(), look)), {}
+
+    looks = tier2.looks if tier2 is not None else max(len(proxy.confirm_inputs), 1)
+    out = [_Judge(deciding, looks, judges.check_s / looks)]
+    if generation is not None:
+        out.append(_Judge(generated, generation.looks, judges.check_s / generation.looks))
+    return out
+
+
+def _looks(judge: _Judge, judges: Judges, plan: TimePlan, ledger: RunLedger) -> tuple[Verdict, dict[str, float]]:
+    """A judge's verdict, look by look, until it resolves, its evidence runs out, or the time plan
+    has no room for another look; and the plan's metrics on the last look."""
+    verdict: Verdict | None = None
+    metrics: dict[str, float] = {}
+    for look in range(judge.looks):
+        if verdict is not None and not plan.allows(judge.price):
+            ledger.say("no time for more evidence: the verdict stays unresolved")
+            break
+        t0 = time.perf_counter()
+        got = judge.step(look)
+        if got is None:
+            break
+        evidence, metrics = got
+        plan.observe(judge.price, time.perf_counter() - t0)
+        verdict = judges.budget.judge(evidence, looks=judge.looks)
         if verdict.status != UNRESOLVED:
             break
-    if verdict is None:  # no confirmation inputs: the screen's evidence is all there is
-        acc, evidence = proxy.score(swap.plan(), key)
-        verdict, metrics = budget.judge(evidence), dict(acc.metrics)
+    assert verdict is not None, "every judge has a first look"
     return verdict, metrics
 
 

@@ -24,7 +24,7 @@ from autoao.common import BASELINE, process_age
 from autoao.evaluators.cache import TimingCache, cache_dir
 from autoao.evaluators.kernel_table import format_kernel_table, write_kernel_csv
 from autoao.evaluators.timing import measure_latencies
-from autoao.options import Options, RunHooks, check_storage
+from autoao.options import OptionError, Options, RunHooks, check_storage
 from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
 from autoao.types import Budget
@@ -152,6 +152,9 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 ##### autoao search / apply #####################################################################
 
+# optimize's arguments -> the search flags that set them (for errors that name the flag)
+FLAGS = {"out_dir": "--out", "storage": "--storage", "candidates": "--candidates", "budget": "--budget",
+         "max_accuracy_drop": "--max-accuracy-drop", "accuracy": "--tasks", "seed": "--seed"}
 DEMO_MODEL = "smollm2-135m"
 DEMO_TASKS = "autoao_facts"
 
@@ -243,8 +246,8 @@ def search_options(args: argparse.Namespace, tasks: str | None, candidates: list
                              candidates=candidates, eval_inputs=None, storage=args.storage, out_dir=args.out,
                              seed=args.seed, progress=not args.quiet, fuse_groups=not args.no_fuse,
                              allow_emulated=args.allow_emulated)
-    except ValueError as e:
-        raise CLIError(str(e)) from None
+    except OptionError as e:
+        raise CLIError(f"{FLAGS.get(e.argument, e.argument)}: {e}") from None
     return replace(opts, accuracy=tuple(split_list(tasks))) if tasks else opts
 
 

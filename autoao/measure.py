@@ -21,7 +21,7 @@ from autoao.budget import AccuracyBudget, Costs
 from autoao.common import BASELINE
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
-from autoao.evaluators.generation import GenerationJudge, prompts_from
+from autoao.evaluators.generation import GenerationLooks, prompts_from
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import layer_errors, token_ids
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
@@ -163,7 +163,7 @@ class Judges:
 
     budget: AccuracyBudget
     proxy: ProxyEvaluator  # tier 1: scores every trial (the screen) and, where it decides, confirms
-    generation: GenerationJudge | None  # causal LMs: greedy continuations with the KV cache
+    generation: GenerationLooks | None  # causal LMs: greedy continuations with the KV cache, in looks
     tier2: LmEvalJudge | MetricJudge | None  # the user's tasks or metric, where they decide
     weights_key: str
     proxy_s: float  # one screen pass
@@ -182,12 +182,12 @@ class Judges:
         return self.tier2.describe() if self.tier2 is not None else f"proxy: {self.proxy.describe()}"
 
 
-# The generation check: prompts of PROMPT_TOKENS held-out tokens, each continued greedily. Where the
-# proxy decides, generation is judged against the budget itself and needs about 4000 positions to
-# resolve one point (as the proxy's confirmation); where a task decides it only screens (the
-# screen is TIER1_SCREEN x wider) and 512 positions resolve it.
+# The generation check: prompts of PROMPT_TOKENS held-out tokens, each continued greedily, in looks
+# of so many prompts. Where the proxy decides, generation is judged against the budget itself and
+# needs up to about 4000 positions to resolve one point (as the proxy's confirmation); where a task
+# decides it only screens (the screen is TIER1_SCREEN x wider) and 512 positions resolve it.
 PROMPT_TOKENS = 32
-GENERATION = {"proxy": (64, 64), "tier2": (16, 32)}  # who decides -> (prompts, new tokens)
+GENERATION = {"proxy": ((16, 16, 32), 64), "tier2": ((16,), 32)}  # who decides -> (prompts per look, new tokens)
 
 
 def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJudge | None, max_drop: float, *,
@@ -205,20 +205,25 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     generation, gen_s = None, 0.0
     if proxy.lm:
         t0 = time.perf_counter()
-        count, new_tokens = GENERATION["tier2" if tier2 is not None else "proxy"]
-        generation = GenerationJudge(model, prompts(work, count), new_tokens)
-        gen_s = time.perf_counter() - t0
-    check_s, once_s = gen_s, 0.0  # a check runs the generation judge once (its reference and noise ran already)
+        counts, new_tokens = GENERATION["tier2" if tier2 is not None else "proxy"]
+        rows = prompts(work, sum(counts))  # as many as the held-out inputs hold, up to sum(counts)
+        ends = [min(sum(counts[:i + 1]), len(rows)) for i in range(len(counts))]
+        chunks = [rows[a:b] for a, b in zip([0, *ends], ends) if b > a]
+        generation = GenerationLooks(chunks, new_tokens)
+        generation.prepare(model, 0)  # the first look's reference and noise: what a look costs
+        gen_s = (time.perf_counter() - t0) * len(rows) / len(chunks[0])
+    # a check judges every generation look at worst; each look's reference and noise are built once
+    check_s, once_s = gen_s / 2, gen_s / 2
     if isinstance(tier2, LmEvalJudge):
         ledger.say("the unmodified model on the tasks' first documents (tier 2)")
         per_doc = tier2.probe(model, base_key)
         docs = sum(tier2.sizes.values())
-        check_s, once_s = check_s + per_doc * docs, per_doc * docs
+        check_s, once_s = check_s + per_doc * docs, once_s + per_doc * docs
     elif isinstance(tier2, MetricJudge):
         check_s += tier2.seconds
     else:  # the proxy decides: its confirmation chunks, references and noise computed once
         confirm = sum(len(c) for c in work.confirm) / max(len(work.held_out.inputs), 1)
-        check_s, once_s = check_s + proxy_s * confirm, 2 * proxy_s * confirm
+        check_s, once_s = check_s + proxy_s * confirm, once_s + 2 * proxy_s * confirm
     noise = 1.0 - proxy.baseline.get("noise_agreement", 1.0)
     budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, proxy_noise=noise,
                                    unit=tier2.describe() if tier2 is not None else proxy.describe())

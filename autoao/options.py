@@ -23,6 +23,24 @@ from autoao.workers import DEFAULT_HEARTBEAT, driver_url, is_server
 Accuracy = None | tuple[str, ...] | Callable[[Any], Any]
 
 
+class OptionError(ValueError):
+    """A bad argument of optimize: `argument` names it (the command line maps it to its flag)."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+def _checked(argument: str, check: Callable[..., Any], *args: Any) -> Any:
+    """check(*args), its ValueError as an OptionError naming `argument`."""
+    try:
+        return check(*args)
+    except OptionError:
+        raise
+    except ValueError as e:
+        raise OptionError(argument, str(e)) from None
+
+
 @dataclass(frozen=True)
 class Options:
     """What `autoao.optimize` was asked, each value checked (`check`)."""
@@ -46,15 +64,18 @@ class Options:
     def check(cls, *, budget: Any, accuracy: Any, tokenizer: Any, max_accuracy_drop: Any, candidates: Any,
               eval_inputs: Any, storage: str | None, out_dir: Any, seed: Any, progress: bool,
               fuse_groups: bool = True, allow_emulated: bool = False) -> Options:
-        """Every argument checked; ValueError naming the first bad one, what was expected and how to fix it."""
+        """Every argument checked; an OptionError (a ValueError) naming the first bad one, what was
+        expected and how to fix it."""
         out = Path(out_dir)
-        check_out_dir(out)
+        _checked("out_dir", check_out_dir, out)
         url = driver_url(storage) if storage else f"sqlite:///{(out / 'study.db').resolve()}"
-        check_storage(url)
+        _checked("storage", check_storage, url)
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        return cls(Budget.parse(budget), _accuracy(accuracy, tokenizer), tokenizer, _drop(max_accuracy_drop),
-                   _candidates(candidates), eval_inputs, url, out, seed, bool(progress), fuse_groups, allow_emulated)
+            raise OptionError("seed", f"seed must be an integer, got {seed!r}")
+        return cls(_checked("budget", Budget.parse, budget), _checked("accuracy", _accuracy, accuracy, tokenizer),
+                   tokenizer, _checked("max_accuracy_drop", _drop, max_accuracy_drop),
+                   _checked("candidates", _candidates, candidates), eval_inputs, url, out, seed, bool(progress),
+                   fuse_groups, allow_emulated)
 
     @property
     def shared(self) -> bool:
@@ -114,7 +135,7 @@ def _candidates(candidates: Any) -> tuple[Candidate, ...]:
         raise ValueError(f"candidates must be a list of candidate names or Candidates, got {candidates!r}")
     out = [search_space.get(c) if isinstance(c, str) else c for c in candidates]
     if not out:
-        raise ValueError("candidates is empty: name at least one candidate (e.g. int8_wo), or pass None for all of them")
+        raise ValueError("candidates is empty: name at least one candidate (e.g. int8_wo), or leave it out for all of them")
     bad = [c for c in out if not isinstance(c, Candidate)]
     if bad:
         raise ValueError(f"candidates must be names or Candidates, got {bad[0]!r}")

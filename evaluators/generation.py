@@ -26,6 +26,7 @@ This module knows nothing of plans, budgets or the search: it turns a model into
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from typing import Callable, Generator
 
@@ -202,3 +203,34 @@ class GenerationJudge:
         p, n = self.tokens.shape
         return (f"greedy-continuation agreement with the unmodified model on {p} prompts x {n} new tokens "
                 f"(teacher-forced, decode path); noise floor {self.noise_floor:.4f} (float32 vs its own dtype)")
+
+
+class GenerationLooks:
+    """The generation check taken look by look: the prompts in chunks, each chunk's judge (the
+    reference's continuation and its float32 noise) built from the unmodified model the first time
+    a look needs it, so a plan that resolves on the first chunk costs only that chunk."""
+
+    def __init__(self, chunks: list[torch.Tensor], new_tokens: int) -> None:
+        """chunks: [P_i, L] prompt tensors, one per look (GenerationJudge's prompts)."""
+        if not chunks:
+            raise ValueError("the generation check needs at least one chunk of prompts")
+        self.chunks, self.new_tokens = chunks, new_tokens
+        self.judges: dict[int, GenerationJudge] = {}
+
+    @property
+    def looks(self) -> int:
+        return len(self.chunks)
+
+    def prepare(self, reference: nn.Module, look: int) -> None:
+        """Build look `look`'s judge from the unmodified model (once)."""
+        if look not in self.judges:
+            self.judges[look] = GenerationJudge(reference, self.chunks[look], self.new_tokens)
+
+    def evidence(self, model: nn.Module, look: int) -> Evidence:
+        """Look `look`'s evidence alone (prepare it first); a judge merges the looks it took."""
+        return self.judges[look].evidence(model)
+
+    @property
+    def noise_floor(self) -> float:
+        """The first look's float32-vs-bf16 agreement (the one measured before any plan)."""
+        return self.judges[0].noise_floor if 0 in self.judges else math.nan

@@ -19,13 +19,6 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
 
 
-# Options.check raises a plain ValueError that does not say which argument failed, and
-# cli.search_options passes it on as is: the old CLI prefixed the flag (checked("--storage", ...)).
-_UNNAMED_FLAG = ("cli.search_options: Options.check's ValueError reaches the user without the flag the user typed "
-                 "('storage ... cannot be reached', 'output directory ... cannot be written'): Options.check does not "
-                 "say which argument failed, so the CLI cannot name --storage / --out without checking twice")
-
-
 @pytest.mark.parametrize("argv, message", [
     (["search", "--candidates", "int3"], "Unknown candidate 'int3'"),
     (["search", "--budget", "5 parsecs"], "bad --budget"),
@@ -37,8 +30,7 @@ _UNNAMED_FLAG = ("cli.search_options: Options.check's ValueError reaches the use
     (["search", "--model", "smollm3"], "unknown --model 'smollm3'"),
     (["apply", "--model", TINY, "--plan", "nope.json", "--save", "x"], "does not exist"),
     (["search", "--tasks", "autoao_fact"], "did you mean: autoao_facts?"),
-    pytest.param(["search", "--storage", "postgresql://nobody@127.0.0.1:9/none"], "--storage: storage",
-                 marks=pytest.mark.xfail(strict=True, reason=_UNNAMED_FLAG)),
+    (["search", "--storage", "postgresql://nobody@127.0.0.1:9/none"], "--storage: storage"),
     (["search", "--storage", "not a url"], "is not a database URL"),
     (["search", "--storage", "sqlite:////no/such/folder/x.db"], "does not exist"),
     (["search", "--device", "tpu"], "--device"),
@@ -60,7 +52,6 @@ def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path):
         assert err.count("\n") == 1, err
 
 
-@pytest.mark.xfail(strict=True, reason=_UNNAMED_FLAG)
 def test_out_dir_that_cannot_be_written_is_one_line(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -13,7 +13,8 @@ import torch
 
 import autoao
 from autoao.budget import AccuracyBudget
-from autoao.choose import _deciding_verdict
+from autoao.choose import _judges as judges_of
+from autoao.choose import _looks
 from autoao.evaluators.generation import GenerationJudge
 from autoao.evaluators.heldout import model_samples
 from autoao.evaluators.proxy import ProxyEvaluator
@@ -152,7 +153,7 @@ class _Plan:
 
 class _Judges:
     def __init__(self, task: FakeTask) -> None:
-        self.tier2, self.proxy, self.check_s = task, None, 1.0
+        self.tier2, self.proxy, self.generation, self.check_s = task, None, None, 1.0
         self.budget = AccuracyBudget.create(0.01, tier2=True)
 
 
@@ -166,7 +167,9 @@ def test_a_task_plan_losing_points_after_its_first_documents_never_ships_as_hold
     """The plan loses 1.5 points of a 1000-document task, none in its first 100 documents: with
     time for one or two looks it is unresolved, with time for all it breaks; never holds."""
     task = FakeTask()
-    verdict = _deciding_verdict(_Judges(task), _Swap(), "plan", _Plan(looks), _Ledger())
+    judges = _Judges(task)
+    (deciding,) = judges_of(judges, _Swap(), "plan")
+    verdict, _ = _looks(deciding, judges, _Plan(looks), _Ledger())
     assert verdict.status != HOLDS
     if looks == 99:  # every document scored: exact
         assert verdict.status == BREAKS and verdict.n == 1000 and verdict.drop == pytest.approx(0.015)
