@@ -103,10 +103,11 @@ class HeldOutInputs(Decision):
     minimum: int = 0  # what a verdict needs at least
     positions: int = 0  # what the proxy's screen scores
     source: str = ""  # "token positions of the model's own samples", "rows of inputs like the examples", ...
+    unit: str = "positions"  # what `given` and `minimum` count: token positions, or rows
 
     def describe(self) -> str:
         lead = ("no held-out inputs were given (eval_inputs)" if self.given is None else
-                f"the held-out inputs given hold {self.given} positions, fewer than the {self.minimum} a verdict needs")
+                f"the held-out inputs given hold {self.given} {self.unit}, fewer than the {self.minimum} a verdict needs")
         return f"{lead}: the accuracy judges score {self.positions} held-out {self.source}"
 
 

@@ -135,7 +135,8 @@ def build_workload(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = 
         lm = held.unit == "token positions"
         given = None if eval_inputs is None else _positions(eval_inputs, lm)
         minimum = max(screen_positions, heldout.MIN_LM_POSITIONS) if lm else heldout.MIN_ROWS  # what was asked
-        notes.append(HeldOutInputs(given, minimum, held.positions, f"{held.unit} of {held.source}"))
+        notes.append(HeldOutInputs(given, minimum, held.positions, f"{held.unit} of {held.source}",
+                                   "positions" if lm else "rows"))
     dtypes = {lay.dtype for lay in prof.layers}
     dtype = torch.bfloat16 if torch.bfloat16 in dtypes or not dtypes else next(iter(dtypes))
     return Workload(prof, examples, held, tuple(chunks), prof.siblings if fuse_groups else [], model_device(model),
