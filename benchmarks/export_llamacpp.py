@@ -149,10 +149,11 @@ def write_results(args: argparse.Namespace, rows: list[dict]) -> None:
     (args.out / "export_llamacpp.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [f"SmolLM2-135M in llama.cpp ({info['cpu']}, {args.threads} threads, {info['date']}); "
              f"{info['workload']}, median of {args.rounds} interleaved rounds", "",
-             "| variant | file MB | prefill ms (tok/s) | decode ms/token (tok/s) | workload s | autoao_facts acc |",
+             ("| variant | file MB | prefill ms (tok/s) | decode ms/token (tok/s) | workload s "
+              "| autoao_facts acc, llama.cpp |"),
              "|---|---|---|---|---|---|"]
     if any("autoao_facts_emulated" in r for r in rows):
-        lines[2] = lines[2].rstrip("|") + " autoao's emulation, acc |"
+        lines[2] += " autoao's emulation, acc |"
         lines[3] += "---|"
     for r in rows:
         acc = r.get("autoao_facts", {}).get("acc")
