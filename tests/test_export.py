@@ -448,3 +448,15 @@ def test_layer_candidates_hold_what_the_target_loads():
         "bf16", "gguf(type=q8_0)", "gguf(type=q4_0)", "gguf(type=q4_1)", "gguf(type=q6_k)"}
     vllm = targets.layer_candidates("vllm", specs, "cpu")["model.layers.0.self_attn.k_proj"]  # N = 128
     assert "int4_sym(group_size=128)" in {c.name for c in vllm} and not any(c.family == "sparse24" for c in vllm)
+
+
+def test_a_plan_made_for_transformers_exports_with_its_rules_and_serving_says_what_vllm_would_refuse(tmp_path):
+    model = tiny_llama(torch.bfloat16)
+    plan = autoao.Plan.for_model(model, {"model.layers.0.self_attn.q_proj": search_space.get("int8_wo")},
+                                 target="transformers")  # k/v left as they came: vLLM fuses q/k/v
+    out = export((model, plan), "compressed-tensors", tmp_path / "hf", check=False)
+    text = (out / "SERVING.md").read_text()
+    assert "made for `transformers`" in text and "vLLM (**would not run as planned**)" in text
+    assert "transformers (loads as planned)" in text and "model.layers.0.self_attn.qkv_proj" in text
+    with pytest.raises(ExportError, match="qkv_proj"):  # the same plan, held to vLLM's rules
+        export((tiny_llama(torch.bfloat16), plan), "compressed-tensors", tmp_path / "v", target="vllm")

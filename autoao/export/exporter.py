@@ -50,9 +50,9 @@ def _check_format(fmt: str) -> None:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}.{hint}")
 
 
-def _target_for(fmt: str, target: str | None, plan: Any) -> tg.Target:
-    """The named target (it must load `fmt`), else the plan's own when it loads `fmt`, else the
-    format's default (the strictest engine of the format)."""
+def _target_for(fmt: str, target: str | None, made_for: str | None) -> tg.Target:
+    """The named target (it must load `fmt`), else the one the plan was made for when it loads
+    `fmt`, else the format's default (the strictest engine of the format)."""
     if target is not None:
         chosen = tg.get(target)
         if chosen.format != fmt:
@@ -60,7 +60,6 @@ def _target_for(fmt: str, target: str | None, plan: Any) -> tg.Target:
                              f"{chosen.format or 'autoao.save directories'}); choose one of "
                              f"{', '.join(t.name for t in tg.targets_of(fmt))}")
         return chosen
-    made_for = plan.metadata.get("target")
     if made_for in tg.TARGETS and tg.TARGETS[made_for].format == fmt:
         return tg.TARGETS[made_for]
     return tg.TARGETS[FORMATS[fmt]]
@@ -84,9 +83,9 @@ def applied_model(source: Any, calibration: Any = None) -> nn.Module:
                      f"{type(source).__name__}")
 
 
-def model_from_run(run_dir: Path) -> tuple[nn.Module, Any, Path | None]:
-    """(the run's saved model, loaded bit-exactly; its tokenizer; the GGUF file it came from or None)
-    for a run of a built-in model, found by the saved plan's model fingerprint."""
+def model_from_run(run_dir: Path) -> tuple[nn.Module, Any, Path | None, Plan]:
+    """(the run's saved model, loaded bit-exactly; its tokenizer; the GGUF file it came from or None;
+    the saved plan) for a run of a built-in model, found by the saved plan's model fingerprint."""
     saved = run_dir / "model"
     if not (saved / PLAN_FILE).is_file():
         raise ValueError(f"{run_dir} is not a finished autoao run directory: {saved / PLAN_FILE} does not exist "
@@ -102,7 +101,7 @@ def model_from_run(run_dir: Path) -> tuple[nn.Module, Any, Path | None]:
             continue
         if fingerprint(model) == plan.model_fingerprint:
             source = models.gguf_path(name) if spec.gguf_file.endswith(".gguf") else None
-            return load(model, saved), tokenizer, source
+            return load(model, saved), tokenizer, source, plan
     raise ValueError(f"{run_dir}: the run's model ({plan.model_class}, {plan.num_linears} linear layers) is not a "
                      "built-in model; export it from Python: autoao.export.export((model, plan), ...) with the "
                      "model rebuilt, or autoao.load(model, run_dir / 'model') first")
@@ -149,13 +148,16 @@ def export(source: Any, format: str, out: str | os.PathLike, *, tokenizer: Any =
     _check_format(format)
     out = Path(out)
     gguf_src = Path(source_gguf) if source_gguf is not None else None
+    given = source[1] if isinstance(source, tuple) and len(source) == 2 else None
     if isinstance(source, (str, os.PathLike)):
-        model, run_tokenizer, run_gguf = model_from_run(Path(source))
+        model, run_tokenizer, run_gguf, given = model_from_run(Path(source))
         tokenizer, gguf_src = tokenizer or run_tokenizer, gguf_src or run_gguf
     else:
         model = applied_model(source, calibration)
+    # the model carries its plan (plan_of); the target it was made for is in the plan file's metadata
     plan, specs = plan_of(model), layer_specs(model)
-    chosen = _target_for(format, target, plan)
+    made_for = getattr(given, "metadata", {}).get("target")
+    chosen = _target_for(format, target, made_for)
     problems = tg.check_plan(plan, specs, chosen)
     if format == "gguf":
         problems = gg.architecture_problems(model) + problems
@@ -170,7 +172,7 @@ def export(source: Any, format: str, out: str | os.PathLike, *, tokenizer: Any =
             engine_problems = _write_compressed_tensors(model, tmp, specs, tokenizer, chosen, check)
         _raise(engine_problems.get(chosen.name, []), f"the {format} export would not run as planned in {chosen.engine}")
         rows = {fqn: plan.layers.get(fqn) for fqn in specs}
-        text = serving_md(out, format, rows, tg.targets_of(format), engine_problems, plan.metadata.get("target"))
+        text = serving_md(out, format, rows, tg.targets_of(format), engine_problems, made_for)
         (tmp / SERVING_FILE).write_text(text)
         if out.exists():
             out.rmdir()
