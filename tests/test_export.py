@@ -460,3 +460,18 @@ def test_a_plan_made_for_transformers_exports_with_its_rules_and_serving_says_wh
     assert "transformers (loads as planned)" in text and "model.layers.0.self_attn.qkv_proj" in text
     with pytest.raises(ExportError, match="qkv_proj"):  # the same plan, held to vLLM's rules
         export((tiny_llama(torch.bfloat16), plan), "compressed-tensors", tmp_path / "v", target="vllm")
+
+
+def test_a_quantized_tied_lm_head_is_untied_in_the_config(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    autoao.apply(model, autoao.Plan.for_model(model, {"lm_head": search_space.get("int8_wo")}))
+    out = export(model, "compressed-tensors", tmp_path / "tied", target="transformers")
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        reloaded(ids(length=4))
+    assert torch.equal(reloaded.lm_head.weight, dequantized(model.lm_head))
+    assert torch.equal(reloaded.model.embed_tokens.weight, model.model.embed_tokens.weight)

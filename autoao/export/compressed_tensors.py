@@ -219,9 +219,14 @@ def quantization_config(schemes: dict[str, CtScheme], ignore: list[str]) -> dict
 
 def write_config(model: nn.Module, directory: Path, qconfig: dict[str, Any]) -> None:
     """config.json (the model's transformers config plus `quantization_config`) and
-    generation_config.json where the model has one."""
+    generation_config.json where the model has one. A quantized output layer of a model whose
+    config ties it to the embedding is untied in the written config: an engine that ties would
+    otherwise drop the quantized lm_head for the embedding (vLLM's Llama does), silently."""
     config = model.config.to_dict()  # type: ignore[union-attr]
     config["quantization_config"] = qconfig
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if config.get("tie_word_embeddings") and isinstance(head, QuantizedLinear):
+        config["tie_word_embeddings"] = False
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
     gen = getattr(model, "generation_config", None)
     if gen is not None:
