@@ -446,6 +446,10 @@ def test_layer_candidates_hold_what_the_target_loads():
     space = targets.layer_candidates("llama.cpp", specs, "cpu")
     assert {c.name for c in space["model.layers.0.mlp.down_proj"]} == {
         "bf16", "gguf(type=q8_0)", "gguf(type=q4_0)", "gguf(type=q4_1)", "gguf(type=q6_k)"}
+    llama = targets.get("llama.cpp")
+    down = specs["model.layers.0.mlp.down_proj"]  # 256 x 512: Q6_K's 210 bytes per 256 inputs
+    assert llama.weight_bytes(search_space.get("gguf(type=q6_k)"), down) == 256 * 2 * 210
+    assert llama.weight_bytes(None, down) == 256 * 512 * 2 and targets.get("vllm").weight_bytes(None, down) is None
     vllm = targets.layer_candidates("vllm", specs, "cpu")["model.layers.0.self_attn.k_proj"]  # N = 128
     assert "int4_sym(group_size=128)" in {c.name for c in vllm} and not any(c.family == "sparse24" for c in vllm)
 

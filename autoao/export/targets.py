@@ -72,9 +72,8 @@ class Target:
     # ---- the search space ---------------------------------------------------------------------
     def candidates(self) -> list[Candidate]:
         """The candidates a search for this target holds (shape rules are `supports`'): autoao's
-        default space; for compressed-tensors engines the part of it a checkpoint can hold, with int4_sym
-        for int4; for
-        llama.cpp the GGUF types and the unchanged layer."""
+        default space; for compressed-tensors engines the part of it a checkpoint can hold, with
+        int4_sym for int4; for llama.cpp the GGUF types and the unchanged layer."""
         if self.format == "gguf":
             return [search_space.get("bf16")] + [search_space.get("gguf", type=t) for t in GGUF_TYPES]
         every = search_space.all_candidates()
@@ -118,7 +117,7 @@ class Target:
         if candidate is None or candidate.family != "gguf":
             return layer.out_features * layer.in_features * layer.dtype.itemsize
         t = GGUF_TYPES[candidate.params()["type"]]
-        return layer.out_features * (layer.in_features // 32) * t.block_bytes
+        return layer.out_features * (layer.in_features // t.block) * t.block_bytes
 
     # ---- fused siblings -----------------------------------------------------------------------
     def shared_groups(self, names: list[str]) -> list[tuple[str, tuple[str, ...]]]:
