@@ -25,7 +25,7 @@ from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
 from autoao.evaluators.timing import route_timing, workload_us
 from autoao.finalize import Final
-from autoao.kernels import cpu_isa
+from autoao.kernels import cpu_isa, describe_route
 from autoao.ledger import RunLedger
 from autoao.measure import Judges, Measurements, weight_bytes
 from autoao.plan import Plan, save
@@ -110,7 +110,7 @@ def _layer_record(lay: Any, calls: dict[int, int], cands: list[Candidate], meas:
             if chosen is not None and chosen not in us:  # a route: each M at its own kernel's time
                 us[chosen] = workload_us({m: route_timing(by_kernel, chosen, m) for m in next(iter(by_kernel.values()))},
                                          calls)
-            kernels[c.name] = KernelTimes(chosen, us)
+            kernels[c.name] = KernelTimes(chosen, us, describe_route(chosen) if chosen else "")
     return LayerRecord(lay.fqn, lay.in_features, lay.out_features, lay.tokens, calls, times, errors, kernels,
                        emulated, dict(meas.sqnr.get(lay.fqn, {})), list(meas.choices[lay.fqn]),
                        dict(meas.excluded[lay.fqn]), list(lay.tied))

@@ -90,6 +90,7 @@ class KernelTimes:
 
     chosen: str | None
     us: dict[str, float]  # kernel -> time over the layer's calls (inf: failed)
+    words: str = ""  # the chosen kernel or route in words ("int8pack up to 16 rows, dequant above")
 
 
 @dataclass

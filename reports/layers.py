@@ -182,14 +182,15 @@ def _kernel(info: KernelTimes | None, shipped: str | None) -> tuple[str | None, 
     """(the kernel, "kernel; other 1.52x slower") from a layer's per-kernel timings of one candidate;
     `shipped`: the kernel the shipped plan records for the layer (RunSummary.kernels), which wins."""
     chosen = shipped or (info.chosen if info is not None else None)
+    said = info.words if info is not None and info.words and chosen == info.chosen else chosen
     if chosen is None or info is None or chosen not in info.us:
-        return chosen, chosen or ""  # no timing of it to compare the others with
+        return chosen, said or ""  # no timing of it to compare the others with
     others = []
     for kern, t in info.us.items():
         if kern != chosen:
             ratio = t / info.us[chosen] if info.us[chosen] and math.isfinite(t) else math.inf
             others.append(f"{kern} {'failed' if not math.isfinite(ratio) else f'{ratio:.2f}x slower'}")
-    return chosen, "; ".join([chosen, *others])
+    return chosen, "; ".join([said, *others])
 
 
 def _sqnr(lay: LayerRecord, c: str) -> float | None:

@@ -29,7 +29,7 @@ from autoao.kernels.quant import is_24_sparse, prune_24_mask
 from autoao.search_space import LayerSpec
 
 FAMILIES = {"bf16", "bf16_compute", "fp32_compute", "int8_dyn", "int8_wo", "int4_wo", "fp8_dyn", "fp8_wo", "sparse24", "sparse24_int8_dyn",
-            "sparse24_fp8", "gguf"}
+            "sparse24_fp8", "gguf", "int4_sym"}
 KERNEL_VS_REFERENCE_DB = 40
 SPARSE = {"sparse24", "sparse24_int8_dyn", "sparse24_fp8"}
 

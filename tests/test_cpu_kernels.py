@@ -268,9 +268,12 @@ def test_isa_names_follow_each_librarys_dispatch_rule(monkeypatch):
 
 
 def test_report_shows_a_route_in_words():
-    from autoao.reports.load import _kernel
-    from autoao.runfiles import KernelTimes
+    """The run records the chosen route in words (describe_route); the report shows them."""
+    from autoao.kernels.routes import describe_route
+    from autoao.records import KernelTimes
+    from autoao.reports.layers import _kernel
 
-    info = KernelTimes("int8pack<=16,dequant", {"int8pack": 200.0, "dequant": 150.0, "int8pack<=16,dequant": 100.0})
-    assert _kernel(info) == ("int8pack<=16,dequant",
-                             "int8pack up to 16 rows, dequant above; int8pack 2.00x slower; dequant 1.50x slower")
+    route = "int8pack<=16,dequant"
+    info = KernelTimes(route, {"int8pack": 200.0, "dequant": 150.0, route: 100.0}, describe_route(route))
+    assert _kernel(info, None) == (route, "int8pack up to 16 rows, dequant above; int8pack 2.00x slower; "
+                                          "dequant 1.50x slower")
