@@ -22,6 +22,7 @@ from autoao.common import BASELINE
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.generation import GenerationLooks, prompts_from
+from autoao.evaluators.heldout import max_positions
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import layer_errors, token_ids
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
@@ -206,7 +207,10 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     if proxy.lm:
         t0 = time.perf_counter()
         counts, new_tokens = GENERATION["tier2" if tier2 is not None else "proxy"]
-        rows = prompts(work, sum(counts))  # as many as the held-out inputs hold, up to sum(counts)
+        limit = max_positions(model)  # a prompt and its continuation fit the model's positions
+        length = PROMPT_TOKENS if limit is None else max(1, min(PROMPT_TOKENS, limit // 2))
+        new_tokens = new_tokens if limit is None else max(1, min(new_tokens, limit - length))
+        rows = prompts(work, sum(counts), length)  # as many as the held-out inputs hold, up to sum(counts)
         ends = [min(sum(counts[:i + 1]), len(rows)) for i in range(len(counts))]
         chunks = [rows[a:b] for a, b in zip([0, *ends], ends) if b > a]
         generation = GenerationLooks(chunks, new_tokens)
@@ -230,13 +234,13 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     return Judges(budget, proxy, generation, tier2, weights_key, proxy_s, check_s, once_s)
 
 
-def prompts(work: Workload, count: int) -> torch.Tensor:
-    """[P <= count, PROMPT_TOKENS] prompts for the generation check: windows of the held-out token
-    ids (the screen's, then the confirmation chunks')."""
+def prompts(work: Workload, count: int, length: int = PROMPT_TOKENS) -> torch.Tensor:
+    """[P <= count, length] prompts for the generation check: windows of the held-out token ids
+    (the screen's, then the confirmation chunks'); shorter where the sequences are."""
     inputs = [*work.held_out.inputs, *(x for chunk in work.confirm for x in chunk)]
     ids = [token_ids(x) for x in inputs]
-    windows = sum(t.shape[0] * (t.shape[1] // PROMPT_TOKENS) for t in ids if t is not None)
-    length = PROMPT_TOKENS if windows else min(t.shape[1] for t in ids if t is not None)
+    windows = sum(t.shape[0] * (t.shape[1] // length) for t in ids if t is not None)
+    length = length if windows else min(t.shape[1] for t in ids if t is not None)
     return prompts_from(inputs, n_prompts=max(1, min(count, windows or len(inputs))), length=length)
 
 

@@ -27,7 +27,8 @@ import autoao
 import autoao.models
 from autoao import search_space
 from autoao.evaluators import lmeval
-from autoao.evaluators.sensitivity import ProxyEvaluator, layer_errors
+from autoao.evaluators.proxy import ProxyEvaluator
+from autoao.evaluators.sensitivity import layer_errors
 from autoao.profile import profile
 
 PLANS = ["bf16", "int8_dyn", "int8_wo", "int4_wo(group_size=32)", "int4_wo(group_size=64)",

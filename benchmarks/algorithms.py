@@ -33,7 +33,8 @@ import torch
 import autoao
 import autoao.models
 from autoao import search_space
-from autoao.evaluators.sensitivity import ProxyEvaluator, sqnr_db
+from autoao.evaluators.proxy import ProxyEvaluator
+from autoao.evaluators.sensitivity import sqnr_db
 from autoao.profile import profile
 
 ALGORITHMS = ("rtn", "gptq", "awq", "hqq")

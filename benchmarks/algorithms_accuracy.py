@@ -76,7 +76,8 @@ import torch
 import autoao
 import autoao.models
 from autoao import search_space
-from autoao.evaluators.sensitivity import ProxyEvaluator, sqnr_db
+from autoao.evaluators.proxy import ProxyEvaluator
+from autoao.evaluators.sensitivity import sqnr_db
 from autoao.kernels import algorithms
 from autoao.kernels._base import QuantizedLinear
 from autoao.kernels.quant import dequantize_int4_groupwise, quantize_int4_groupwise

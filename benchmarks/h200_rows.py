@@ -49,9 +49,9 @@ import llama_stack  # noqa: E402
 
 import autoao  # noqa: E402
 import autoao.models as models  # noqa: E402
-from autoao import runfiles, search_space  # noqa: E402
+from autoao import search_space  # noqa: E402
 from autoao.profile import profile  # noqa: E402
-from autoao.stages import workload_timing  # noqa: E402
+from autoao.measure import workload_timing  # noqa: E402
 
 DEMO_TASK = "autoao_facts"
 
@@ -87,7 +87,7 @@ def search_record(res: autoao.api.OptimizeResult, wall_s: float) -> dict[str, An
             "tier2_accuracy": s.accuracy.accuracy if s.accuracy else None,
             "tier2_drop": s.accuracy.drop if s.accuracy else None,
             "tier2_source": s.accuracy.source if s.accuracy else None,
-            "decisions": [runfiles.describe(d) for d in s.decisions]}
+            "decisions": s.notes}
 
 
 def keep_small(out_dir: Path) -> None:
@@ -182,13 +182,15 @@ def load(name: str, device: torch.device, limit: int | None = None
         work = models.workload(name, tok, device=device)
         task = work["accuracy"]
         return model, tok, [work["example_inputs"]], work["eval_inputs"], task, task
-    from autoao.evaluators.sensitivity import LmEvalEvaluator
+    from autoao.evaluators import lmeval
 
     prefill = models.text_inputs(tok, seq_len=256, n_seqs=1)[0].to(device)
     examples = [prefill] + [prefill[:, i:i + 1] for i in range(32)]
     held = [t.to(device) for t in models.text_inputs(tok, seq_len=256, n_seqs=2, held_out=True)]
-    full = LmEvalEvaluator(tok, [DEMO_TASK], limit=limit)
-    return model, tok, examples, held, lambda m: float(full.measure(m)["accuracy"]), DEMO_TASK
+    def full(m: nn.Module) -> float:  # the task on `limit` documents (all: None), one number
+        return float(lmeval.evaluate(m, tok, [DEMO_TASK], limit=limit).metrics[DEMO_TASK]["acc"])
+
+    return model, tok, examples, held, full, DEMO_TASK
 
 
 def interleaved_speedup(base: nn.Module, plan_model: nn.Module, examples: list[Any], rounds: int,

@@ -100,7 +100,7 @@ def main() -> None:
                          "drop_points": 100 * s.accuracy.drop if s.accuracy else 0.0,
                          "speedup_measured": s.speedup.measured, "speedup_range": s.speedup_range,
                          "speedup_predicted": s.speedup.predicted, "rounds": s.rounds, "trials": s.trials,
-                         "seconds": s.seconds, "decisions": [autoao.runfiles.describe(d) for d in s.decisions]})
+                         "seconds": s.seconds, "decisions": s.notes})
         print(searches[-1], flush=True)
         for f in ("model", "study.db"):  # weights and the study stay out of the repository
             p = out / f"search-{drop}" / f

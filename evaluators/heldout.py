@@ -245,7 +245,7 @@ def _build(source: str, model: nn.Module, exs: list, tokenizer: Any, size: int, 
             inputs = [_like_lm_input(exs[0], t.to(model_device(model))) for t in _cut(ids, TEXT_LEN, n, part * n)]
             return HeldOut(inputs, TEXT, n * TEXT_LEN, part=part, seed=seed)
         source, part = SAMPLES, 0  # the text is spent: the model's own samples take over
-    seq_len = min(SAMPLE_LEN, _max_positions(model) or SAMPLE_LEN)
+    seq_len = min(SAMPLE_LEN, max_positions(model) or SAMPLE_LEN)
     n = math.ceil(size / seq_len)
     seqs = model_samples(model, n_seqs=n, seq_len=seq_len, seed=seed, part=part, exclude=_first_tokens(exs))
     return HeldOut([_like_lm_input(exs[0], t) for t in seqs], SAMPLES, n * seq_len, part=part, seed=seed)
@@ -283,7 +283,7 @@ def _vocab_size(model: nn.Module) -> int:
         model.train(was)
 
 
-def _max_positions(model: nn.Module) -> int | None:
+def max_positions(model: nn.Module) -> int | None:
     """A transformers model's longest sequence (config.max_position_embeddings), where it says."""
     value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return value if isinstance(value, int) and value > 0 else None

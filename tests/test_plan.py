@@ -239,7 +239,7 @@ def test_gpt2_conv1d_layers_get_plans_and_still_run_compile_and_reload(tmp_path,
         assert torch.equal(again(ids).logits, model(ids).logits)
     result = autoao.optimize(fresh(), [ids], budget=4, candidates=["int8_wo"], max_accuracy_drop=1.0,
                              out_dir=tmp_path / "o", progress=False)
-    from autoao.runfiles import load_context
+    from autoao.records import load_context
 
     searched = {lay.fqn: lay.choices for lay in load_context(result.out_dir / "context.json").layers}
     assert all("int8_wo" in searched[f] for f in convs)  # offered to the search on every Conv1D layer

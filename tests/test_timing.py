@@ -422,14 +422,15 @@ def test_latency_table_reports_the_chosen_kernel_per_shape():
 
 
 def test_optimize_puts_the_timed_kernels_in_the_plan():
-    # stages.kernels_for maps each planned layer to the kernel timing chose for its shape, and the members
+    # bench.kernels_for maps each planned layer to the kernel timing chose for its shape, and the members
     # of a fusion to the one chosen for the fused shape (CUDA tables carry kernels; here a hand-made
-    # table stands in for one)
+    # table stands in for one); the workload weighs each shape's token counts for timing
     from torch import nn
 
-    from autoao.stages import kernels_for, shape_calls, unique_shapes
+    from autoao.bench import kernels_for
     from autoao.plan import Plan
     from autoao.profile import profile
+    from autoao.workload import Workload
 
     class Siblings(nn.Module):  # a and b read the same input: one fused (96, 64) module
         def __init__(self) -> None:
@@ -443,9 +444,13 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
     model = Siblings()
     prof = profile(model, [torch.randn(1, 3, 64), torch.randn(1, 1, 64)])
     assert prof.siblings == [("a", "b")]
-    assert shape_calls(prof, []) == {(32, 64): {3: 1, 1: 1}, (64, 64): {3: 1, 1: 1}, (64, 32): {3: 1, 1: 1}}
-    assert shape_calls(prof, prof.siblings)[(96, 64)] == {3: 1, 1: 1}
-    assert unique_shapes(prof) == [(32, 64), (64, 32), (64, 64)]
+
+    def work(siblings):
+        return Workload(prof, [], None, (), siblings, torch.device("cpu"), torch.float32, [1, 3])
+
+    assert work([]).shape_calls() == {(32, 64): {3: 1, 1: 1}, (64, 64): {3: 1, 1: 1}, (64, 32): {3: 1, 1: 1}}
+    assert work(prof.siblings).shape_calls()[(96, 64)] == {3: 1, 1: 1}
+    assert work([]).shapes == [(32, 64), (64, 32), (64, 64)] and work(prof.siblings).fused_shapes == [(96, 64)]
     int4 = search_space.get("int4_wo", group_size=32)
     t = lambda kern: timing.Timing(5.0, 5.0, 5.0, 5, kernel=kern)  # noqa: E731
     rows = [timing.LatencyRow(int4.name, m, k, n, t(kern), False) for m in (1, 3)
