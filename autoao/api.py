@@ -28,6 +28,9 @@ from autoao.common import cache_dir
 from autoao.decisions import NothingToTry, StudyClosed
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
+from autoao.export import targets
+from autoao.export.deploy import deploy
+from autoao.export.targets import Target
 from autoao.finalize import MIN_ROUNDS, finalize
 from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import RunLedger
@@ -69,8 +72,8 @@ def _keeps_torch_threads(fn: Callable[..., OptimizeResult]) -> Callable[..., Opt
 def optimize(model: nn.Module, example_inputs: Any, *, budget: str | int = "5m",
              accuracy: None | str | list[str] | Callable[[nn.Module], Any] = None, max_accuracy_drop: float = 0.01,
              tokenizer: Any = None, eval_inputs: Any = None, candidates: list[Any] | None = None,
-             storage: str | None = None, out_dir: str | Path = "autoao-report", seed: int = 0,
-             fuse_groups: bool = True, allow_emulated: bool = False, progress: bool = True) -> OptimizeResult:
+             target: str = "autoao", storage: str | None = None, out_dir: str | Path = "autoao-report",
+             seed: int = 0, fuse_groups: bool = True, progress: bool = True) -> OptimizeResult:
     """Find the fastest per-layer plan whose accuracy drop stays within `max_accuracy_drop`, apply it
     to `model` in place, and write plan.json, pareto.json, summary.json, the study, the saved model
     and report.html to `out_dir`. A plan ships only when its verdicts hold (the drop's 95% interval
@@ -87,17 +90,19 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget: str | int = "5m",
         max_accuracy_drop: the largest drop allowed, in [0, 1], in the deciding metric's units.
         tokenizer: the model's tokenizer: lm-eval tasks, and held-out text for the proxy.
         eval_inputs: held-out inputs for the proxy (default: built when the examples are too few).
-        candidates: names or Candidates (default: every registered one; bf16 always included).
+        candidates: names or Candidates (default: the target's search space; bf16 always included).
+        target: the engine the plan is made for: "autoao" (its own modules), "vllm", "sglang" or
+            "transformers" (compressed-tensors; the search holds only what the engine loads, and
+            layers it fuses share one scheme); `autoao export` writes the checkpoint.
         storage: Optuna RDB URL (default: SQLite in out_dir); a database server shares the study
             with `autoao worker` processes.
         out_dir: where everything is written. seed: the sampler's seed.
         fuse_groups: sibling layers (q/k/v, gate/up) share one choice and may run as one kernel.
-        allow_emulated: let the search pick candidates with no fast kernel on this device.
         progress: progress bars and stage messages on stderr.
     """
     opts = Options.check(budget=budget, accuracy=accuracy, tokenizer=tokenizer, max_accuracy_drop=max_accuracy_drop,
                          candidates=candidates, eval_inputs=eval_inputs, storage=storage, out_dir=out_dir, seed=seed,
-                         progress=progress, fuse_groups=fuse_groups, allow_emulated=allow_emulated)
+                         progress=progress, fuse_groups=fuse_groups, target=target)
     return _run(model, example_inputs, opts, RunHooks())
 
 
@@ -124,10 +129,12 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
     with ledger.stage("kernel timing"):
         table, health = time_candidates(work, list(opts.candidates), cache=TimingCache(rcache.path), ledger=ledger,
                                         deadline=plan.deadline("kernel timing"), allow_emulated=opts.allow_emulated)
+    engine = targets.get(opts.target)
     with ledger.stage("layer errors"):
         meas = measure(model, work, list(opts.candidates), table, base, health, cache=rcache, ledger=ledger,
-                       deadline=plan.deadline("layer errors"), allow_emulated=opts.allow_emulated)
-    groups = make_groups(meas.choices, work.siblings)
+                       deadline=plan.deadline("layer errors"), allow_emulated=opts.allow_emulated,
+                       allowed=engine.supports)
+    groups = make_groups(meas.choices, siblings(work, engine))
     bench = ModelBench(model, work.prof, work.examples, compile=base.compile, groups=groups, cost=meas.cost,
                        table=meas.table)
     with ledger.stage("anchors"):
@@ -136,8 +143,8 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
     context = run_context(model, work, list(opts.candidates), meas, anchored.cost, groups, judges,
                           budget=str(opts.budget), seed=opts.seed, storage=config.storage or "",
                           study_name=config.study_name, command=hooks.command, bf16_us=base.bf16_us,
-                          started=ledger.elapsed(),
-                          left_out=hooks.left_out, anchors=anchored.records)
+                          started=ledger.elapsed(), left_out=hooks.left_out, anchors=anchored.records,
+                          target=opts.target)
     write(opts.out_dir / "context.json", context)
     with ledger.stage("search trials"):
         outcome, closed = trials(opts, hooks, config, bench, judges, meas, anchored, work, plan, ledger)
@@ -147,13 +154,23 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
         final = finalize(bench, choice, meas, anchored.cost, base, notes + closed, ledger)
         record_final(rcache, base, work, ledger.stage_seconds()["final measurement"], final.rounds)
         summary = run_summary(final, outcome, meas, context, model, ledger, plan.planned,
-                              {a: s - fits.get(a, 0.0) for a, s in algorithm_seconds().items()}, base.bf16_us)
+                              {a: s - fits.get(a, 0.0) for a, s in algorithm_seconds().items()}, base.bf16_us,
+                              deploy(final.plan, model, opts.target, str(opts.out_dir)))
         shipped = write_outputs(opts.out_dir, final, summary, outcome, model)
     ledger.say(result_line(summary, shipped, opts.out_dir))
     from autoao.reports import render  # lazy: jinja2 and matplotlib load only here
 
     return OptimizeResult(model, shipped, summary, pareto_rows(outcome), outcome.study, opts.out_dir,
                           report_path=render(opts.out_dir))
+
+
+def siblings(work: Workload, engine: Target) -> list[tuple[str, ...]]:
+    """The layer groups that take one choice: the workload's siblings (same input, fusable in
+    autoao's runtime) and the groups the target's engine fuses (vLLM's qkv_proj, gate_up_proj),
+    which must share one scheme there; a layer in both keeps the engine's group."""
+    shared = [g for _, g in engine.shared_groups([lay.fqn for lay in work.prof.layers])]
+    taken = {f for g in shared for f in g}
+    return shared + [g for g in work.siblings if not taken & set(g)]
 
 
 def too_short(plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...]:
@@ -208,8 +225,7 @@ def trials(opts: Options, hooks: RunHooks, config: SearchConfig, bench: ModelBen
             hooks.on_study(config.study_name)
 
     def on_trial(r: Any, outcome: SearchOutcome) -> None:
-        plan.observe(judges.proxy_s, judges.proxy.last_seconds)  # a proxy pass now vs at the start
-        judges.proxy.last_seconds = 0.0
+        plan.observe_machine(torch.get_num_threads())  # has another process taken the CPU since?
         if outcome.best is r:
             plan_from_params(bench.groups, r.params, anchored.cost.fusion_pays, trial=r.number, predicted_ms=r.predicted_ms,
                              drop=r.drop).save(opts.out_dir / "best_plan.json")

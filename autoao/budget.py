@@ -17,6 +17,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from autoao.clock import cpu_lost_ns
 from autoao.ledger import RunLedger
 from autoao.types import Accuracy, Evidence, Verdict, judge
 
@@ -105,6 +106,7 @@ class TimePlan:
         self.checks = max(1, min(MAX_CHECKS, fits))  # checks the reserve keeps time for
         self.planned: dict[str, float] = {}
         self._ratios: list[float] = []
+        self._machine: tuple[float, int] | None = None  # (clock, cpu_lost_ns) at the last observe_machine
 
     @property
     def slowdown(self) -> float:
@@ -116,6 +118,20 @@ class TimePlan:
         """A repeated step priced at `planned_s` took `took_s`."""
         if planned_s > 0 and took_s > 0:
             self._ratios.append(took_s / planned_s)
+
+    def observe_machine(self, threads: int) -> None:
+        """How much of the wall time since the last call this process's `threads` threads waited
+        for a CPU another process had (clock.cpu_lost_ns): at a share f of it lost, work runs
+        1 / (1 - f) slower than on a machine of its own. Plan-independent, so the search's trials
+        (each plan runs at its own speed) can say the machine slowed down."""
+        now, lost = self.ledger.clock(), cpu_lost_ns()
+        if self._machine is not None:
+            wall, waited = now - self._machine[0], (lost - self._machine[1]) / 1e9
+            if wall > 0.5:  # a window long enough for the scheduler's slices to average out
+                share = min(waited / (wall * max(threads, 1)), 0.9)
+                self._ratios.append(1.0 / (1.0 - share))
+        if self._machine is None or now - self._machine[0] > 0.5:
+            self._machine = (now, lost)
 
     def final_reserve(self) -> float:
         return self.slowdown * self.costs.final_s + self.costs.write_s

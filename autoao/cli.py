@@ -3,6 +3,7 @@
     autoao search [--model NAME|module:factory] [--tasks T] [--budget 10m] [--max-accuracy-drop 1%] ...
     autoao apply --model ... --plan plan.json --save DIR
     autoao kernels --shapes 4096x4096,14336x4096 --tokens 1,128,2048 [--device cuda]
+    autoao export RUN_DIR --format compressed-tensors|gguf --out DIR
     autoao worker --storage postgresql://... --study NAME [--model ...] [--device cuda:1]
 
 Bad input prints one line `autoao: error: ...` and exits with status 2 (no traceback).
@@ -24,6 +25,7 @@ from autoao.common import BASELINE, process_age
 from autoao.evaluators.cache import TimingCache, cache_dir
 from autoao.evaluators.kernel_table import format_kernel_table, write_kernel_csv
 from autoao.evaluators.timing import measure_latencies
+from autoao.export import command as export_command
 from autoao.options import OptionError, Options, RunHooks, check_storage
 from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
@@ -154,7 +156,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 # optimize's arguments -> the search flags that set them (for errors that name the flag)
 FLAGS = {"out_dir": "--out", "storage": "--storage", "candidates": "--candidates", "budget": "--budget",
-         "max_accuracy_drop": "--max-accuracy-drop", "accuracy": "--tasks", "seed": "--seed"}
+         "max_accuracy_drop": "--max-accuracy-drop", "accuracy": "--tasks", "seed": "--seed", "target": "--target"}
 DEMO_MODEL = "smollm2-135m"
 DEMO_TASKS = "autoao_facts"
 
@@ -245,7 +247,7 @@ def search_options(args: argparse.Namespace, tasks: str | None, candidates: list
         opts = Options.check(budget=budget, accuracy=None, tokenizer=None, max_accuracy_drop=drop,
                              candidates=candidates, eval_inputs=None, storage=args.storage, out_dir=args.out,
                              seed=args.seed, progress=not args.quiet, fuse_groups=not args.no_fuse,
-                             allow_emulated=args.allow_emulated)
+                             allow_emulated=args.allow_emulated, target=args.target)
     except OptionError as e:
         raise CLIError(f"{FLAGS.get(e.argument, e.argument)}: {e}") from None
     return replace(opts, accuracy=tuple(split_list(tasks))) if tasks else opts
@@ -396,6 +398,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """autoao.export.command.run, its ValueError as a one-line CLI error."""
+    try:
+        return export_command.run(args)
+    except ValueError as e:
+        raise CLIError(str(e).replace("\n", " ")) from None
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     import datetime
 
@@ -473,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "a built-in model's provenance misrepresents, e.g. int4 group 32 on smollm2-135m, whose weights "
                    "were a GGUF Q4_1 grid; naming them here forces them)")
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    s.add_argument("--target", default="autoao", help="the engine the plan is made for: autoao (its own modules), "
+                   "vllm, sglang or transformers (compressed-tensors: the search holds only what the engine loads, "
+                   "and layers it fuses share one scheme; `autoao export` writes the checkpoint). Default %(default)s")
     s.add_argument("--storage", default=None, help="Optuna storage URL, e.g. postgresql://... "
                    "(default: SQLite in the output directory)")
     s.add_argument("--study", default=None, help="the study's name in --storage (default: derived from the model, "
@@ -545,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cache-dir", default=None, help="cache directory (default: $AUTOAO_CACHE_DIR or "
                    "~/.cache/autoao)")
     c.set_defaults(func=cmd_cache)
+    export_command.add_parser(sub).set_defaults(func=cmd_export)
     return p
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -32,10 +32,11 @@ from autoao.plan import Plan
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
 from autoao.search_space import Candidate
-from autoao.types import Accuracy
+from autoao.types import Accuracy, LayerSpec
 from autoao.workload import Workload
 
 E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
+Allowed = Callable[[Candidate, LayerSpec], "str | None"]  # a serving target's rule: None, or why not
 
 
 def plan_key(plan: Plan) -> str:
@@ -297,12 +298,13 @@ def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCach
 
 def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: LatencyTable, base: Baselines,
             health: TimingHealth, *, cache: ResultCache, ledger: RunLedger, deadline: float | None,
-            allow_emulated: bool = False) -> Measurements:
+            allow_emulated: bool = False, allowed: Allowed | None = None) -> Measurements:
     """The cost model (layer timings plus the rest of the unchanged model's time), what each layer
     may pick, and the layer errors (tier 0) of those candidates, by `deadline` (past it only cached
-    errors are read: the search then starts from fewer greedy seeds)."""
+    errors are read: the search then starts from fewer greedy seeds). `allowed(candidate, layer)`:
+    None, or why the plan's target cannot run the candidate on the layer."""
     cost = CostModel.build(work.prof, table).with_rest_from(base.bf16_us)
-    choices, excluded = layer_choices(work.prof, cands, table, work.device, allow_emulated)
+    choices, excluded = layer_choices(work.prof, cands, table, work.device, allow_emulated, allowed)
     used = [c for c in cands if any(c.name in ch for ch in choices.values())]
     ledger.say("measuring layer errors (tier 0)")
     sqnr = layer_errors(model, work.prof, used, cache=cache, progress=ledger.progress, deadline=deadline)
@@ -310,8 +312,10 @@ def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: Lat
 
 
 def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTable, device: torch.device,
-                  allow_emulated: bool) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
-    """FQN -> candidate names the search may pick; and FQN -> candidate -> why it may not."""
+                  allow_emulated: bool, allowed: Allowed | None = None
+                  ) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
+    """FQN -> candidate names the search may pick; and FQN -> candidate -> why it may not (it does
+    not run here, the plan's target cannot run it there, or its timing failed)."""
     choices: dict[str, list[str]] = {}
     excluded: dict[str, dict[str, str]] = {}
     calls = layer_calls(prof)
@@ -320,7 +324,7 @@ def layer_choices(prof: ModelProfile, cands: list[Candidate], table: LatencyTabl
         for c in cands:
             if c.name == BASELINE:
                 continue
-            reason = c.supports(lay.spec, device)
+            reason = c.supports(lay.spec, device) or (allowed(c, lay.spec) if allowed is not None else None)
             if reason is None and c.emulated(device) and not allow_emulated:
                 reason = f"emulated on {device.type}: {c.emulated(device)}"
             if reason is None:

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from autoao import search_space
 from autoao.common import BASELINE
+from autoao.export import targets
+from autoao.export.targets import Target
 from autoao.search_space import Candidate
 from autoao.types import Budget
 from autoao.workers import DEFAULT_HEARTBEAT, driver_url, is_server
@@ -56,14 +58,15 @@ class Options:
     seed: int
     progress: bool
     fuse_groups: bool = True
-    allow_emulated: bool = False
+    allow_emulated: bool = False  # the command line's --allow-emulated
+    target: str = "autoao"  # the serving engine the plan is made for (autoao.export.targets)
     # a causal LM's screen: the held-out positions every trial is scored on, where autoao builds them
     screen_positions: int = 512
 
     @classmethod
     def check(cls, *, budget: Any, accuracy: Any, tokenizer: Any, max_accuracy_drop: Any, candidates: Any,
               eval_inputs: Any, storage: str | None, out_dir: Any, seed: Any, progress: bool,
-              fuse_groups: bool = True, allow_emulated: bool = False) -> Options:
+              fuse_groups: bool = True, allow_emulated: bool = False, target: str = "autoao") -> Options:
         """Every argument checked; an OptionError (a ValueError) naming the first bad one, what was
         expected and how to fix it."""
         out = Path(out_dir)
@@ -72,10 +75,11 @@ class Options:
         _checked("storage", check_storage, url)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise OptionError("seed", f"seed must be an integer, got {seed!r}")
+        engine = _checked("target", _target, target)
         return cls(_checked("budget", Budget.parse, budget), _checked("accuracy", _accuracy, accuracy, tokenizer),
                    tokenizer, _checked("max_accuracy_drop", _drop, max_accuracy_drop),
-                   _checked("candidates", _candidates, candidates), eval_inputs, url, out, seed, bool(progress),
-                   fuse_groups, allow_emulated)
+                   _checked("candidates", _candidates, candidates, engine), eval_inputs, url, out, seed,
+                   bool(progress), fuse_groups, allow_emulated, engine.name)
 
     @property
     def shared(self) -> bool:
@@ -126,11 +130,22 @@ def _accuracy(accuracy: Any, tokenizer: Any) -> Accuracy:
     return tasks
 
 
-def _candidates(candidates: Any) -> tuple[Candidate, ...]:
-    """Names or Candidates (default: every registered one), bf16 always included; an empty list is
-    an error (a search over the unchanged model alone would measure for nothing)."""
+def _target(name: Any) -> Target:
+    """A serving target a search can be made for; llama.cpp's GGUF types have no fast kernel in
+    autoao and no costs measured in llama.cpp yet, so a search cannot rank them."""
+    engine = targets.get(name)
+    if engine.format == "gguf":
+        raise ValueError("a search for llama.cpp is not supported: its GGUF types are emulated here and their costs "
+                         "are not measured in llama.cpp; make a plan of GGUF types by hand and `autoao export "
+                         "--format gguf` it, or search for autoao, vllm, sglang or transformers")
+    return engine
+
+
+def _candidates(candidates: Any, target: Target) -> tuple[Candidate, ...]:
+    """Names or Candidates (default: the target's search space), bf16 always included; an empty
+    list is an error (a search over the unchanged model alone would measure for nothing)."""
     if candidates is None:
-        return tuple(search_space.all_candidates())
+        return tuple(target.candidates())
     if isinstance(candidates, str) or not hasattr(candidates, "__iter__"):
         raise ValueError(f"candidates must be a list of candidate names or Candidates, got {candidates!r}")
     out = [search_space.get(c) if isinstance(c, str) else c for c in candidates]

@@ -29,7 +29,7 @@ from autoao.kernels import cpu_isa, describe_route
 from autoao.ledger import RunLedger
 from autoao.measure import Judges, Measurements, weight_bytes
 from autoao.plan import Plan, save
-from autoao.records import (AccuracySpec, AnchorRecord, CandidateRecord, DeviceInfo, FusedRecord, GroupRecord,
+from autoao.records import (AccuracySpec, AnchorRecord, CandidateRecord, Deploy, DeviceInfo, FusedRecord, GroupRecord,
                             KernelTimes, LayerRecord, Latency, ModelInfo, ParetoRow, RunContext, RunSummary,
                             StageTime, UniformRow, WeightBytes, to_dict, write)
 from autoao.search import Group, SearchOutcome, plan_from_params
@@ -40,7 +40,7 @@ from autoao.workload import Workload
 def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements, cost: CostModel,
                 groups: list[Group], judges: Judges, *, budget: str, seed: int, storage: str, study_name: str,
                 command: str | None, bf16_us: float, started: float, left_out: dict[str, str] | None = None,
-                anchors: tuple[AnchorRecord, ...] = ()) -> RunContext:
+                anchors: tuple[AnchorRecord, ...] = (), target: str = "autoao") -> RunContext:
     """Everything the report needs that is known before the first trial (context.json). started:
     seconds ago the run began (its command's start, for the command line); left_out: candidates not
     considered -> why (listed as "left out")."""
@@ -65,7 +65,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         groups=[GroupRecord(g.name, list(g.fqns), list(g.choices)) for g in groups],
         fused=[FusedRecord(list(g), {c: t for c, t in per.items() if math.isfinite(t)})
                for g, per in meas.cost.fused_us.items()],
-        layers=layers, timing=meas.health, int4_grid_layers=work.grid_layers, anchors=list(anchors),
+        layers=layers, timing=meas.health, int4_grid_layers=work.grid_layers, anchors=list(anchors), target=target,
     )
 
 
@@ -126,10 +126,10 @@ def _candidate_record(c: Candidate, layers: list[LayerRecord], device: torch.dev
 
 
 def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, context: RunContext, model: nn.Module,
-                ledger: RunLedger, planned: dict[str, float], fits: dict[str, float], bf16_at_start_us: float
-                ) -> RunSummary:
+                ledger: RunLedger, planned: dict[str, float], fits: dict[str, float], bf16_at_start_us: float,
+                deploy: Deploy | None = None) -> RunSummary:
     """What the finished run measured and decided (summary.json). planned: the time plan's seconds
-    per stage; fits: the calibrated algorithms' fit seconds during the run."""
+    per stage; fits: the calibrated algorithms' fit seconds during the run; deploy: where the plan runs."""
     plan = final.plan
     spent = ledger.stage_seconds()
     return RunSummary(
@@ -150,7 +150,7 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
         timing_seconds={label: round(sec, 2) for label, sec in
                         sorted(meas.table.seconds_by_kernel.items(), key=lambda kv: -kv[1])},
         algorithm_seconds={alg: sec for alg, sec in fits.items() if sec > 0},
-        verdicts=list(final.verdicts), trial=plan.metadata.get("trial") if plan.layers else None,
+        verdicts=list(final.verdicts), trial=plan.metadata.get("trial") if plan.layers else None, deploy=deploy,
         stages=[StageTime(name, round(sec, 2), None if planned.get(name) is None else round(planned[name], 2))
                 for name, sec in spent.items()],
     )
@@ -183,7 +183,8 @@ def write_outputs(out_dir: Path, final: Final, summary: RunSummary, outcome: Sea
     plan.metadata.update({"plan_ms": to_dict(summary.plan_ms), "speedup": to_dict(summary.speedup),
                           "speedup_interval": [final.speedup.low, final.speedup.high], "rounds": final.rounds,
                           "accuracy": to_dict(summary.accuracy) if summary.accuracy else None,
-                          "verdicts": to_dict(list(final.verdicts)), "device": summary.device})
+                          "verdicts": to_dict(list(final.verdicts)), "device": summary.device,
+                          "target": summary.deploy.target if summary.deploy else "autoao"})
     plan.save(out_dir / "plan.json")
     rows = [to_dict(r) for r in pareto_rows(outcome)]
     atomic_write(out_dir / "pareto.json", lambda f: f.write(json.dumps(rows, indent=2).encode()))

@@ -186,6 +186,7 @@ class RunContext:
     screen_drop: float | None = None
     # uniform plans measured end to end that scaled their candidates' cells (CPU; empty: none)
     anchors: list[AnchorRecord] = field(default_factory=list)
+    target: str = "autoao"  # the serving target the search space was made for
     version: int = RUN_FILES_VERSION
 
 
@@ -218,6 +219,28 @@ class MeasuredPlan:
 class WeightBytes:
     before: int
     after: int
+
+
+@dataclass(frozen=True)
+class DeployRow:
+    """One candidate of a plan, as its serving engine runs it."""
+
+    candidate: str  # the plan's candidate name, "bf16" for layers left as they came
+    layers: int  # how many layers have it
+    example: str  # one of them, e.g. "model.layers.0.mlp.up_proj"
+    runs: str  # what the engine runs for it (autoao.export.targets.Target.describe)
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """The target a plan was made for, what each layer becomes there, and how to export it."""
+
+    target: str  # the target name, e.g. "vllm"
+    engine: str  # e.g. "vLLM"
+    format: str | None  # the export format; None: autoao's own save (no export needed)
+    command: str | None  # the export command, None for the autoao target
+    problems: tuple[str, ...]  # what the engine would refuse; empty: loads as planned
+    rows: tuple[DeployRow, ...]
 
 
 @dataclass
@@ -268,6 +291,7 @@ class RunSummary:
     verdicts: list[Verdict] = field(default_factory=list)
     stages: list[StageTime] = field(default_factory=list)  # planned and spent per stage
     trial: int | None = None  # the trial whose plan shipped (None: the model is unchanged)
+    deploy: Deploy | None = None  # where the plan runs: its target, what each layer becomes, the export command
     version: int = RUN_FILES_VERSION
 
     @property

@@ -88,7 +88,6 @@ class ProxyEvaluator:
         t0 = time.perf_counter()
         outs = run_model(reference, examples)
         self.pass_seconds = time.perf_counter() - t0  # one pass over the screen: what a trial's scoring costs
-        self.last_seconds = 0.0  # the last plan actually scored (not read from the cache)
         self.mode = output_mode(outs, examples)
         self.lm = self.mode == "lm"
         self.screen = _Part(examples, outs, self.mode)
@@ -175,9 +174,7 @@ class ProxyEvaluator:
 
     def _measure(self, part: _Part, model: nn.Module) -> tuple[dict[str, float], list[tuple[float, int, int]]]:
         try:
-            t0 = time.perf_counter()
             outs = run_model(model, part.inputs)
-            self.last_seconds = time.perf_counter() - t0
             metrics, items = self._metrics(part, outs)
         except Exception as e:  # noqa: BLE001 - a plan that cannot run scores as useless
             return {"accuracy": -math.inf, "error": f"{type(e).__name__}: {e}"}, []  # type: ignore[dict-item]

@@ -170,6 +170,30 @@ def test_the_time_plan_hands_each_stage_its_share_and_replans_when_the_machine_s
     assert tight.past("search trials") and tight.deadline("kernel timing") <= tight.ledger.clock() + 1e-3
 
 
+def test_the_time_plan_sees_another_process_take_the_cpu(monkeypatch):
+    """Between two trials, the share of the wall time this process's threads waited for a CPU says
+    how much slower work runs now (plan-independent: each plan runs at its own speed); a quiet
+    window says 1, and so does a window too short to average the scheduler's slices."""
+    clock, lost = [0.0], [0]
+    p = _plan(1000.0)
+    monkeypatch.setattr(p.ledger, "clock", lambda: clock[0])
+    monkeypatch.setattr(budget, "cpu_lost_ns", lambda: lost[0])
+    p.observe_machine(threads=2)  # the first call only starts the window
+    assert p.slowdown == 1.0
+    clock[0], lost[0] = 2.0, int(2.0e9)  # 2 s wall, 2 threads: 2 of 4 thread-seconds waited
+    p.observe_machine(threads=2)
+    assert p.slowdown == pytest.approx(2.0)
+    quiet = _plan(1000.0)
+    monkeypatch.setattr(quiet.ledger, "clock", lambda: clock[0])
+    quiet.observe_machine(threads=2)
+    clock[0] += 3.0
+    quiet.observe_machine(threads=2)  # no waiting at all in 3 s
+    clock[0] += 0.1
+    lost[0] += int(1e9)
+    quiet.observe_machine(threads=2)  # 0.1 s: too short a window to say anything
+    assert quiet.slowdown == 1.0
+
+
 ##### tier 2: documents follow the verdict ########################################################
 
 class _Bench:

@@ -6,38 +6,20 @@ that engine, whether it loads there, and the command that exports it.
     d.rows         # one row per candidate: how many layers, an example, what the engine runs
     d.problems     # [] when the plan loads there as planned
 
-Plain frozen dataclasses, so a run file can carry them (records.to_dict) and the report render them
-without importing this package.
+The records (Deploy, DeployRow) live with the run files (autoao.records), so a summary carries
+them and the report renders them without importing this package.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from autoao.export import targets as tg
 from autoao.plan import layer_specs
+from autoao.records import Deploy, DeployRow
 from autoao.types import LayerSpec
-
-
-@dataclass(frozen=True)
-class DeployRow:
-    candidate: str  # the plan's candidate name, "bf16" for layers left as they came
-    layers: int  # how many layers have it
-    example: str  # one of them, e.g. "model.layers.0.mlp.up_proj"
-    runs: str  # what the engine runs for it (Target.describe)
-
-
-@dataclass(frozen=True)
-class Deploy:
-    target: str  # the target name, e.g. "vllm"
-    engine: str  # e.g. "vLLM"
-    format: str | None  # the export format; None: autoao's own save (no export needed)
-    command: str | None  # the export command, None for the autoao target
-    problems: tuple[str, ...]  # what the engine would refuse (targets.check_plan); empty: loads as planned
-    rows: tuple[DeployRow, ...]
 
 
 def deploy(plan: Any, layers: nn.Module | dict[str, LayerSpec], target: str, run_dir: str = "RUN_DIR") -> Deploy:
