@@ -34,6 +34,10 @@ from autoao.evaluators.cache import ResultCache
 from autoao.types import Accuracy, Evidence, Stratum
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
+# seconds per document when every probed document came from the cache and no rate was stored with
+# them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (lm-eval, batch 8), so a
+# guess on the slow side keeps the time plan's reserve for a check
+UNKNOWN_RATE_S = 0.5
 
 
 class LmEvalJudge:
@@ -68,12 +72,19 @@ class LmEvalJudge:
 
     def probe(self, reference: nn.Module, key: str) -> float:
         """Score the unmodified model on the first look's documents (its `key` names it from now on)
-        and return the seconds per document that took (what a check is priced at)."""
+        and return the seconds per document that took (what a check is priced at); where they were
+        all cached, the rate measured when they were scored."""
         self.baseline_key = key
+        rate_key = f"tier2-rate:{sorted(self.tasks)}:{key}"
         t0 = time.perf_counter()
         scored = self._score(reference, key, 0)
-        per_doc = (time.perf_counter() - t0) / max(scored, 1)
-        self.seconds_per_doc = per_doc if scored else self.seconds_per_doc
+        if scored:
+            self.seconds_per_doc = (time.perf_counter() - t0) / scored
+            if self.cache is not None:
+                self.cache.put(rate_key, {"seconds_per_doc": self.seconds_per_doc})
+        else:
+            hit = self.cache.get(rate_key) if self.cache is not None else None
+            self.seconds_per_doc = float(hit["seconds_per_doc"]) if hit else UNKNOWN_RATE_S
         return self.seconds_per_doc
 
     def baseline_scores(self, look: int) -> tuple[float | None, dict[str, float]]:
