@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -81,35 +81,58 @@ BUSY_CPU_STALL_S = 1e-3
 
 
 def settle_cpu_threads(model: nn.Module, example_inputs: Any) -> BusyCpu | None:
-    """On the CPU with more than one torch thread: the smallest example, called at torch's thread
-    count and at one thread in turn (after one warm-up call, 3 calls each, the median of each).
-    When one thread is more than BUSY_CPU_FACTOR x and BUSY_CPU_STALL_S faster, torch is set to one
-    thread (the caller restores its count when the run ends) and the decision says so; else None.
-    Inputs that cannot be called are left for the profiler to report."""
+    """On the CPU with more than one torch thread: the smallest example, and a product the size of
+    one of the model's layers at PROBE_ROWS rows (a decode step's example runs too little in
+    parallel to stall), each called at torch's thread count and at one thread in turn (after one
+    warm-up call, 3 calls each, the median of each). When one thread is more than BUSY_CPU_FACTOR x
+    and BUSY_CPU_STALL_S faster on either, torch is set to one thread (the caller restores its count
+    when the run ends) and the decision says so; else None. Inputs that cannot be called are left
+    for the profiler to report."""
     threads = torch.get_num_threads()
     if threads == 1 or model_device(model).type != "cpu":
         return None
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     try:
         ex = min(examples, key=input_numel)
+        probes = [lambda: call_model(model, ex), _layer_probe(model)]
         with torch.no_grad():
-            call_model(model, ex)
-            took: dict[int, list[float]] = {threads: [], 1: []}
-            for _ in range(3):
-                for n in (threads, 1):
-                    torch.set_num_threads(n)
-                    t0 = time.perf_counter()
-                    call_model(model, ex)
-                    took[n].append(time.perf_counter() - t0)
-            best = {n: statistics.median(t) for n, t in took.items()}
+            best = [_threads_vs_one(fn, threads) for fn in probes if fn is not None]
     except Exception:  # noqa: BLE001 - bad inputs are the profiler's to report, with its message
         torch.set_num_threads(threads)
         return None
-    if best[1] * BUSY_CPU_FACTOR < best[threads] and best[threads] - best[1] > BUSY_CPU_STALL_S:
-        torch.set_num_threads(1)
-        return BusyCpu(threads, best[threads] * 1e3, best[1] * 1e3)
+    for many, one in best:
+        if one * BUSY_CPU_FACTOR < many and many - one > BUSY_CPU_STALL_S:
+            torch.set_num_threads(1)
+            return BusyCpu(threads, many * 1e3, one * 1e3)
     torch.set_num_threads(threads)
     return None
+
+
+PROBE_ROWS = 256  # rows of the layer-sized product settle_cpu_threads times (a prefill's)
+
+
+def _layer_probe(model: nn.Module) -> Callable[[], object] | None:
+    """x [PROBE_ROWS, K] @ W.T for the model's median-sized linear weight W [N, K], in its dtype."""
+    weights = sorted((m.weight for m in model.modules() if isinstance(m, nn.Linear)), key=lambda w: w.numel())
+    if not weights:
+        return None
+    w = weights[len(weights) // 2].detach()
+    x = torch.randn(PROBE_ROWS, w.shape[1], dtype=w.dtype, device=w.device)
+    return lambda: torch.nn.functional.linear(x, w)
+
+
+def _threads_vs_one(fn: Callable[[], object], threads: int) -> tuple[float, float]:
+    """(median seconds of fn() at `threads` threads, at one), 3 calls each in turn after a warm-up."""
+    fn()
+    took: dict[int, list[float]] = {threads: [], 1: []}
+    for _ in range(3):
+        for n in (threads, 1):
+            torch.set_num_threads(n)
+            t0 = time.perf_counter()
+            fn()
+            took[n].append(time.perf_counter() - t0)
+    torch.set_num_threads(threads)
+    return statistics.median(took[threads]), statistics.median(took[1])
 
 
 # Where the proxy decides, the positions of each look a verdict may take beyond the screen's (fresh

@@ -34,8 +34,14 @@ from autoao.evaluators.cache import ResultCache
 from autoao.types import Accuracy, Evidence, Stratum
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
+# One document's requests a forward at a time: a document's score must not depend on what it is
+# batched with, or scoring the same documents in other looks (other batch-mates) would change them.
+# It does at batch 8: the padding moves a bf16 model's numbers (SmolLM2 on the first 64
+# autoao_facts documents: acc 0.6563 at batch 8, 0.6406 at batch 1, one answer apart), and
+# per-tensor activation quantization (int8_dyn(act=tensor)) takes its scale from the whole batch.
+BATCH_SIZE = 1
 # seconds per document when every probed document came from the cache and no rate was stored with
-# them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (lm-eval, batch 8), so a
+# them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (lm-eval, batch 1), so a
 # guess on the slow side keeps the time plan's reserve for a check
 UNKNOWN_RATE_S = 0.5
 
@@ -47,7 +53,7 @@ class LmEvalJudge:
     tier = 2
 
     def __init__(self, tokenizer: Any, tasks: list[str], *, cache: ResultCache | None = None,
-                 batch_size: int = 8, seed: int = 0) -> None:
+                 batch_size: int = BATCH_SIZE, seed: int = 0) -> None:
         from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
 
         self._lmeval = lmeval
@@ -75,7 +81,7 @@ class LmEvalJudge:
         and return the seconds per document that took (what a check is priced at); where they were
         all cached, the rate measured when they were scored."""
         self.baseline_key = key
-        rate_key = f"tier2-rate:{sorted(self.tasks)}:{key}"
+        rate_key = f"tier2-rate:{sorted(self.tasks)}:b{self.batch_size}:{key}"
         t0 = time.perf_counter()
         scored = self._score(reference, key, 0)
         if scored:
@@ -137,7 +143,7 @@ class LmEvalJudge:
     def _cached(self, task: str, key: str) -> dict[int, dict[str, float]]:
         """Doc id -> score of the model `key` names on `task`: in memory, else from the disk cache."""
         if (task, key) not in self._scores and self.cache is not None:
-            hit = self.cache.get(f"tier2-docs:{task}:{key}")
+            hit = self.cache.get(f"tier2-docs:{task}:b{self.batch_size}:{key}")
             if hit:
                 self._scores[(task, key)] = {int(d): v for d, v in hit.items()}
         return self._scores.get((task, key), {})
@@ -159,7 +165,7 @@ class LmEvalJudge:
             merged = {**self._cached(task, key), **result.per_doc.get(task, {})}
             self._scores[(task, key)] = merged
             if self.cache is not None:
-                self.cache.put(f"tier2-docs:{task}:{key}", {str(d): v for d, v in merged.items()})
+                self.cache.put(f"tier2-docs:{task}:b{self.batch_size}:{key}", {str(d): v for d, v in merged.items()})
         return sum(len(v) for v in missing.values())
 
 
