@@ -88,7 +88,8 @@ class BusyCpu(Decision):
     one_ms: float = 0.0
 
     def describe(self) -> str:
-        return (f"the CPU is busy with other work: one call of the smallest example took {self.threads_ms:.1f} ms on "
+        return (f"the CPU is busy with other work: a probe call (the smallest example, or one layer's product at 256 "
+                f"rows) took {self.threads_ms:.1f} ms on "
                 f"{self.threads} threads and {self.one_ms:.1f} ms on one, so this run timed and measured everything on "
                 f"one thread (its speed-ups are one thread's; run again on an idle machine to measure {self.threads})")
 
