@@ -222,8 +222,10 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     if isinstance(tier2, LmEvalJudge):
         ledger.say("the unmodified model on the tasks' first documents (tier 2)")
         per_doc = tier2.probe(model, base_key)
-        docs = sum(tier2.sizes.values())
-        check_s, once_s = check_s + per_doc * docs, once_s + per_doc * docs
+        # a plan's side at worst scores every document; the unmodified model's only those a
+        # previous run left unscored (the cache keeps them)
+        check_s = check_s + per_doc * sum(tier2.sizes.values())
+        once_s = once_s + per_doc * tier2.unscored(base_key)
     elif isinstance(tier2, MetricJudge):
         check_s += tier2.seconds
     else:  # the proxy decides: its confirmation chunks, references and noise computed once

@@ -1,7 +1,8 @@
 """Is every plan the demo shipped within its budget on the whole task? Each run's plan.json applied
-to a fresh bf16 copy of the demo model and scored on all of autoao_facts (one lm-eval run at batch
-size 1, as the tier-2 judge scores: each document's score then depends on it alone; and at batch
-size 8, where a document's batch-mates move its score), next to the model as it came on all of it;
+to a fresh bf16 copy of the demo model and scored on all of autoao_facts in three whole-task lm-eval runs
+(MODES: one forward per document, as the tier-2 judge scores, and one request per forward: a
+document's score then depends on it alone; and batch size 8, where its batch-mates move it), next
+to the model as it came on all of it scored the same way;
 the drop against the run's max_accuracy_drop and against the verdict the run shipped on.
 
     python benchmarks/rescore_demo.py --runs 'benchmarks/results/<date>-cpu/budget/5m-*' --out DIR
@@ -28,9 +29,17 @@ from autoao.plan import Plan
 from autoao.profile import profile
 
 
-def score(model: torch.nn.Module, tok, batch_size: int) -> tuple[float, int]:
-    r = lmeval.evaluate(model, tok, ["autoao_facts"], batch_size=batch_size)
-    return r.metrics["autoao_facts"]["acc"], r.samples["autoao_facts"]
+# how a whole-task run batches the requests: as the tier-2 judge does (one forward per document;
+# before that, one request per forward) and as lm-eval does by default (8 requests of several documents)
+MODES = {"per document": {"per_document": True}, "batch 1": {"batch_size": 1}, "batch 8": {"batch_size": 8}}
+
+
+def score(model: torch.nn.Module, tok) -> tuple[dict[str, float], int]:
+    accs, n = {}, 0
+    for mode, kwargs in MODES.items():
+        r = lmeval.evaluate(model, tok, ["autoao_facts"], **kwargs)
+        accs[mode], n = r.metrics["autoao_facts"]["acc"], r.samples["autoao_facts"]
+    return accs, n
 
 
 def main() -> None:
@@ -40,8 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     bf16, tok = autoao.models.load("smollm2-135m")
-    base, n = score(bf16, tok, 1)
-    base8, _ = score(bf16, tok, 8)
+    base, n = score(bf16, tok)
     calib = profile(bf16, autoao.models.text_inputs(tok, seq_len=256)).calibration
     rows = []
     for run in sorted(Path(p) for p in glob.glob(args.runs)):
@@ -52,29 +60,25 @@ def main() -> None:
         row = {"run": run.name, "layers": len(plan.layers), "max_drop": s["max_accuracy_drop"],
                "shipped_verdicts": [f"{v['status']}: {v['drop']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}] on {v['n']} "
                                     f"{v['unit']} ({v['judge']})" for v in s.get("verdicts", [])]}
-        if plan.layers:
-            model = autoao.apply(copy.deepcopy(bf16), plan, calibration=calib)
-            acc, _ = score(model, tok, 1)
-            acc8, _ = score(model, tok, 8)
-            row.update(acc=acc, drop=base - acc, within=base - acc <= s["max_accuracy_drop"], acc_b8=acc8,
-                       drop_b8=base8 - acc8)
-        else:
-            row.update(acc=base, drop=0.0, within=True, acc_b8=base8, drop_b8=0.0, note="the model as it came")
+        acc = score(autoao.apply(copy.deepcopy(bf16), plan, calibration=calib), tok)[0] if plan.layers else base
+        row["acc"], row["drop"] = acc, {m: base[m] - acc[m] for m in MODES}
+        row["within"] = {m: row["drop"][m] <= s["max_accuracy_drop"] for m in MODES}
         rows.append(row)
         print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"command": f"python benchmarks/rescore_demo.py --runs '{args.runs}' --out {args.out}",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "bf16_acc": base, "bf16_acc_batch8": base8, "documents": n, "rows": rows,
+              "torch": torch.__version__, "bf16_acc": base, "documents": n, "rows": rows,
               "wall_s": round(time.perf_counter() - t0, 1)}
     (args.out / "rescore.json").write_text(json.dumps(result, indent=1))
     lines = [f"# Shipped demo plans re-scored on all {n} autoao_facts documents", "",
-             f"command: `{result['command']}`; date {result['date']}; torch {result['torch']}; bf16 acc {base:.4f} "
-             f"at batch 1 ({base8:.4f} at batch 8)", "",
-             "| run | layers changed | full-task acc (batch 1) | drop | within max drop | drop at batch 8 | verdicts it "
-             "shipped on |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['layers']} | {r['acc']:.4f} | {r['drop']:+.4f} | {'yes' if r['within'] else 'NO'} | "
-              f"{r['drop_b8']:+.4f} | {'; '.join(r['shipped_verdicts']) or r.get('note', '')} |" for r in rows]
+             f"command: `{result['command']}`; date {result['date']}; torch {result['torch']}; bf16 acc "
+             + ", ".join(f"{base[m]:.4f} ({m})" for m in MODES), "",
+             "| run | layers changed | " + " | ".join(f"drop ({m})" for m in MODES) + " | within max drop (each) "
+             "| verdicts it shipped on |", "|---|---|" + "---|" * len(MODES) + "---|---|"]
+    lines += [f"| {r['run']} | {r['layers']} | " + " | ".join(f"{r['drop'][m]:+.4f}" for m in MODES) + " | "
+              + ", ".join("yes" if r["within"][m] else "NO" for m in MODES)
+              + f" | {'; '.join(r['shipped_verdicts']) or 'the model as it came'} |" for r in rows]
     (args.out / "rescore.md").write_text("\n".join(lines) + "\n")
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import re
 import sys
@@ -119,6 +120,7 @@ def evaluate(
     limit: int | float | None = None,
     samples: dict[str, list[int]] | None = None,
     batch_size: int = 8,
+    per_document: bool = False,
     device: torch.device | str | None = None,
     max_length: int | None = None,
 ) -> EvalResult:
@@ -137,6 +139,9 @@ def evaluate(
             samples a task's documents in a random order scores them in chunks. Passed to lm-eval
             sorted: it scores them in index order but labels its logged samples in the order given.
         batch_size: sequences per forward pass.
+        per_document: one forward pass per document, over all of its requests (batch_size is then
+            ignored): a document's scores depend on it alone, not on which documents share its
+            batch (padding and per-tensor activation scales would carry them over).
         device: where inputs go; default the device of the model's parameters. The model must
             already be there.
         max_length: context window in tokens; default the HF config's, or 2048 for other models.
@@ -148,6 +153,8 @@ def evaluate(
 
         manager = _task_manager(Path(tmp), names)
         lm = _wrap(model, tokenizer, batch_size=batch_size, device=device, max_length=max_length)
+        if per_document:
+            lm = PerDocument(lm)
         was_training = model.training
         model.eval()
         try:
@@ -166,7 +173,8 @@ def evaluate(
         documents={name: int(out["n-samples"][name]["original"]) for name in names if name in out["n-samples"]},
         seconds=time.perf_counter() - start,
         limit=limit,
-        config={"lm": type(lm).__name__, "batch_size": batch_size, "max_length": lm.max_length,
+        config={"lm": type(lm).__name__, "batch_size": "per document" if per_document else batch_size,
+                "max_length": lm.max_length,
                 "lm_eval": lm_eval.__version__},
         per_doc={name: _per_doc(out.get("samples", {}).get(name, [])) for name in names},
     )
@@ -236,18 +244,26 @@ def _quiet_harness() -> Iterator[None]:
     """lm-eval's own console output held back for a run: its warnings about a model passed in memory
     (HFLM: "`pretrained` model kwarg is not of type `str`"), which are what autoao means to do, and
     its record of its own git commit, whose `git describe` prints "fatal: not a git repository"
-    outside a checkout (a model in memory has no harness commit worth recording)."""
+    outside a checkout (a model in memory has no harness commit worth recording), and the progress
+    bars of its request building and of datasets' loading (the caller reports progress)."""
+    import datasets
+    import lm_eval.api.task
     import lm_eval.evaluator
 
     logger = logging.getLogger("lm_eval")
-    level, git_hash = logger.level, lm_eval.evaluator.get_git_commit_hash
+    level, git_hash, bar = logger.level, lm_eval.evaluator.get_git_commit_hash, lm_eval.api.task.tqdm
+    bars = datasets.is_progress_bar_enabled()
     logger.setLevel(logging.ERROR)
     lm_eval.evaluator.get_git_commit_hash = lambda: None
+    lm_eval.api.task.tqdm = functools.partial(bar, disable=True)
+    datasets.disable_progress_bars()
     try:
         yield
     finally:
         logger.setLevel(level)
-        lm_eval.evaluator.get_git_commit_hash = git_hash
+        lm_eval.evaluator.get_git_commit_hash, lm_eval.api.task.tqdm = git_hash, bar
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _write_bundled_tasks(tmp: Path) -> Path:
@@ -314,6 +330,37 @@ def _wrap(model: nn.Module, tokenizer: Any, *, batch_size: int, device: torch.de
                     softmax_dtype=torch.float32)
     return CausalLM(model, tokenizer, batch_size=batch_size, device=device,
                     max_length=max_length or DEFAULT_MAX_LENGTH)
+
+
+class PerDocument(LM):
+    """An lm-eval `LM` that hands the wrapped one each document's log-likelihood requests (a
+    multiple-choice question's choices) as one batch of their own; everything else is the wrapped
+    LM's. HFLM reads its batch size from `batch_size_per_gpu`, CausalLM from `batch_size`."""
+
+    def __init__(self, lm: LM) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def __getattr__(self, name: str) -> Any:  # only reached for what PerDocument does not define
+        return getattr(self.__dict__["lm"], name)
+
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        docs: dict[tuple[str, int], list[int]] = {}
+        for i, req in enumerate(requests):
+            docs.setdefault((req.task_name, req.doc_id), []).append(i)
+        field = "batch_size_per_gpu" if hasattr(self.lm, "batch_size_per_gpu") else "batch_size"
+        results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        for members in docs.values():
+            setattr(self.lm, field, len(members))
+            for i, res in zip(members, self.lm.loglikelihood([requests[i] for i in members], disable_tqdm=True)):
+                results[i] = res
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        return self.lm.loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        return self.lm.generate_until(requests, disable_tqdm=disable_tqdm)
 
 
 class CausalLM(TemplateLM):

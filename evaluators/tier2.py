@@ -11,8 +11,8 @@ differences. Each look scores more of them (LOOK_DOCS, then doubling, then all),
 for as many documents as the interval needs and no more; on part of a task the interval covers
 the documents not scored (the finite-population correction), on all of it the drop is exact.
 Each document's score is cached on disk per (task, model weights, plan), so no document is scored
-twice for the same plan. Both models score a look's new documents in one call each: the same
-documents in the same batches (a bf16 model's scores move slightly with what it is batched with).
+twice for the same plan. Each document's requests run in one forward of their own, so its score
+depends on it alone, whichever look scores it (a bf16 model's scores move with their batch-mates).
 
 The user's metric, `fn(model) -> float`, is judged as exact: one number, measured whole. The
 optional protocol for per-item evidence: `fn(model)` returns a sequence (list, tuple or 1-D
@@ -34,12 +34,12 @@ from autoao.evaluators.cache import ResultCache
 from autoao.types import Accuracy, Evidence, Stratum
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
-# One document's requests a forward at a time: a document's score must not depend on what it is
-# batched with, or scoring the same documents in other looks (other batch-mates) would change them.
-# It does at batch 8: the padding moves a bf16 model's numbers (SmolLM2 on the first 64
-# autoao_facts documents: acc 0.6563 at batch 8, 0.6406 at batch 1, one answer apart), and
-# per-tensor activation quantization (int8_dyn(act=tensor)) takes its scale from the whole batch.
-BATCH_SIZE = 1
+# Each document's requests in one forward of their own (lmeval.evaluate(per_document=True)): a
+# document's score must not depend on what it is batched with, or scoring the same documents in
+# other looks (other batch-mates) would change them. It does at batch 8: the padding moves a bf16
+# model's numbers (SmolLM2 on the first 64 autoao_facts documents: acc 0.6563 at batch 8, 0.6406 at
+# batch 1, one answer apart), and per-tensor activation quantization (int8_dyn(act=tensor)) takes
+# its scale from the whole batch. One forward per document costs about 0.7 of one per request.
 # seconds per document when every probed document came from the cache and no rate was stored with
 # them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (lm-eval, batch 1), so a
 # guess on the slow side keeps the time plan's reserve for a check
@@ -53,11 +53,11 @@ class LmEvalJudge:
     tier = 2
 
     def __init__(self, tokenizer: Any, tasks: list[str], *, cache: ResultCache | None = None,
-                 batch_size: int = BATCH_SIZE, seed: int = 0) -> None:
+                 seed: int = 0) -> None:
         from autoao.evaluators import lmeval  # lazy: lm-eval is heavy
 
         self._lmeval = lmeval
-        self.tokenizer, self.tasks, self.cache, self.batch_size = tokenizer, list(tasks), cache, batch_size
+        self.tokenizer, self.tasks, self.cache = tokenizer, list(tasks), cache
         self.sizes = lmeval.task_sizes(self.tasks)
         self.order = {t: random.Random(f"{seed}:{t}").sample(range(n), n) for t, n in self.sizes.items()}
         self.baseline_key: str | None = None
@@ -81,7 +81,7 @@ class LmEvalJudge:
         and return the seconds per document that took (what a check is priced at); where they were
         all cached, the rate measured when they were scored."""
         self.baseline_key = key
-        rate_key = f"tier2-rate:{sorted(self.tasks)}:b{self.batch_size}:{key}"
+        rate_key = f"tier2-rate:{sorted(self.tasks)}:per-doc:{key}"
         t0 = time.perf_counter()
         scored = self._score(reference, key, 0)
         if scored:
@@ -92,6 +92,11 @@ class LmEvalJudge:
             hit = self.cache.get(rate_key) if self.cache is not None else None
             self.seconds_per_doc = float(hit["seconds_per_doc"]) if hit else UNKNOWN_RATE_S
         return self.seconds_per_doc
+
+    def unscored(self, key: str) -> int:
+        """How many documents of the tasks have no score for the model `key` names yet (in memory or
+        in the disk cache): what judging it on every document still costs."""
+        return sum(n - len(self._cached(task, key)) for task, n in self.sizes.items())
 
     def baseline_scores(self, look: int) -> tuple[float | None, dict[str, float]]:
         """The unmodified model's accuracy on the documents of `look` it has scored, and per task
@@ -143,7 +148,7 @@ class LmEvalJudge:
     def _cached(self, task: str, key: str) -> dict[int, dict[str, float]]:
         """Doc id -> score of the model `key` names on `task`: in memory, else from the disk cache."""
         if (task, key) not in self._scores and self.cache is not None:
-            hit = self.cache.get(f"tier2-docs:{task}:b{self.batch_size}:{key}")
+            hit = self.cache.get(f"tier2-docs:{task}:per-doc:{key}")
             if hit:
                 self._scores[(task, key)] = {int(d): v for d, v in hit.items()}
         return self._scores.get((task, key), {})
@@ -160,12 +165,12 @@ class LmEvalJudge:
                 missing[task] = todo
         if not missing:
             return 0
-        result = self._lmeval.evaluate(model, self.tokenizer, list(missing), samples=missing, batch_size=self.batch_size)
+        result = self._lmeval.evaluate(model, self.tokenizer, list(missing), samples=missing, per_document=True)
         for task in missing:
             merged = {**self._cached(task, key), **result.per_doc.get(task, {})}
             self._scores[(task, key)] = merged
             if self.cache is not None:
-                self.cache.put(f"tier2-docs:{task}:b{self.batch_size}:{key}", {str(d): v for d, v in merged.items()})
+                self.cache.put(f"tier2-docs:{task}:per-doc:{key}", {str(d): v for d, v in merged.items()})
         return sum(len(v) for v in missing.values())
 
 

@@ -226,7 +226,7 @@ def _lm_eval_judge(monkeypatch, bench: _Bench, flipped: set[int], docs: int = 10
 
     scored: dict[str, list[int]] = {"reference": [], "plan": []}
 
-    def evaluate(model, tokenizer, tasks, samples, batch_size):
+    def evaluate(model, tokenizer, tasks, samples, per_document):
         ids = samples["t"]
         scored[bench.side] += ids
         right = {d: 0.0 if bench.side == "plan" and d in flipped else 1.0 for d in ids}
@@ -285,3 +285,11 @@ def test_a_tier2_check_with_no_room_for_another_look_stays_unresolved(monkeypatc
     record = SimpleNamespace(number=7, params={}, predicted_ms=1.0, drop=0.02)
     judged = judge_plan(record, b, judges, NoRoom(), RunLedger(Budget(trials=1), progress=False))
     assert judged.status == "unresolved" and judged.verdicts[0].n == 64 and len(scored["plan"]) == 64
+
+
+def test_the_reference_side_of_a_check_is_priced_by_the_documents_it_has_left(monkeypatch):
+    """A check's one-off part is the unmodified model on the documents it has no score for: after
+    the probe, every document but the first look's; a model never scored has all of them left."""
+    judge, scored = _lm_eval_judge(monkeypatch, _Bench(), set(), docs=300)
+    assert len(scored["reference"]) == 64
+    assert judge.unscored("base") == 300 - 64 and judge.unscored("another plan") == 300

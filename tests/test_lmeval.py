@@ -227,3 +227,27 @@ def test_a_judge_scores_the_documents_it_samples_each_on_its_own(tok, llama, mon
     assert result.metrics["autoao_facts"]["acc"] == pytest.approx(sum(d["score"] for d in docs.values()) / 3)
     assert all((d["margin"] > 0) == (d["score"] == 1.0) for d in docs.values())  # right exactly when gold leads
     assert lmeval.task_sizes(["autoao_facts"]) == {"autoao_facts": result.documents["autoao_facts"]}
+
+
+def test_per_document_scoring_gives_each_document_one_forward_of_its_own(tok, monkeypatch):
+    """per_document=True: each document's requests (its choices) run in one forward pass of their
+    own, so a document scores the same whichever documents are scored with it; at batch size 8 the
+    same requests share forwards across documents."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    model = NextByte(len(tok))
+    rows: list[int] = []
+    model.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    alone = lmeval.evaluate(model, tok, ["autoao_facts"], samples={"autoao_facts": [5]}, per_document=True,
+                            max_length=MAX_LENGTH)
+    choices = rows[:]
+    assert len(choices) == 1 and choices[0] > 1  # one forward holding all of the document's choices
+    rows.clear()
+    together = lmeval.evaluate(model, tok, ["autoao_facts"], samples={"autoao_facts": [5, 9, 2]},
+                               per_document=True, max_length=MAX_LENGTH)
+    assert len(rows) == 3 and together.config["batch_size"] == "per document"
+    assert together.per_doc["autoao_facts"][5] == alone.per_doc["autoao_facts"][5]
+    rows.clear()
+    lmeval.evaluate(model, tok, ["autoao_facts"], samples={"autoao_facts": [5, 9, 2]}, batch_size=8,
+                    max_length=MAX_LENGTH)
+    assert len(rows) < 3  # batched across documents: what per_document avoids

@@ -264,7 +264,9 @@ def reload_check(directory: Path, schemes: dict[str, CtScheme | None], dtype: to
     layer's scheme with `schemes` (fqn -> planned scheme, None: unquantized). Returns one line per
     layer that loads as something else, or why the load failed; [] when all match."""
     cmd = [sys.executable, "-c", _RELOAD_SCRIPT, str(directory), str(dtype).removeprefix("torch.")]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    # cwd: `python -c` puts the working directory first on sys.path, and a source checkout's
+    # autoao/ folder there (without its mapped sub-packages) would shadow the installed package
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=directory)
     line = next((ln for ln in run.stdout.splitlines() if ln.startswith("AUTOAO_RELOAD ")), None)
     if run.returncode != 0 or line is None:
         tail = (run.stderr or run.stdout).strip().splitlines()[-3:]

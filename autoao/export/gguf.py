@@ -206,8 +206,9 @@ def llama_cpp_check(path: Path, model: nn.Module, timeout: float = 300) -> list[
 
     if importlib.util.find_spec("llama_cpp") is None:
         return None
+    # cwd: as in compressed_tensors.reload_check, the working directory must not shadow packages
     run = subprocess.run([sys.executable, "-c", _LLAMA_SCRIPT, str(path)], capture_output=True, text=True,
-                         timeout=timeout)
+                         timeout=timeout, cwd=path.parent)
     line = next((ln for ln in run.stdout.splitlines() if ln.startswith("AUTOAO_LLAMA ")), None)
     if run.returncode != 0 or line is None:
         tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
