@@ -167,15 +167,20 @@ def evaluate(
             )
         finally:
             model.train(was_training)
+    config = {"lm": type(lm).__name__, "batch_size": "per document" if per_document else batch_size,
+              "max_length": lm.max_length, "lm_eval": lm_eval.__version__}
+    return _result(out, names, time.perf_counter() - start, limit, config)
+
+
+def _result(out: dict[str, Any], names: list[str], seconds: float, limit: int | float | None,
+            config: dict[str, Any]) -> EvalResult:
+    """lm-eval's output dict -> EvalResult."""
+    counts = out["n-samples"]
     return EvalResult(
         metrics={name: _metrics(out["results"][name]) for name in names},
-        samples={name: int(out["n-samples"][name]["effective"]) for name in names if name in out["n-samples"]},
-        documents={name: int(out["n-samples"][name]["original"]) for name in names if name in out["n-samples"]},
-        seconds=time.perf_counter() - start,
-        limit=limit,
-        config={"lm": type(lm).__name__, "batch_size": "per document" if per_document else batch_size,
-                "max_length": lm.max_length,
-                "lm_eval": lm_eval.__version__},
+        samples={name: int(counts[name]["effective"]) for name in names if name in counts},
+        documents={name: int(counts[name]["original"]) for name in names if name in counts},
+        seconds=seconds, limit=limit, config=config,
         per_doc={name: _per_doc(out.get("samples", {}).get(name, [])) for name in names},
     )
 
