@@ -41,7 +41,7 @@ LOOK_DOCS = 64  # documents per task at a judge's first look; each later look do
 # batch 1, one answer apart), and per-tensor activation quantization (int8_dyn(act=tensor)) takes
 # its scale from the whole batch. One forward per document costs about 0.7 of one per request.
 # seconds per document when every probed document came from the cache and no rate was stored with
-# them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (lm-eval, batch 1), so a
+# them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (one forward each), so a
 # guess on the slow side keeps the time plan's reserve for a check
 UNKNOWN_RATE_S = 0.5
 
