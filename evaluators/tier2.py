@@ -34,12 +34,6 @@ from autoao.evaluators.cache import ResultCache
 from autoao.types import Accuracy, Evidence, Stratum
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
-# Each document's requests in one forward of their own (lmeval.evaluate(per_document=True)): a
-# document's score must not depend on what it is batched with, or scoring the same documents in
-# other looks (other batch-mates) would change them. It does at batch 8: the padding moves a bf16
-# model's numbers (SmolLM2 on the first 64 autoao_facts documents: acc 0.6563 at batch 8, 0.6406 at
-# batch 1, one answer apart), and per-tensor activation quantization (int8_dyn(act=tensor)) takes
-# its scale from the whole batch. One forward per document costs about 0.7 of one per request.
 # seconds per document when every probed document came from the cache and no rate was stored with
 # them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (one forward each), so a
 # guess on the slow side keeps the time plan's reserve for a check
@@ -165,6 +159,12 @@ class LmEvalJudge:
                 missing[task] = todo
         if not missing:
             return 0
+        # Each document's requests in one forward of their own (lmeval.evaluate(per_document=True)): a
+        # document's score must not depend on what it is batched with, or scoring the same documents in
+        # other looks (other batch-mates) would change them. It does at batch 8: the padding moves a bf16
+        # model's numbers (SmolLM2 on the first 64 autoao_facts documents: acc 0.6563 at batch 8, 0.6406 at
+        # batch 1, one answer apart), and per-tensor activation quantization (int8_dyn(act=tensor)) takes
+        # its scale from the whole batch. One forward per document costs about 0.7 of one per request.
         result = self._lmeval.evaluate(model, self.tokenizer, list(missing), samples=missing, per_document=True)
         for task in missing:
             merged = {**self._cached(task, key), **result.per_doc.get(task, {})}
