@@ -2,10 +2,12 @@
 timed side by side, next to the forward-pass speed-up the run reported.
 
     python benchmarks/generate_bench.py --run RUN_DIR --out DIR [--modes eager,compiled] [--rounds 5]
+    python benchmarks/generate_bench.py --synthetic llama-1b --device cuda --out DIR --modes eager,compiled
 
-RUN_DIR: an `autoao search` output folder of the built-in --model (default the demo's; its
-plan.json is applied to a fresh copy, with calibration from the bundled text for GPTQ / AWQ /
-SmoothQuant). For each mode, --rounds rounds, the two models alternating (ABAB...), each round one
+--run: an `autoao search` output folder of the built-in --model (default the demo's; its plan.json
+is applied to a fresh copy, with calibration from the bundled text for GPTQ / AWQ / SmoothQuant).
+--synthetic: a random-init transformers Llama (SYNTHETIC's shapes, bf16) searched here first with
+`autoao.optimize` on one decode step (--budget, --candidates), the returned model benchmarked. For each mode, --rounds rounds, the two models alternating (ABAB...), each round one
 greedy `generate()` of --new-tokens tokens (min = max, so both produce the same count) after a
 --prompt-tokens prompt of held-out text, KV cache on:
 
@@ -82,39 +84,49 @@ def noise_floor(base: torch.nn.Module, prompts: list[torch.Tensor], reference: l
     return sum(int((generate(twin, ids, new_tokens, "eager")[0] == ref).sum()) for ids, ref in zip(prompts, reference))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--modes", default="eager")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--prompt-tokens", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--model", default="smollm2-135m", help="the built-in model the run searched")
-    args = ap.parse_args()
-    summary = json.loads((args.run / "summary.json").read_text())
-    name = args.model
-    base, tok = autoao.models.load(name, device=args.device)
+# random-init transformers Llamas for --synthetic: Llama-3.2-1B-like shapes (hidden 2048, 16 layers,
+# ffn 8192), and a tiny one that runs anywhere (the script's own check)
+SYNTHETIC = {"llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048),
+             "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)}
+
+
+def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float]:
+    """The built-in --model as it came and with --run's plan; held-out text prompts; the forward
+    speed-up the run reported."""
+    base, tok = autoao.models.load(args.model, device=args.device)
     plan = Plan.load(args.run / "plan.json")
     calib = profile(base, autoao.models.text_inputs(tok, seq_len=256)).calibration if plan.layers else None
-    models = {"as it came": base, "plan": autoao.apply(copy.deepcopy(base), plan, calibration=calib)}
     prompts = [p.to(args.device) for p in
                autoao.models.text_inputs(tok, seq_len=args.prompt_tokens, n_seqs=args.rounds, held_out=True)]
-    rows = {mode: side_by_side(models, prompts, args.new_tokens, mode) for mode in args.modes.split(",")}
-    first = next(iter(rows.values()))
-    floor = noise_floor(base, prompts, first.pop("tokens"), args.new_tokens)
-    for r in rows.values():
-        r.pop("tokens", None)
-    result = {"command": " ".join(["python", *sys.argv]), "model": name, "plan": plan.summary(),
-              "forward_speedup_reported": summary["speedup"]["measured"],
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-              "threads": torch.get_num_threads(), "modes": rows,
-              "float32_twin_greedy_equal": floor}
+    reported = json.loads((args.run / "summary.json").read_text())["speedup"]["measured"]
+    return {"as it came": base, "plan": autoao.apply(copy.deepcopy(base), plan, calibration=calib)}, prompts, reported
+
+
+def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float]:
+    """A random-init --synthetic Llama (bf16) as it came and as `autoao.optimize` returns it, searched
+    on one decode step with --candidates for --budget (a speed search: random weights carry no
+    accuracy, so max_accuracy_drop=1.0); random prompts."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**SYNTHETIC[args.synthetic])
+    with torch.device(args.device):
+        base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    one = torch.tensor([[17]], device=args.device)
+    res = autoao.optimize(copy.deepcopy(base), (one,), budget=args.budget, max_accuracy_drop=1.0,
+                          candidates=args.candidates.split(","), out_dir=args.out / "search", progress=True)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, config.vocab_size, (1, args.prompt_tokens), generator=gen).to(args.device)
+               for _ in range(args.rounds)]
+    return {"as it came": base, "plan": res.model}, prompts, res.summary.speedup.measured
+
+
+def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generate.json").write_text(json.dumps(result, indent=1))
-    lines = [f"# generate(): {name}, as it came vs {plan.summary() or 'unchanged'}", "",
+    lines = [f"# generate(): {result['model']}, as it came vs {result['plan'] or 'unchanged'}", "",
              f"`{result['command']}`; {result['date']}; torch {result['torch']}; {result['threads']} threads; "
              f"forward-pass speed-up the run reported: {result['forward_speedup_reported']:.3f}x", "",
              "| mode | as it came tok/s | plan tok/s | plan / as it came (per-round range) | greedy tokens equal |",
@@ -125,9 +137,37 @@ def main() -> None:
         lines.append(f"| {shown} | {t['as it came']:.1f} | {t['plan']:.1f} | {r['ratio']:.3f}x "
                      f"({r['ratio_range'][0]:.3f}-{r['ratio_range'][1]:.3f}) | {r['greedy_equal']} of {r['greedy_tokens']} |")
     lines += ["", f"The float32 twin of the model as it came reproduces {floor} of its "
-              f"{first['greedy_tokens']} greedy tokens (eager): the noise floor of the last column."]
+              f"{next(iter(rows.values()))['greedy_tokens']} greedy tokens (eager): the noise floor of the last column."]
     (args.out / "generate.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", type=Path, help="an `autoao search` output folder of the built-in --model")
+    source.add_argument("--synthetic", choices=sorted(SYNTHETIC), help="search a random-init Llama here first")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--modes", default="eager")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="smollm2-135m", help="the built-in model the run searched")
+    ap.add_argument("--budget", default="3m", help="--synthetic: optimize's budget")
+    ap.add_argument("--candidates", default="bf16,int4_wo(group_size=128)", help="--synthetic: its candidates")
+    args = ap.parse_args()
+    models, prompts, reported = from_run(args) if args.run else from_search(args)
+    rows = {mode: side_by_side(models, prompts, args.new_tokens, mode) for mode in args.modes.split(",")}
+    floor = noise_floor(models["as it came"], prompts, next(iter(rows.values()))["tokens"], args.new_tokens)
+    for r in rows.values():
+        r.pop("tokens")
+    result = {"command": " ".join(["python", *sys.argv]), "model": args.synthetic or args.model,
+              "plan": autoao.plan_of(models["plan"]).summary(), "forward_speedup_reported": reported,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+              "threads": torch.get_num_threads(), "modes": rows, "float32_twin_greedy_equal": floor}
+    write(args, result, rows, floor)
 
 
 if __name__ == "__main__":
