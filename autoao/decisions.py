@@ -295,10 +295,11 @@ class NothingToTry(Decision):
                 return (f"the time budget ran out before any candidate but the unchanged one was timed ({self.not_timed} "
                         "cells not timed), so no plan could be tried; a larger budget lets the search try plans")
             return "no layer has a candidate other than the unchanged one that runs here, so no plan could be tried"
+        # said when the time plan is built, before timing; the run's record adds the cells left untimed
+        untimed = f" ({self.not_timed} timing cells never timed)" if self.not_timed else ""
         return (f"the time budget is too short to try plans: '{self.stage}' took {self.stage_s:.0f} s of it and "
-                f"judging a plan's accuracy and the final measurement need {self.reserve_s:.0f} s "
-                f"({self.not_timed} timing cells never timed); a budget of about {self.suggest_s:.0f} s lets the "
-                "search try plans")
+                f"judging a plan's accuracy and the final measurement need {self.reserve_s:.0f} s{untimed}; a "
+                f"budget of about {self.suggest_s:.0f} s lets the search try plans")
 
 
 @decision

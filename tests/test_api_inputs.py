@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -122,6 +123,7 @@ def test_a_budget_too_short_to_search_says_so(tmp_path, monkeypatch):
     said = nothing.describe()
     assert "the time budget is too short to try plans" in said and f"about {nothing.suggest_s:.0f} s" in said
     assert f"{untimed} timing cells never timed" in said
+    assert "cells never timed" not in replace(nothing, not_timed=0).describe()  # said before timing: no count
     assert any(st.name == "kernel timing" and st.planned_s == 0.0 for st in s.stages)  # the plan, recorded
 
 
