@@ -347,6 +347,8 @@ class PerDocument(LM):
         self.lm = lm
 
     def __getattr__(self, name: str) -> Any:  # only reached for what PerDocument does not define
+        if "lm" not in self.__dict__:  # during __init__: nothing to delegate to yet
+            raise AttributeError(name)
         return getattr(self.__dict__["lm"], name)
 
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
