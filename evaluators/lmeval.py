@@ -355,10 +355,10 @@ class PerDocument(LM):
         docs: dict[tuple[str, int], list[int]] = {}
         for i, req in enumerate(requests):
             docs.setdefault((req.task_name, req.doc_id), []).append(i)
-        field = "batch_size_per_gpu" if hasattr(self.lm, "batch_size_per_gpu") else "batch_size"
+        size_attr = "batch_size_per_gpu" if hasattr(self.lm, "batch_size_per_gpu") else "batch_size"
         results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         for members in docs.values():
-            setattr(self.lm, field, len(members))
+            setattr(self.lm, size_attr, len(members))
             for i, res in zip(members, self.lm.loglikelihood([requests[i] for i in members], disable_tqdm=True)):
                 results[i] = res
         return results

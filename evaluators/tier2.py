@@ -40,6 +40,11 @@ LOOK_DOCS = 64  # documents per task at a judge's first look; each later look do
 UNKNOWN_RATE_S = 0.5
 
 
+def _docs_key(task: str, key: str) -> str:
+    """The disk-cache key of the per-document scores of the model `key` names on `task`."""
+    return f"tier2-docs:{task}:per-doc:{key}"
+
+
 class LmEvalJudge:
     """lm-eval tasks, scored per document (evaluators.lmeval). accuracy = the mean over tasks of
     each task's headline metric (acc; tasks without one, e.g. perplexity, are not judged)."""
@@ -142,7 +147,7 @@ class LmEvalJudge:
     def _cached(self, task: str, key: str) -> dict[int, dict[str, float]]:
         """Doc id -> score of the model `key` names on `task`: in memory, else from the disk cache."""
         if (task, key) not in self._scores and self.cache is not None:
-            hit = self.cache.get(f"tier2-docs:{task}:per-doc:{key}")
+            hit = self.cache.get(_docs_key(task, key))
             if hit:
                 self._scores[(task, key)] = {int(d): v for d, v in hit.items()}
         return self._scores.get((task, key), {})
@@ -170,7 +175,7 @@ class LmEvalJudge:
             merged = {**self._cached(task, key), **result.per_doc.get(task, {})}
             self._scores[(task, key)] = merged
             if self.cache is not None:
-                self.cache.put(f"tier2-docs:{task}:per-doc:{key}", {str(d): v for d, v in merged.items()})
+                self.cache.put(_docs_key(task, key), {str(d): v for d, v in merged.items()})
         return sum(len(v) for v in missing.values())
 
 
