@@ -127,7 +127,8 @@ def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> Non
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generate.json").write_text(json.dumps(result, indent=1))
     lines = [f"# generate(): {result['model']}, as it came vs {result['plan'] or 'unchanged'}", "",
-             f"`{result['command']}`; {result['date']}; torch {result['torch']}; {result['threads']} threads; "
+             f"`{result['command']}`; {result['date']}; {result.get('device', '')}; torch {result['torch']}, "
+             f"transformers {result.get('transformers', '')}; {result['threads']} threads; "
              f"forward-pass speed-up the run reported: {result['forward_speedup_reported']:.3f}x", "",
              "| mode | as it came tok/s | plan tok/s | plan / as it came (per-round range) | greedy tokens equal |",
              "|---|---|---|---|---|"]
@@ -136,6 +137,7 @@ def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> Non
         shown = "static cache, not compiled" if mode == "compiled" and args.device == "cpu" else mode
         lines.append(f"| {shown} | {t['as it came']:.1f} | {t['plan']:.1f} | {r['ratio']:.3f}x "
                      f"({r['ratio_range'][0]:.3f}-{r['ratio_range'][1]:.3f}) | {r['greedy_equal']} of {r['greedy_tokens']} |")
+    lines += [f"| {mode} | failed: {err} | | | |" for mode, err in result.get("errors", {}).items()]
     lines += ["", f"The float32 twin of the model as it came reproduces {floor} of its "
               f"{next(iter(rows.values()))['greedy_tokens']} greedy tokens (eager): the noise floor of the last column."]
     (args.out / "generate.md").write_text("\n".join(lines) + "\n")
@@ -158,15 +160,29 @@ def main() -> None:
     ap.add_argument("--candidates", default="bf16,int4_wo(group_size=128)", help="--synthetic: its candidates")
     args = ap.parse_args()
     models, prompts, reported = from_run(args) if args.run else from_search(args)
-    rows = {mode: side_by_side(models, prompts, args.new_tokens, mode) for mode in args.modes.split(",")}
+    rows, errors = {}, {}
+    for mode in args.modes.split(","):  # a mode that fails is recorded; the others still run
+        try:
+            rows[mode] = side_by_side(models, prompts, args.new_tokens, mode)
+            print(mode, json.dumps({k: v for k, v in rows[mode].items() if k != "tokens"}), flush=True)
+        except Exception as e:  # noqa: BLE001
+            errors[mode] = f"{type(e).__name__}: {e}"[:1000]
+            print(f"{mode} failed: {errors[mode]}", flush=True)
+    if not rows:
+        raise SystemExit(f"every mode failed: {errors}")
     floor = noise_floor(models["as it came"], prompts, next(iter(rows.values()))["tokens"], args.new_tokens)
     for r in rows.values():
         r.pop("tokens")
+    import transformers
+
     result = {"command": " ".join(["python", *sys.argv]), "model": args.synthetic or args.model,
               "plan": autoao.plan_of(models["plan"]).summary(), "forward_speedup_reported": reported,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-              "threads": torch.get_num_threads(), "modes": rows, "float32_twin_greedy_equal": floor}
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
+              (platform.processor() or platform.machine()),
+              "machine": platform.processor() or platform.machine(),
+              "threads": torch.get_num_threads(), "modes": rows, "errors": errors, "float32_twin_greedy_equal": floor}
     write(args, result, rows, floor)
 
 

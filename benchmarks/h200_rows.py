@@ -270,10 +270,10 @@ def real(args: argparse.Namespace) -> None:
             shutil.rmtree(work, ignore_errors=True)
             m = copy.deepcopy(model)
             t0 = time.perf_counter()
-            try:
+            try:  # (no left_out: optimize does not take it; only the command line's RunHooks do)
                 res = autoao.optimize(m, examples if len(examples) > 1 else examples[0], budget=args.search_budget,
                                       accuracy=accuracy_arg, tokenizer=tok, max_accuracy_drop=drop, candidates=cands,
-                                      eval_inputs=held, out_dir=work, progress=True, left_out=unrep or None)
+                                      eval_inputs=held, out_dir=work, progress=True)
             except Exception as e:  # noqa: BLE001 - recorded; the other searches still run
                 rows.data.setdefault("errors", []).append(f"search {drop} {algorithms}: {type(e).__name__}: {e}"[:800])
                 rows.write()
