@@ -49,10 +49,11 @@ class Anchored:
 def anchor_cost(bench: ModelBench, bf16_us: float, ledger: RunLedger, deadline: float | None) -> Anchored:
     """The bench's cost model with each candidate's cells scaled to its uniform plan's measured
     speed-up (module docstring); its variants that run the same kernels (Candidate.timing_name)
-    take the same factor. Unchanged where measurements compile (CUDA). A plan that fails to apply
-    is left out. The model is restored afterwards."""
+    take the same factor. Unchanged where measurements compile (CUDA) or the cost model is an
+    estimate for another engine (bench.estimate). A plan that fails to apply is left out. The model
+    is restored afterwards."""
     cost = bench.cost
-    if bench.compile:
+    if bench.compile or bench.estimate:
         return Anchored(cost, ())
     names = list(dict.fromkeys(c for g in bench.groups for c in g.choices if c != BASELINE))
     timing_of = {n: search_space.get(n).timing_name for n in names}

@@ -24,21 +24,23 @@ from autoao.anchors import Anchored, anchor_cost
 from autoao.bench import ModelBench
 from autoao.budget import TimePlan
 from autoao.choose import choose
-from autoao.common import cache_dir
+from autoao.common import BASELINE, cache_dir
 from autoao.decisions import NothingToTry, StudyClosed
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
+from autoao.evaluators.timing import LatencyTable
 from autoao.export import targets
 from autoao.export.deploy import deploy
 from autoao.export.targets import Target
 from autoao.finalize import MIN_ROUNDS, finalize
 from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import RunLedger
-from autoao.measure import Judges, Measurements, build_judges, costs, measure, measure_baselines, record_final, time_candidates
+from autoao.measure import (Judges, Measurements, build_judges, costs, estimated_cells, measure, measure_baselines,
+                            record_final, time_candidates)
 from autoao.options import Options, RunHooks
 from autoao.outputs import pareto_rows, run_context, run_summary, write_outputs
 from autoao.plan import Plan
-from autoao.records import ParetoRow, RunSummary, write
+from autoao.records import ParetoRow, RunSummary, TimingHealth, write
 from autoao.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search
 from autoao.workload import Workload, build_workload, grid_warning, settle_cpu_threads
 
@@ -112,6 +114,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
     ledger = RunLedger(opts.budget, opts.progress, spent=hooks.spent)
     fits, rcache = algorithm_seconds(), ResultCache(cache_dir() / "timings.sqlite")
     tier2 = tier2_judge(opts, model, rcache)  # the user's metric runs once here: a broken one costs nothing
+    engine = targets.get(opts.target)
     with ledger.stage("profile and baselines"):
         busy = settle_cpu_threads(model, example_inputs)  # before profiling, which runs every example
         ledger.say("profiling")
@@ -124,27 +127,28 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
         base = measure_baselines(model, work, cache=rcache, ledger=ledger)
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
                               ledger=ledger)
-        plan = TimePlan(ledger, costs(base, judges, MIN_ROUNDS), skip=("anchors",) if base.compile else ())
+        # an estimated plan is not measured: no anchors, and no final rounds to keep time for
+        plan = TimePlan(ledger, costs(base, judges, 0 if engine.estimate else MIN_ROUNDS),
+                        skip=("anchors",) if base.compile or engine.estimate else ())
         notes = work.notes + too_short(plan, ledger)
     with ledger.stage("kernel timing"):
-        table, health = time_candidates(work, list(opts.candidates), cache=TimingCache(rcache.path), ledger=ledger,
-                                        deadline=plan.deadline("kernel timing"), allow_emulated=opts.allow_emulated)
-    engine = targets.get(opts.target)
+        table, health = timing_table(work, opts, engine, TimingCache(rcache.path), plan, ledger)
     with ledger.stage("layer errors"):
         meas = measure(model, work, list(opts.candidates), table, base, health, cache=rcache, ledger=ledger,
-                       deadline=plan.deadline("layer errors"), allow_emulated=opts.allow_emulated,
+                       deadline=plan.deadline("layer errors"), allow_emulated=opts.allow_emulated or bool(engine.estimate),
                        allowed=engine.supports)
     groups = make_groups(meas.choices, siblings(work, engine))
     bench = ModelBench(model, work.prof, work.examples, compile=base.compile, groups=groups, cost=meas.cost,
-                       table=meas.table)
+                       table=meas.table, estimate=engine.estimate)
     with ledger.stage("anchors"):
-        anchored = anchor_cost(bench, base.bf16_us, ledger, None if base.compile else plan.deadline("anchors"))
+        skipped = "anchors" not in plan.shares  # compiled, or an estimate: nothing to anchor
+        anchored = anchor_cost(bench, base.bf16_us, ledger, None if skipped else plan.deadline("anchors"))
     config = search_config(opts, hooks, judges, groups, meas, anchored, plan)
     context = run_context(model, work, list(opts.candidates), meas, anchored.cost, groups, judges,
                           budget=str(opts.budget), seed=opts.seed, storage=config.storage or "",
                           study_name=config.study_name, command=hooks.command, bf16_us=base.bf16_us,
                           started=ledger.elapsed(), left_out=hooks.left_out, anchors=anchored.records,
-                          target=opts.target)
+                          target=opts.target, estimate=engine.estimate)
     write(opts.out_dir / "context.json", context)
     with ledger.stage("search trials"):
         outcome, closed = trials(opts, hooks, config, bench, judges, meas, anchored, work, plan, ledger)
@@ -164,11 +168,28 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
                           report_path=render(opts.out_dir))
 
 
+def timing_table(work: Workload, opts: Options, engine: Target, cache: TimingCache, plan: TimePlan,
+                 ledger: RunLedger) -> tuple[LatencyTable, TimingHealth]:
+    """Every candidate's cells, timed here; for a target priced from weight bytes (Target.estimate)
+    only the unchanged layers are timed, and every other cell is estimated from them."""
+    cands = list(opts.candidates)
+    timed = [c for c in cands if c.name == BASELINE] if engine.estimate else cands
+    table, health = time_candidates(work, timed, cache=cache, ledger=ledger, deadline=plan.deadline("kernel timing"),
+                                    allow_emulated=opts.allow_emulated)
+    if not engine.estimate:
+        return table, health
+    ledger.say(f"{engine.engine}'s layer costs: {engine.estimate}")
+    return estimated_cells(table, work, cands, engine.weight_bytes, engine.estimate), health
+
+
 def siblings(work: Workload, engine: Target) -> list[tuple[str, ...]]:
-    """The layer groups that take one choice: the workload's siblings (same input, fusable in
-    autoao's runtime) and the groups the target's engine fuses (vLLM's qkv_proj, gate_up_proj),
-    which must share one scheme there; a layer in both keeps the engine's group."""
+    """The layer groups that take one choice: the groups the target's engine fuses (vLLM's
+    qkv_proj, gate_up_proj), which must share one scheme there; and for llama.cpp, which fuses none,
+    nothing more; otherwise also the workload's siblings (same input, fusable in autoao's runtime),
+    a layer in both keeping the engine's group."""
     shared = [g for _, g in engine.shared_groups([lay.fqn for lay in work.prof.layers])]
+    if engine.format == "gguf":
+        return shared
     taken = {f for g in shared for f in g}
     return shared + [g for g in work.siblings if not taken & set(g)]
 
@@ -244,6 +265,8 @@ def result_line(summary: RunSummary, plan: Plan, out_dir: Path) -> str:
     """The run's last console line: the plan, its speed-up with its interval, its verdict."""
     verdict = summary.verdict
     said = verdict.describe() if verdict is not None else "the model as it came (no verdict needed)"
-    return (f"plan: {plan.summary() or 'unchanged'}; measured {summary.speedup.measured:.2f}x "
-            f"(at least {summary.speedup_bound:.2f}x, {summary.rounds} rounds), predicted "
-            f"{summary.speedup.predicted:.2f}x; accuracy {said}; written to {out_dir}/")
+    speed = (f"estimated {summary.speedup.predicted:.2f}x from weight bytes (not measured)"
+             if summary.speedup.measured is None else
+             f"measured {summary.speedup.measured:.2f}x (at least {summary.speedup_bound:.2f}x, {summary.rounds} "
+             f"rounds), predicted {summary.speedup.predicted:.2f}x")
+    return f"plan: {plan.summary() or 'unchanged'}; {speed}; accuracy {said}; written to {out_dir}/"

@@ -37,9 +37,11 @@ class ModelBench:
     choices; rebuilding would dominate a CPU search). `restore()` puts the original modules back."""
 
     def __init__(self, model: nn.Module, prof: ModelProfile, examples: list[Any], *, compile: bool,
-                 groups: list[Group], cost: CostModel, table: LatencyTable | None = None) -> None:
-        """table: the timed kernels a shipped plan records (None: this bench only scores trials)."""
-        self.model, self.prof, self.examples, self.compile = model, prof, examples, compile
+                 groups: list[Group], cost: CostModel, table: LatencyTable | None = None, estimate: str = "") -> None:
+        """table: the timed kernels a shipped plan records (None: this bench only scores trials);
+        estimate: why the cost model is an estimate that end-to-end times here cannot check (the
+        target runs its layers elsewhere: Target.estimate), or empty."""
+        self.model, self.prof, self.examples, self.compile, self.estimate = model, prof, examples, compile, estimate
         self.groups, self.cost, self.table = groups, cost, table
         self.original = {lay.fqn: model.get_submodule(lay.fqn) for lay in prof.layers}
         self.calibration: Calibration = prof.calibration

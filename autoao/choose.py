@@ -20,7 +20,8 @@ both "did not hold": a plan ships only on HOLDS.
 Where the proxy decides, plans predicted within RERANK_BAND of the chosen one and at least as good
 on the screen are measured end to end, and one that runs more than RERANK_MARGIN faster replaces
 it if it holds too (the cost model sums layers timed one at a time, and ranks plans a few % apart
-only as well as that sum predicts the whole model).
+only as well as that sum predicts the whole model). Not where the cost model is an estimate for an
+engine autoao only emulates (llama.cpp): there an end-to-end time would measure the emulation.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def choose(outcome: SearchOutcome, bench: ModelBench, judges: Judges, plan: Time
         return Choice(None, None, (), tuple(decisions))
     held = next(d for d in decisions if isinstance(d, Judged) and d.trial == front[index].number)
     choice = Choice(front[index], _deciding(held, judges), held.verdicts, tuple(decisions))
-    if judges.tier2 is None:
+    if judges.tier2 is None and not bench.estimate:  # an estimate's plans cannot be timed here
         choice = rerank(outcome, choice, bench, judges, check, plan)
     return choice
 

@@ -199,7 +199,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise CLIError(f"bad --heartbeat {args.heartbeat}: expected whole seconds >= 1")
     tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
     tasks = None if tasks in ("", "none", "proxy") else tasks
-    candidates = parse_candidates(args.candidates)
+    # none named: the target's search space (Target.candidates), which Options fills in
+    candidates = parse_candidates(args.candidates) if args.candidates is not None else None
     opts_device(args)  # a bad --device before anything is said or loaded
     opts = search_options(args, tasks, candidates)
     if args.workers and not opts.shared:
@@ -263,9 +264,13 @@ def opts_device(args: argparse.Namespace):
 def print_result(result, opts: Options) -> None:
     s = result.summary
     print(f"plan: {result.plan.summary() or 'unchanged'}")
-    print(f"latency: {s.baseline_ms.measured:.2f} ms as the model came -> {s.plan_ms.measured:.2f} ms measured "
-          f"({s.speedup.measured:.2f}x, at least {s.speedup_bound:.2f}x over {s.rounds} interleaved rounds; "
-          f"predicted {s.speedup.predicted:.2f}x) on {s.device}")
+    if s.speedup.measured is None:  # a target autoao only emulates: the notes say how it was estimated
+        print(f"latency: estimated {s.speedup.predicted:.2f}x ({s.baseline_ms.predicted:.2f} -> {s.plan_ms.predicted:.2f} "
+              f"ms, not measured) on {s.device}")
+    else:
+        print(f"latency: {s.baseline_ms.measured:.2f} ms as the model came -> {s.plan_ms.measured:.2f} ms measured "
+              f"({s.speedup.measured:.2f}x, at least {s.speedup_bound:.2f}x over {s.rounds} interleaved rounds; "
+              f"predicted {s.speedup.predicted:.2f}x) on {s.device}")
     for v in s.verdicts:
         print(f"accuracy: {v.describe()}")
     for note in s.notes:
@@ -485,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     s.add_argument("--target", default="autoao", help="the engine the plan is made for: autoao (its own modules), "
                    "vllm, sglang or transformers (compressed-tensors: the search holds only what the engine loads, "
-                   "and layers it fuses share one scheme; `autoao export` writes the checkpoint). Default %(default)s")
+                   "and layers it fuses share one scheme), or llama.cpp (GGUF types, their speed-up estimated from "
+                   "weight bytes); `autoao export` writes the checkpoint. Default %(default)s")
     s.add_argument("--storage", default=None, help="Optuna storage URL, e.g. postgresql://... "
                    "(default: SQLite in the output directory)")
     s.add_argument("--study", default=None, help="the study's name in --storage (default: derived from the model, "

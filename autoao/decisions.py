@@ -266,6 +266,21 @@ class KeptUnchanged(Decision):
 
 @decision
 @dataclass(frozen=True)
+class ShippedOnEstimate(Decision):
+    """The plan shipped on its verdicts with an estimated speed-up: its target runs layers autoao
+    only emulates, so timing it here would measure the emulation."""
+
+    kind: ClassVar[str] = "shipped_on_estimate"
+    trial: int | None = None
+    estimate: float = 1.0  # the cost model's speed-up
+    why: str = ""  # how the estimate was made (Target.estimate)
+
+    def describe(self) -> str:
+        return f"the chosen plan (trial {self.trial}) ships on its verdicts; its speed-up, {self.estimate:.2f}x, is {self.why}"
+
+
+@decision
+@dataclass(frozen=True)
 class BestIsUnchanged(Decision):
     kind: ClassVar[str] = "best_is_unchanged"
     ends_unchanged: ClassVar[bool] = True

@@ -10,7 +10,9 @@ speed-up the whole model does not deliver (SmolLM2 at M=2048 on the H200, 2:4 ev
 budget leaves, until the bound is above 1 or the estimate is not; each CPU round runs the workload
 once per side (the same bf16 demo workload measured 2.1 to 2.8 s in consecutive rounds on a quiet
 Xeon). Compiled (CUDA), each side is compiled once and its CUDA-graph replays alternate with the
-other's. An empty plan is the unchanged model: 1.00x by definition, not measured again.
+other's. An empty plan is the unchanged model: 1.00x by definition, not measured again. A plan for
+an engine autoao only emulates (bench.estimate: llama.cpp's GGUF types) is not timed either: it
+ships on its verdicts, with the cost model's estimate said to be one (ShippedOnEstimate).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from autoao.choose import Choice
 from autoao.clock import PairedSpeedup, paired_speedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
-from autoao.decisions import BestIsUnchanged, Decision, Judged, KeptUnchanged, NothingToTry
+from autoao.decisions import BestIsUnchanged, Decision, Judged, KeptUnchanged, NothingToTry, ShippedOnEstimate
 from autoao.ledger import RunLedger
 from autoao.measure import Baselines, Measurements
 from autoao.plan import Plan, apply
@@ -49,6 +51,7 @@ class Final:
     predicted_us: float
     decisions: tuple[Decision, ...]
     measured_plans: tuple[MeasuredPlan, ...]
+    estimate: str = ""  # how the speed-up was estimated where it was not measured (bench.estimate)
 
     @property
     def rounds(self) -> int:
@@ -83,6 +86,12 @@ def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostMo
         return Final(plan, None, (), base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0), predicted_base,
                      predicted_base, tuple(decisions), choice.measured_plans)
     apply(model, plan, calibration=bench.calibration)
+    if bench.estimate:
+        predicted = cost.predict(plan)
+        decisions.append(ShippedOnEstimate(plan.metadata.get("trial"), predicted_base / predicted, bench.estimate))
+        ledger.say(decisions[-1].describe())
+        return Final(plan, choice.accuracy, choice.verdicts, base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0),
+                     predicted_base, predicted, tuple(decisions), choice.measured_plans, estimate=bench.estimate)
     rounds = MAX_ROUNDS if not base.compile else MIN_ROUNDS
     got_base, got_plan = interleaved(bench, bench.modules(plan), _rounds(base, ledger, rounds), settled=_settled)
     paired = _paired(got_base, got_plan)

@@ -10,8 +10,9 @@ Everything here is measured once and handed on frozen; the later stages read it.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -20,13 +21,13 @@ from torch import nn
 from autoao.budget import AccuracyBudget, Costs
 from autoao.common import BASELINE
 from autoao.cost import CostModel, layer_calls
-from autoao.evaluators.cache import ResultCache, TimingCache, digest
+from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
 from autoao.evaluators.generation import GenerationLooks, prompts_from
 from autoao.evaluators.heldout import max_positions
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import layer_errors, token_ids
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
-from autoao.evaluators.timing import NOT_TIMED, LatencyTable, default_mode, measure_latencies, measure_model, spot_check
+from autoao.evaluators.timing import NOT_TIMED, LatencyRow, LatencyTable, default_mode, measure_latencies, measure_model, spot_check
 from autoao.ledger import RunLedger
 from autoao.plan import Plan
 from autoao.profile import ModelProfile
@@ -296,6 +297,36 @@ def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCach
         ledger.say(f"{health.not_timed} of {health.cells} cells not timed within the budget: those layers keep "
                    "fewer candidates")
     return table, health
+
+
+def estimated_cells(table: LatencyTable, work: Workload, cands: list[Candidate],
+                    weight_bytes: Callable[[Candidate | None, LayerSpec], int | None], why: str) -> LatencyTable:
+    """`table` (the unchanged layers' cells, timed) with a cell for every other candidate on every
+    layer shape, flagged with `why` as emulated so that it is never reported as a measured speed-up.
+    A one-token call reads each weight once: its cell is the unchanged cell scaled by the
+    candidate's weight bytes over the unchanged layer's (weight_bytes(None, layer)). A call of more
+    tokens is bound by compute, not bytes: its cell keeps the unchanged time, so no gain is claimed
+    there (in llama.cpp a 256-token prefill of the demo took 437 ms in BF16, 415 ms in Q8_0 and
+    834 ms in Q4_1: benchmarks/results/2026-12-03-cpu/export-llamacpp/). A candidate that does not
+    run on the shape, or whose unchanged cell failed, gets a failed cell saying why."""
+    specs = {(lay.in_features, lay.out_features): lay.spec for lay in work.prof.layers}
+    rows = list(table.rows)
+    for (k, n), spec in specs.items():
+        base_bytes = weight_bytes(None, spec)
+        for c in (c for c in cands if c.name != BASELINE):
+            unsupported = c.supports(spec, work.device)
+            ratio = (weight_bytes(c, spec) or 0) / base_bytes if base_bytes and not unsupported else math.inf
+            for m in work.tokens:
+                t = table.find(BASELINE, m, k, n)
+                r = ratio if m == 1 else 1.0
+                if unsupported or t is None or not t.ok:
+                    cell = Timing.failed(unsupported or "the unchanged layer was not timed")
+                else:
+                    cell = replace(t, median_us=t.median_us * r, p20_us=t.p20_us * r, p80_us=t.p80_us * r,
+                                   single_us=None if t.single_us is None else t.single_us * r, kernel=None, emulated=why)
+                rows.append(LatencyRow(c.name, m, k, n, cell, cached=False))
+    return LatencyTable(table.device, table.dtype, table.mode, rows, table.measured, table.seconds,
+                        table.kernel_timings, table.seconds_by_kernel)
 
 
 def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: LatencyTable, base: Baselines,

@@ -75,7 +75,7 @@ class Options:
         _checked("storage", check_storage, url)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise OptionError("seed", f"seed must be an integer, got {seed!r}")
-        engine = _checked("target", _target, target)
+        engine = _checked("target", targets.get, target)
         return cls(_checked("budget", Budget.parse, budget), _checked("accuracy", _accuracy, accuracy, tokenizer),
                    tokenizer, _checked("max_accuracy_drop", _drop, max_accuracy_drop),
                    _checked("candidates", _candidates, candidates, engine), eval_inputs, url, out, seed,
@@ -128,17 +128,6 @@ def _accuracy(accuracy: Any, tokenizer: Any) -> Accuracy:
     if unknown:
         warnings.warn(f"tasks {unknown} are not bundled with autoao; lm-eval must find their data offline", stacklevel=4)
     return tasks
-
-
-def _target(name: Any) -> Target:
-    """A serving target a search can be made for; llama.cpp's GGUF types have no fast kernel in
-    autoao and no costs measured in llama.cpp yet, so a search cannot rank them."""
-    engine = targets.get(name)
-    if engine.format == "gguf":
-        raise ValueError("a search for llama.cpp is not supported: its GGUF types are emulated here and their costs "
-                         "are not measured in llama.cpp; make a plan of GGUF types by hand and `autoao export "
-                         "--format gguf` it, or search for autoao, vllm, sglang or transformers")
-    return engine
 
 
 def _candidates(candidates: Any, target: Target) -> tuple[Candidate, ...]:

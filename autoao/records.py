@@ -187,6 +187,9 @@ class RunContext:
     # uniform plans measured end to end that scaled their candidates' cells (CPU; empty: none)
     anchors: list[AnchorRecord] = field(default_factory=list)
     target: str = "autoao"  # the serving target the search space was made for
+    # how the costs were estimated where the target runs its layers outside autoao (Target.estimate;
+    # empty: timed here): the speed-up is then an estimate, never a measured one
+    estimate: str = ""
     version: int = RUN_FILES_VERSION
 
 

@@ -23,7 +23,7 @@ question the log-likelihood of " <choice>" after "Question: ...\\nAnswer:" (lm-e
 multiple-choice request, tokenized as lm-eval's HFLM does: context, then the continuation's tokens
 of the whole string), acc = the gold choice has the highest sum. Timing instances compute only
 the last position's logits (as a server decoding does); scoring uses a second instance with
-logits_all. Writes export_llamacpp.json (every
+logits_all; each variant's drop against bf16 is paired per document, with its 95% interval. Writes export_llamacpp.json (every
 number, with the command, date, CPU and versions) and export_llamacpp.md.
 """
 
@@ -100,6 +100,7 @@ def facts_requests(tokenizer) -> list[tuple[list[int], list[list[int]], int, lis
 def facts_accuracy(llm, requests) -> dict[str, float]:
     """acc and acc_norm (log-likelihood per character) of autoao_facts, scored in llama.cpp."""
     right = right_norm = 0
+    correct = []
     for ctx, conts, gold, lengths in requests:
         scores = []
         for cont in conts:
@@ -109,9 +110,19 @@ def facts_accuracy(llm, requests) -> dict[str, float]:
             logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
                 - logits.max(1, keepdims=True)
             scores.append(float(sum(logp[i, t] for i, t in enumerate(cont))))
-        right += int(np.argmax(scores) == gold)
+        correct.append(int(np.argmax(scores) == gold))
+        right += correct[-1]
         right_norm += int(np.argmax([s / n for s, n in zip(scores, lengths)]) == gold)
-    return {"acc": right / len(requests), "acc_norm": right_norm / len(requests), "documents": len(requests)}
+    return {"acc": right / len(requests), "acc_norm": right_norm / len(requests), "documents": len(requests),
+            "correct": correct}
+
+
+def paired_drop(base: list[int], other: list[int]) -> tuple[float, float, float]:
+    """(mean of base - other per document, and its 95% interval): the drop in accuracy against bf16
+    on the same documents, as autoao's verdicts pair it."""
+    d = np.asarray(base, dtype=np.float64) - np.asarray(other, dtype=np.float64)
+    half = 1.96 * d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("inf")
+    return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
 
 
 def emulated_accuracy(kind: str | None, requests) -> dict[str, float]:
@@ -146,22 +157,27 @@ def write_results(args: argparse.Namespace, rows: list[dict]) -> None:
                          "autoao": autoao.__version__, "python": platform.python_version()},
             "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
             "load_average": list(map(float, Path("/proc/loadavg").read_text().split()[:3])), "rows": rows}
-    (args.out / "export_llamacpp.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [f"SmolLM2-135M in llama.cpp ({info['cpu']}, {args.threads} threads, {info['date']}); "
              f"{info['workload']}, median of {args.rounds} interleaved rounds", "",
              ("| variant | file MB | prefill ms (tok/s) | decode ms/token (tok/s) | workload s "
-              "| autoao_facts acc, llama.cpp |"),
-             "|---|---|---|---|---|---|"]
+              "| autoao_facts acc, llama.cpp | drop vs bf16 [95%] |"),
+             "|---|---|---|---|---|---|---|"]
     if any("autoao_facts_emulated" in r for r in rows):
         lines[2] += " autoao's emulation, acc |"
         lines[3] += "---|"
+    base = next((r.get("autoao_facts", {}).get("correct") for r in rows if r["variant"] == "bf16"), None)
     for r in rows:
         acc = r.get("autoao_facts", {}).get("acc")
+        drop = "-"
+        if base is not None and "autoao_facts" in r:
+            r["drop_vs_bf16"] = paired_drop(base, r["autoao_facts"]["correct"])
+            drop = "{:+.4f} [{:+.4f}, {:+.4f}]".format(*r["drop_vs_bf16"])
         lines.append(f"| {r['variant']} | {r['file_mb']} | {r['prefill_ms']} ({r['prefill_tok_s']}) | "
                      f"{r['decode_ms_per_token']} ({r['decode_tok_s']}) | {r['workload_s']} | "
-                     f"{'-' if acc is None else f'{acc:.3f}'} |"
+                     f"{'-' if acc is None else f'{acc:.3f}'} | {drop} |"
                      + (f" {r['autoao_facts_emulated']['acc']:.3f} |" if "autoao_facts_emulated" in r else
                         (" - |" if any("autoao_facts_emulated" in x for x in rows) else "")))
+    (args.out / "export_llamacpp.json").write_text(json.dumps(info, indent=2) + "\n")
     (args.out / "export_llamacpp.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -20,9 +20,8 @@ A llama.cpp matmul never multiplies float activations by these weights: it first
 activation row to blocks of 32 (`from_float` of the weight type's `vec_dot_type`: Q8_0 for Q8_0
 and Q4_0, Q8_1 for Q4_1, Q8_K (blocks of 256) for Q6_K; on x86 with AVX2, id = 127 / amax and round-half-to-even), then sums
 per block d_w * d_x * sum(q_w * q_x) (+ m_w * s_x for Q4_1, s_x = fp16(d_x * sum(q_x))).
-`GgufLinear.forward` computes exactly those numbers: the integer block sums are exact in float32
-(|sum| <= 32 * 127 * 127 < 2^24); only the order of the float32 additions over blocks differs from
-llama.cpp's SIMD loops. autoao has no fast kernel for these types on any device: the module is
+`GgufLinear.forward` computes those terms from the same codes and scales (block_matmul: one float32
+matmul of the scaled codes, so only rounding and summation order differ from llama.cpp's SIMD loops). autoao has no fast kernel for these types on any device: the module is
 emulated everywhere, and its speed is never reported (llama.cpp's is, where it is installed).
 """
 
@@ -36,8 +35,6 @@ from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens,
 from autoao.kernels.gguf_k import quantize_q6_k, quantize_q8_k, unpack_q6_k
 
 BLOCK = 32  # inputs per block, every type here
-# Bound on the [rows, N, blocks] float32 block sums a forward holds at once (64 MiB).
-_MAX_PARTIALS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -175,17 +172,42 @@ def quantize_activations(x: torch.Tensor, with_sum: bool, kind: str = "Q8_0"
     return q, d.to(torch.float16).float(), s
 
 
+def scaled(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Codes q [R, B, block] times their block scales d [R, B] -> [R, B * block] float32 (for Q4_1
+    without its minimum, which llama.cpp's dot product adds as m * s)."""
+    return (q * d[..., None]).reshape(q.shape[0], -1)
+
+
 def block_matmul(qx: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor | None,
-                 qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor | None) -> torch.Tensor:
-    """llama.cpp's quantized dot products for every (row, output): qx [M, B, block], dx, sx [M, B];
-    qw [N, B, block], dw, mw [N, B] -> y [M, N] float32 = sum_b (dw * dx) * (qw . qx) (+ mw * sx).
-    Rows are processed in chunks so that the [rows, N, B] partial sums stay within _MAX_PARTIALS."""
+                 wd: torch.Tensor, mw: torch.Tensor | None) -> torch.Tensor:
+    """llama.cpp's quantized dot products for every (row, output): activation codes qx [M, B, block]
+    with scales dx, sums sx [M, B]; weights wd = scaled(qw, dw) [N, K], minimums mw [N, B] ->
+    y [M, N] float32 = sum_b (dw * dx) * (qw . qx) (+ mw * sx).
+
+    One float64 matmul of the scaled codes. Each scaled weight is exact in float32 (a code of at
+    most 13 bits times an fp16 scale), each scaled activation and each product of two exact in
+    float64, so the sum is the exact one up to float64 rounding: where ggml rounds each block's term to float32,
+    this rounds once, at the end. Over six prompts of SmolLM2 with GGUF on every layer, llama.cpp's
+    greedy tokens followed this route as long as or longer than the route that rounds each block's
+    term as ggml does (`block_sums`), which ran the model's 256-token forward about 3x slower than
+    this one (benchmarks/results/2026-12-03-cpu/gguf-route/route.json)."""
+    y = scaled(qx.double(), dx.double()) @ wd.double().t()
+    if mw is not None:
+        y = y + sx.double() @ mw.double().t()  # type: ignore[union-attr]
+    return y.float()
+
+
+def block_sums(qx: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor | None,
+               qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor | None) -> torch.Tensor:
+    """block_matmul's numbers in ggml's order: qw [N, B, block], dw, mw [N, B]; each block's integer
+    dot products summed exactly, scaled by fp32 d_w * d_x, and the blocks' terms summed in float32.
+    Rows go in chunks so that the [B, rows, N] partial sums stay within 64 MiB."""
     m, nb, size = qx.shape
     n = qw.shape[0]
     # Q6_K's super-block sums reach 256 * 127 * 32 * 127 > 2^24: exact only in float64
     exact = torch.float32 if size == BLOCK else torch.float64
     wt = qw.permute(1, 2, 0).to(exact)  # [B, block, N]
-    chunk = max(1, _MAX_PARTIALS // max(1, n * nb))
+    chunk = max(1, (1 << 24) // max(1, n * nb))
     out = []
     for lo in range(0, m, chunk):
         sums = torch.bmm(qx[lo:lo + chunk].transpose(0, 1).to(exact), wt)  # [B, rows, N]: exact integers
@@ -230,27 +252,22 @@ class GgufLinear(QuantizedLinear):
         return {"blocks": quantize(weight, self.type)}
 
     def _pack(self, device):
-        # the codes and block scales as the dot product reads them: q [N, B, 32], d / m [N, B] fp32
+        # the codes times their block scales [N, K] fp32, and Q4_1's minimums m [N, B] fp32
         q, d, m = unpack(self._canon["blocks"], self.type)
-        self.register_buffer("w_q", q.to(device), persistent=False)
-        self.register_buffer("w_d", d.to(device), persistent=False)
+        self.register_buffer("w_scaled", scaled(q, d).to(device), persistent=False)  # [N, K] float32
         self.register_buffer("w_m", None if m is None else m.to(device), persistent=False)
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
         qx, dx, sx = quantize_activations(x2, with_sum=self.w_m is not None, kind=self.gguf_type.activation)
-        y = block_matmul(qx, dx, sx, self.w_q, self.w_d, self.w_m)  # [M, N] float32
+        y = block_matmul(qx, dx, sx, self.w_scaled, self.w_m)  # [M, N] float32
         return unflatten_tokens(self._add_bias(y).to(x.dtype), x)
 
     def reference(self, x):
-        """The same numbers by another route: dequantized activations times dequantized weights,
-        in float64 (the block sums of _forward are exact, so the two differ by float32 rounding)."""
+        """The same numbers in ggml's order (block_sums): differs from forward by rounding alone."""
         qx, dx, sx = quantize_activations(flatten_tokens(x), with_sum=self.w_m is not None,
                                           kind=self.gguf_type.activation)
-        xd = (qx.double() * dx.double()[..., None]).reshape(qx.shape[0], -1)  # [M, K]
         q, d, m = unpack(self._canon["blocks"], self.type)
-        wd = (q.double() * d.double()[..., None]).reshape(q.shape[0], -1).to(x.device)  # [N, K]
-        y = xd @ wd.t()
-        if m is not None:
-            y = y + sx.double() @ m.double().to(x.device).t()  # type: ignore[union-attr]
-        return unflatten_tokens(self._add_bias(y.float()), x)
+        dev = x.device
+        y = block_sums(qx, dx, sx, q.to(dev), d.to(dev), None if m is None else m.to(dev))
+        return unflatten_tokens(self._add_bias(y).to(x.dtype), x)

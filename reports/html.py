@@ -95,6 +95,7 @@ class Headline:
     stopped: str
     layers_changed: int
     base_name: str  # what the plan is compared with: "bf16", or the dtype the model came in (float32)
+    estimate: str = ""  # how the predicted speed-up was estimated, where nothing could be measured
 
 
 def headline(data: ReportData) -> Headline:
@@ -116,10 +117,12 @@ def headline(data: ReportData) -> Headline:
         speedup_why = speedup_why or "measured when the run finishes"
     if emulated:
         predicted = measured = None
+    if ctx.estimate:
+        speedup_why = f"the speed-up is {ctx.estimate}"
     trials = s.trials if s is not None else len(data.completed)
     return Headline(f"{ctx.model.class_name} on {ctx.device.name}", predicted, measured, speedup_why, base, plan_ms,
                     verdict, what, ctx.model.weight_bytes, after, trials, seconds, stopped,
-                    sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name)
+                    sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name, ctx.estimate)
 
 
 def _verdict(data: ReportData) -> tuple[Verdict | None, str]:

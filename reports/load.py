@@ -118,11 +118,14 @@ class ReportData:
         return unchanged_reason(self.summary) if self.summary is not None else ""
 
     def emulated_in_plan(self) -> list[str]:
-        return emulated(self.layers)
+        """The shown plan's candidates only emulated here, whose speed-up is not one; none where the
+        run's costs are an estimate for another engine (context.estimate), which the page says."""
+        return [] if self.context.estimate else emulated(self.layers)
 
     def uses_emulated(self, row: FrontRow) -> bool:
-        """Whether a plan of the front uses a candidate only emulated here (its speed-up is not one)."""
-        return any(c in lay.emulated for lay in self.context.layers for c in row.plan)
+        """Whether a plan of the front uses a candidate only emulated here (its speed-up is not one;
+        an estimated run's are estimates, said at the top)."""
+        return not self.context.estimate and any(c in lay.emulated for lay in self.context.layers for c in row.plan)
 
     def state_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

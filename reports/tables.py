@@ -105,6 +105,8 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
              ("baseline latency predicted (ms)", _num(ctx.baseline_ms.predicted)),
              ("baseline latency measured (ms)", _num((s or ctx).baseline_ms.measured))]
     emulated = bool(data.emulated_in_plan())
+    if s and ctx.estimate:
+        items.append(("speed-up estimated, not measured", ctx.estimate))
     if s:
         verdict = s.verdict
         items += [("plan latency predicted (ms)", _num(s.plan_ms.predicted)),

@@ -127,6 +127,8 @@ def _timing_warnings(ctx: RunContext) -> list[str]:
 
 def _speed_warnings(ctx: RunContext, summary: RunSummary | None, emulated: list[str], predicted: float | None,
                     base: str) -> list[str]:
+    if ctx.estimate:  # nothing was measured that a prediction could be checked against
+        return [f"The speed-up is {ctx.estimate}."]
     out = []
     pred, meas = ctx.baseline_ms.predicted, ctx.baseline_ms.measured
     if pred and meas and not 1 / PREDICTION_APART <= pred / meas <= PREDICTION_APART:

@@ -343,9 +343,9 @@ def test_gguf_refuses_what_llama_cpp_cannot_run(tmp_path):
 def test_llama_cpp_greedy_tokens_equal_the_emulated_models(tmp_path):
     """SmolLM2 with a mix of GGUF types, in fp32 (llama.cpp's activations are fp32): llama.cpp's
     greedy continuation of a short prompt equals autoao's emulated model's, and its logits on
-    those tokens are as close to the emulation's as the emulation is to itself summed in float64.
-    (Each matmul computes the same numbers up to float32 summation order, but across 30 layers an
-    order difference flips 8-bit activation codes: logits differ by a few percent at most, so only a
+    those tokens are as close to the emulation's as the emulation is to itself summed in ggml's
+    order. (Each matmul computes the same numbers up to rounding, but across 30 layers a rounding
+    difference flips 8-bit activation codes: logits differ by a few percent at most, so only a
     short continuation is compared token for token.)"""
     import subprocess
     import sys
@@ -377,7 +377,7 @@ def test_llama_cpp_greedy_tokens_equal_the_emulated_models(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     greedy, logits = run.stdout.strip().splitlines()[-2:]
     assert json.loads(greedy) == tokens[0, prompt.shape[1]:].tolist()
-    for m in model.modules():  # the same numbers summed in float64: the spread of summation order
+    for m in model.modules():  # the same numbers summed in ggml's order: the spread of rounding
         if isinstance(m, GgufLinear):
             m._forward = m.reference
     with torch.no_grad():

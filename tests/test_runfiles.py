@@ -106,6 +106,7 @@ EXAMPLES = [
     D.BestIsUnchanged(0),
     D.NothingToTry(12, "kernel timing", 80.0, 240.0),
     D.StudyClosed(3, 1.5, 0, 1, "coordinator@h:1 5, worker@h:2 4, worker@h:3 3"),
+    D.ShippedOnEstimate(4, 2.5, "estimated from weight bytes"),
 ]
 
 
@@ -121,6 +122,7 @@ def test_every_decision_kind_describes_itself_as_a_distinct_sentence(tmp_path):
     assert "18.8 ms on 2 threads" in by_kind["busy_cpu"]
     too_short = by_kind["nothing_to_try"]
     assert "kernel timing" in too_short and "80 s" in too_short and "about 240 s" in too_short
+    assert "trial 4" in by_kind["shipped_on_estimate"] and "2.50x, is estimated from weight bytes" in by_kind["shipped_on_estimate"]
     # typed in the run files: each reads back as the same record, kind and numbers
     summary = RunSummary("cpu", "90 s", 1.0, 0, "", Latency(), None, Latency(), Latency(), None, 0.01, list(EXAMPLES),
                          "", "s", 0, None, WeightBytes(1, 1), [], [], {}, {}, [], {}, {})

@@ -364,7 +364,7 @@ def test_a_re_ranked_plan_off_the_pareto_front_is_judged_like_one_on_it(monkeypa
     outcome = SearchOutcome(None, groups, trials, pareto_front(trials), trials[0], 0.0, "budget spent")
     assert outcome.pareto == [trials[0]]  # trial 1 is dominated: predicted slower at the same drop
     measured = {"int8_wo": 100.0, "int8_dyn": 90.0}
-    bench = SimpleNamespace(measure=lambda params: measured[params["l0"]], compile=False)
+    bench = SimpleNamespace(measure=lambda params: measured[params["l0"]], compile=False, estimate="")
     choice, judged = _choose(monkeypatch, outcome, _judges(tier2=False), rerank=C.rerank, bench=bench)  # the real one
     assert judged == [0, 1] and choice.trial is trials[1] and choice.decisions[-1].kind == "rerank_chose"
 

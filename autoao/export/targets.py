@@ -112,15 +112,25 @@ class Target:
 
     def weight_bytes(self, candidate: Candidate | None, layer: LayerSpec) -> int | None:
         """Bytes of the layer's weight as this engine stores it, where the target's costs are
-        bytes-based (llama.cpp when no llama.cpp build times its types here: decode streams every
-        weight once per token), else None. A cost from bytes is an estimate, never a measured
-        speed-up: the report labels it so."""
+        estimated from bytes (`estimate`: llama.cpp), else None. A cost from bytes is an estimate,
+        never a measured speed-up: the report labels it so."""
         if self.format != "gguf":
             return None
         if candidate is None or candidate.family != "gguf":
             return layer.out_features * layer.in_features * layer.dtype.itemsize
         t = GGUF_TYPES[candidate.params()["type"]]
         return layer.out_features * (layer.in_features // t.block) * t.block_bytes
+
+    @property
+    def estimate(self) -> str:
+        """Why a search for this target prices layers from weight bytes instead of timing them
+        (empty: it times them). llama.cpp's GGUF types run in llama.cpp alone; autoao emulates them,
+        so their time here says nothing about llama.cpp's."""
+        if self.format != "gguf":
+            return ""
+        return ("estimated from weight bytes, not measured: autoao emulates GGUF types, so a one-token (decode) "
+                "call of a layer is taken to cost the unchanged layer's time here scaled by its weight bytes, and a "
+                "call of more tokens its unchanged time; time the export in llama.cpp for a measured speed-up")
 
     # ---- fused siblings -----------------------------------------------------------------------
     def shared_groups(self, names: list[str]) -> list[tuple[str, tuple[str, ...]]]:
