@@ -96,6 +96,18 @@ class Headline:
     layers_changed: int
     base_name: str  # what the plan is compared with: "bf16", or the dtype the model came in (float32)
     estimate: str = ""  # how the predicted speed-up was estimated, where nothing could be measured
+    mode: str = ""  # how the speed-up was measured, and so the way of running the model it needs
+
+
+# How the speed-up was measured, and so how the model must run to see it. Eagerly, autoao's
+# quantized modules pay their kernels' launches per call: on the H200 a plan measured 1.88x compiled
+# ran 0.81x in eager generate() (benchmarks/results/2026-12-03-h200/generate-1b/).
+MODES = {
+    "compile": "measured compiled (torch.compile, replayed as CUDA graphs): the speed-up needs the model run that "
+               "way; run eagerly, the plan was not measured and can be slower than the model as it came",
+    "graph": "measured as CUDA graph replays: the speed-up needs the model run that way",
+    "eager": "measured eagerly, as the model runs without torch.compile",
+}
 
 
 def headline(data: ReportData) -> Headline:
@@ -122,7 +134,8 @@ def headline(data: ReportData) -> Headline:
     trials = s.trials if s is not None else len(data.completed)
     return Headline(f"{ctx.model.class_name} on {ctx.device.name}", predicted, measured, speedup_why, base, plan_ms,
                     verdict, what, ctx.model.weight_bytes, after, trials, seconds, stopped,
-                    sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name, ctx.estimate)
+                    sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name, ctx.estimate,
+                    MODES.get(ctx.device.timing_mode, ""))
 
 
 def _verdict(data: ReportData) -> tuple[Verdict | None, str]:

@@ -629,6 +629,28 @@ def test_the_header_gives_the_runs_start(tmp_path):
     assert "search started" not in page.dom_text
 
 
+@pytest.mark.parametrize("mode", ["compile", "eager"])
+def test_the_measured_card_says_which_way_of_running_the_speed_up_needs(tmp_path, mode):
+    ctx = replace(_context(tmp_path / "run"), device=DeviceInfo("cuda" if mode == "compile" else "cpu", "Dev", mode))
+    _, _, got = _open(write_run(tmp_path / "run", ctx, _summary(ctx)), tmp_path, f"mode-{mode}",
+                      card="document.querySelector('#card-measured').innerText")
+    needs = "the speed-up needs the model run that way" in got["card"]
+    assert needs == (mode == "compile") and ("measured eagerly" in got["card"]) == (mode == "eager"), got["card"]
+
+
+def test_an_estimated_run_says_its_speed_up_is_an_estimate_everywhere(tmp_path):
+    ctx = replace(_context(tmp_path / "run"), target="llama.cpp", estimate="estimated from weight bytes, not measured")
+    summary = _summary(ctx, plan_ms=Latency(0.88, None), speedup=Latency(1.36, None), rounds=0, speedup_range=[1.0, 1.0])
+    page, _, got = _open(write_run(tmp_path / "run", ctx, summary), tmp_path, "estimate",
+                         measured="document.querySelector('#card-measured').innerText",
+                         predicted="document.querySelector('#card-predicted').innerText",
+                         status=WARNINGS)
+    assert "not measured" in got["measured"] and "estimated from weight bytes" in got["measured"]
+    assert "ESTIMATED SPEED-UP (WEIGHT BYTES)" in got["predicted"].upper() and "1.36×" in got["predicted"]
+    assert "its speed-up was not measured" in page.dom_text and "measured end to end, interleaved" not in page.dom_text
+    assert "estimated from weight bytes" in got["status"]
+
+
 def test_the_demos_211_layers_fit_a_few_screens(tmp_path, capsys):
     """The demo's layers (its run files of 2026-11-30): each decision's reason is said once per
     pattern, every layer keeps a compact row, and the page stays a few thousand pixels tall at 1366."""
