@@ -33,6 +33,7 @@ from torch import nn
 from autoao.calibration import LayerStats
 from autoao.common import is_conv1d  # noqa: F401  (re-exported)
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
+from autoao.kernels.ops import call_op
 from autoao.kernels.routes import (
     KernelInfo,
     Route,
@@ -425,7 +426,7 @@ def per_channel_weight_only(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.
     by the module's _pack) when `gemv` and M <= GEMV_MAX_ROWS, else the weight dequantized to
     x2.dtype inside one F.linear."""
     if gemv and x2.shape[0] <= GEMV_MAX_ROWS:
-        return torch.ops.autoao.per_channel_gemv(x2, w_q, w_scale)
+        return call_op("per_channel_gemv", x2, w_q, w_scale)
     return torch.nn.functional.linear(x2, w_q.to(x2.dtype)) * w_scale.to(x2.dtype)
 
 

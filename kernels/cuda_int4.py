@@ -60,6 +60,7 @@ import torch
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
 from autoao.common import cache_dir
+from autoao.kernels.ops import EAGER
 
 MAX_ROWS = 8  # tokens per call: the mma's B operand has 8 columns
 GROUP_SIZES = (32, 64, 128)  # one library each (-DAUTOAO_GROUP)
@@ -431,6 +432,9 @@ def int4_dequant_cuda(qw: torch.Tensor, sz: torch.Tensor, group_size: int) -> to
     return int4_dequant_cuda_impl(qw, sz, group_size)
 
 
+EAGER["int4_dequant_cuda"] = int4_dequant_cuda_impl
+
+
 @int4_dequant_cuda.register_fake
 def _(qw, sz, group_size):
     return qw.new_empty((qw.shape[0] * 16, qw.shape[1] * 64), dtype=torch.bfloat16)
@@ -441,6 +445,9 @@ def int4_gemv_cuda(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_si
                    next_qw: torch.Tensor | None = None, next_sz: torch.Tensor | None = None) -> torch.Tensor:
     """Custom-op wrapper of int4_gemv_cuda_impl (opaque to torch.compile, capturable in CUDA graphs)."""
     return int4_gemv_cuda_impl(x, qw, sz, group_size, next_qw, next_sz)
+
+
+EAGER["int4_gemv_cuda"] = int4_gemv_cuda_impl
 
 
 @int4_gemv_cuda.register_fake

@@ -35,6 +35,7 @@ from autoao.kernels.quant import (
     pack_int4,
     unpack_int4,
 )
+from autoao.kernels.ops import call_op
 from autoao.kernels.routes import KernelInfo
 
 GROUP_SIZES = (32, 64, 128)
@@ -214,15 +215,15 @@ class Int4WeightOnlyLinear(QuantizedLinear):
             if small:
                 # the next GEMV's CUDA layouts, if it has them: our kernel prefetches them into L2
                 nxt = self.prefetch_next._buffers if self.prefetch_next is not None else {}
-                y = torch.ops.autoao.int4_gemv_cuda(x2, self.qweight_mma, self.scales_mma, self.group_size,
-                                                    nxt.get("qweight_mma"), nxt.get("scales_mma"))
+                y = call_op("int4_gemv_cuda", x2, self.qweight_mma, self.scales_mma, self.group_size,
+                            nxt.get("qweight_mma"), nxt.get("scales_mma"))
             else:  # [N, K] bf16 weight made by our dequantizing kernel, then one bf16 GEMM
-                w = torch.ops.autoao.int4_dequant_cuda(self.qweight_mma, self.scales_mma, self.group_size)
+                w = call_op("int4_dequant_cuda", self.qweight_mma, self.scales_mma, self.group_size)
                 y = F.linear(x2.to(torch.bfloat16), w)
         elif "qweight_rt" in self._buffers and not (small and self.kernel == "tinygemm_dequant"):
             xb = x2.to(torch.bfloat16)
             if small:
-                y = torch.ops.autoao.int4_gemv(xb, self.qweight_rt, self.scales_rt, self.zeros_rt, self.group_size)
+                y = call_op("int4_gemv", xb, self.qweight_rt, self.scales_rt, self.zeros_rt, self.group_size)
             else:  # [N, K] bf16 weight made on the fly, then one bf16 GEMM
                 w = dequantize_int4_groupwise(unpack_int4(self.qweight_rt), self.scales_rt, self.zeros_rt)
                 y = F.linear(xb, w.to(torch.bfloat16))

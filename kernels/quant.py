@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from autoao.kernels.ops import call_op
+
 # Smallest scale we allow; keeps all-zero rows/groups finite (they quantize to all zeros).
 EPS = 1e-12
 INT8_MAX = 127.0
@@ -169,7 +171,7 @@ def dequantize_output(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.T
     bias in out_dtype), which inductor fuses into the ops that consume the output (an activation,
     a residual add), saving a write and a read of [M, N]."""
     if acc.is_cuda and _TRITON_OPS and not torch.compiler.is_compiling():
-        return torch.ops.autoao.scaled_epilogue(acc, x_scale, w_scale, bias, out_dtype)
+        return call_op("scaled_epilogue", acc, x_scale, w_scale, bias, out_dtype)
     y = acc.float() * x_scale
     if w_scale is not None:
         y = y * w_scale
@@ -186,7 +188,7 @@ def quantize_per_token(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tens
     compute the same numbers.
     """
     if x.is_cuda and _TRITON_OPS and not torch.compiler.is_compiling():
-        return torch.ops.autoao.per_token_quant(x, qdtype)
+        return call_op("per_token_quant", x, qdtype)
     if qdtype == torch.int8:
         return quantize_int8_per_token(x)
     return quantize_fp8(x, "row")

@@ -20,6 +20,7 @@ from autoao.clock import fastest
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
 from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
+from autoao.kernels.ops import EAGER, call_op
 from autoao.kernels.quant import FP8_DTYPE, dequantize_output, prune_24_mask, quantize_per_token
 
 # cuSPARSELt's dense operand needs its row count (our M) aligned: 16 covers bf16/fp16, int8, fp8.
@@ -38,7 +39,7 @@ def _cslt_linear(w_compressed: torch.Tensor, x2: torch.Tensor, alpha: torch.Tens
     """x2 [M, K] -> [M, N] (row-major) = x2 @ W^T through cuSPARSELt (W compressed, 2:4 along K)."""
     m = x2.shape[0]
     xp = pad_rows(x2, _CSLT_ROW_MULTIPLE)
-    return torch.ops.autoao.cslt_mm(w_compressed, xp, alpha, out_dtype, n)[:m]  # [Mp, N] -> [M, N]
+    return call_op("cslt_mm", w_compressed, xp, alpha, out_dtype, n)[:m]  # [Mp, N] -> [M, N]
 
 
 ##### cuSPARSELt: algorithm and output layout chosen per problem ################################
@@ -92,17 +93,26 @@ def _pick_alg(w_c: torch.Tensor, xt: torch.Tensor, alpha: torch.Tensor | None,
     return best
 
 
-@torch.library.custom_op("autoao::cslt_mm", mutates_args=())
-def cslt_mm(w_c: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype | None,
-            n: int) -> torch.Tensor:
+def cslt_mm_impl(w_c: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype | None,
+                 n: int) -> torch.Tensor:
     """x [Mp, K] @ W^T -> y [Mp, N] row-major, W compressed by torch._cslt_compress from [N, K],
-    with the fastest cuSPARSELt algorithm and output layout for this problem (timed on first use).
-    Opaque to torch.compile, so the choice happens at run time, not at trace time."""
+    with the fastest cuSPARSELt algorithm and output layout for this problem (timed on first use)."""
     # cuSPARSELt takes the dense operand column-major (x^T of a row-major x); inductor may hand a
     # custom op its inputs in other strides than eager code would (measured: "operation not
     # supported" for a row-major [K, Mp]), so the layout is fixed here.
     xt = x.contiguous().t()  # [K, Mp]
     return _cslt_row_major(w_c, xt, alpha, out_dtype, *_pick_alg(w_c, xt, alpha, out_dtype))
+
+
+@torch.library.custom_op("autoao::cslt_mm", mutates_args=())
+def cslt_mm(w_c: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype | None,
+            n: int) -> torch.Tensor:
+    """Custom-op wrapper of cslt_mm_impl: opaque to torch.compile, so the algorithm is chosen at run
+    time, not at trace time."""
+    return cslt_mm_impl(w_c, x, alpha, out_dtype, n)
+
+
+EAGER["cslt_mm"] = cslt_mm_impl
 
 
 @cslt_mm.register_fake

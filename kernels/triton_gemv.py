@@ -43,6 +43,7 @@ import triton.language as tl
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
 from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
+from autoao.kernels.ops import EAGER
 
 MMA_MAX_ROWS = 16  # the tensor-core int4 kernel pads x to 16 rows: up to 16 cost what 1 does
 
@@ -453,6 +454,9 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
     return int4_gemv_triton(x, qweight, scales, zeros, group_size)
 
 
+EAGER["int4_gemv"] = int4_gemv_triton
+
+
 @int4_gemv.register_fake
 def _(x, qweight, scales, zeros, group_size):
     return x.new_empty((x.shape[0], qweight.shape[0]))
@@ -462,6 +466,9 @@ def _(x, qweight, scales, zeros, group_size):
 def per_channel_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Custom-op wrapper of per_channel_gemv_triton (int8 and fp8 weights)."""
     return per_channel_gemv_triton(x, weight, scale)
+
+
+EAGER["per_channel_gemv"] = per_channel_gemv_triton
 
 
 @per_channel_gemv.register_fake

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from autoao.kernels.quant import EPS, FP8_DTYPE, FP8_MAX, INT8_MAX
+from autoao.kernels.ops import EAGER
 
 _RNE_MAGIC = 12582912.0  # 1.5 * 2**23: (y + M) - M rounds fp32 y to nearest even integer
 
@@ -83,6 +84,9 @@ def per_token_quant(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor,
     return per_token_quant_triton(x, qdtype)
 
 
+EAGER["per_token_quant"] = per_token_quant_triton
+
+
 @per_token_quant.register_fake
 def _(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     m = x.shape[0]
@@ -138,6 +142,9 @@ def scaled_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Ten
                     bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """Custom op wrapper of scaled_epilogue_triton."""
     return scaled_epilogue_triton(acc, x_scale, w_scale, bias, out_dtype)
+
+
+EAGER["scaled_epilogue"] = scaled_epilogue_triton
 
 
 @scaled_epilogue.register_fake

@@ -10,6 +10,7 @@ import torch
 
 from autoao import search_space
 from autoao.kernels import cuda_int4
+from autoao.kernels.ops import EAGER
 from autoao.kernels.quant import dequantize_int4_groupwise, quantize_int4_groupwise
 
 
@@ -88,8 +89,8 @@ def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(mon
         return cuda_int4.dequantize_mma(qw, sz, group_size)
 
     monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: None)
-    monkeypatch.setattr(cuda_int4, "int4_gemv_cuda_impl", fake_gemv)
-    monkeypatch.setattr(cuda_int4, "int4_dequant_cuda_impl", fake_dequant)
+    monkeypatch.setitem(EAGER, "int4_gemv_cuda", fake_gemv)  # what an eager forward calls (kernels/ops.py)
+    monkeypatch.setitem(EAGER, "int4_dequant_cuda", fake_dequant)
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 48, bias=True).to(torch.bfloat16)
     mod = search_space.get("int4_wo", group_size=64).build(lin)
@@ -144,7 +145,8 @@ def test_each_int4_gemv_is_told_the_next_one_to_prefetch(monkeypatch):
         return x.to(torch.bfloat16) @ cuda_int4.dequantize_mma(qw, sz, group_size).t()
 
     monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: None)
-    monkeypatch.setattr(cuda_int4, "int4_gemv_cuda_impl", fake_gemv)
+    monkeypatch.setattr(cuda_int4, "int4_gemv_cuda_impl", fake_gemv)  # what the custom op calls (compiled)
+    monkeypatch.setitem(EAGER, "int4_gemv_cuda", fake_gemv)  # what an eager forward calls
     for m in (qkv0, o0, qkv1, o1):
         m.kernel = "cuda"
         m._pack_mma(torch.device("cpu"))

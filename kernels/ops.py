@@ -1,0 +1,29 @@
+"""autoao's custom ops, called the cheap way in eager mode.
+
+    y = call_op("int4_gemv", x, qweight, scales, zeros, group_size)
+
+Each kernel autoao launches itself is a torch custom op (torch.ops.autoao.<name>, registered in
+the module that defines it, with EAGER[name] = the function it wraps), so torch.compile keeps it
+one opaque node and CUDA graphs capture it. A leaf module: kernels import it, it imports none.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+# Custom op name (torch.ops.autoao.<name>) -> the function it wraps, registered beside each op. A
+# custom op keeps a kernel one opaque node for torch.compile, but in eager mode its Python dispatch
+# costs 10-35 us a call (kernels/cpu_int8.py), as much as a decode step's whole GEMV: a 1B-shaped
+# Llama decoding eagerly calls 113 of them a token (its plan ran 0.81x bf16 in eager generate()
+# where the compiled forward ran 1.88x: benchmarks/results/2026-12-03-h200/generate-1b/).
+EAGER: dict[str, Callable[..., Any]] = {}
+
+
+def call_op(name: str, *args: Any) -> Any:
+    """torch.ops.autoao.<name>(*args) while torch.compile traces; otherwise the function the op
+    wraps (EAGER[name]): the same kernel, without the custom op's dispatch."""
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.autoao, name)(*args)
+    return EAGER[name](*args)
