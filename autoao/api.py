@@ -75,12 +75,14 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget: str | int = "5m",
              accuracy: None | str | list[str] | Callable[[nn.Module], Any] = None, max_accuracy_drop: float = 0.01,
              tokenizer: Any = None, eval_inputs: Any = None, candidates: list[Any] | None = None,
              target: str = "autoao", storage: str | None = None, out_dir: str | Path = "autoao-report",
-             seed: int = 0, fuse_groups: bool = True, progress: bool = True) -> OptimizeResult:
+             seed: int = 0, workload: Callable[[nn.Module], Any] | None = None,
+             progress: bool = True) -> OptimizeResult:
     """Find the fastest per-layer plan whose accuracy drop stays within `max_accuracy_drop`, apply it
     to `model` in place, and write plan.json, pareto.json, summary.json, the study, the saved model
     and report.html to `out_dir`. A plan ships only when its verdicts hold (the drop's 95% interval
-    within the budget) and it is measured faster than the model as it came; otherwise the model
-    stays as it came and `result.summary.decisions` say why. docs/python-api.md has the details.
+    within the budget) and it is measured faster than the model as it came (and in `workload`, where
+    given); otherwise the model stays as it came and `result.summary.decisions` say why.
+    docs/python-api.md has the details.
 
     Args:
         model: any nn.Module with nn.Linear layers, on the device it will run on.
@@ -99,12 +101,14 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget: str | int = "5m",
         storage: Optuna RDB URL (default: SQLite in out_dir); a database server shares the study
             with `autoao worker` processes.
         out_dir: where everything is written. seed: the sampler's seed.
-        fuse_groups: sibling layers (q/k/v, gate/up) share one choice and may run as one kernel.
+        workload: what you run, as a callable(model), e.g. lambda m: m.generate(ids, max_new_tokens=64):
+            the final comparison times it too, in alternation, in your mode (eager, or compiled by
+            your code); a plan ships only if faster there (summary.workload has the numbers).
         progress: progress bars and stage messages on stderr.
     """
     opts = Options.check(budget=budget, accuracy=accuracy, tokenizer=tokenizer, max_accuracy_drop=max_accuracy_drop,
                          candidates=candidates, eval_inputs=eval_inputs, storage=storage, out_dir=out_dir, seed=seed,
-                         progress=progress, fuse_groups=fuse_groups, target=target)
+                         progress=progress, target=target, workload=workload)
     return _run(model, example_inputs, opts, RunHooks())
 
 
@@ -124,7 +128,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
         for note in work.notes:
             ledger.say(note.describe())
         ledger.say(grid_warning(work, list(opts.candidates)) or f"{len(work.prof.layers)} linear layers")
-        base = measure_baselines(model, work, cache=rcache, ledger=ledger)
+        base = measure_baselines(model, work, cache=rcache, ledger=ledger, workload=opts.workload)
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
                               ledger=ledger)
         # an estimated plan is not measured: no anchors, and no final rounds to keep time for
@@ -139,7 +143,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
                        allowed=engine.supports)
     groups = make_groups(meas.choices, siblings(work, engine))
     bench = ModelBench(model, work.prof, work.examples, compile=base.compile, groups=groups, cost=meas.cost,
-                       table=meas.table, estimate=engine.estimate)
+                       table=meas.table, estimate=engine.estimate, workload=opts.workload)
     with ledger.stage("anchors"):
         skipped = "anchors" not in plan.shares  # compiled, or an estimate: nothing to anchor
         anchored = anchor_cost(bench, base.bf16_us, ledger, None if skipped else plan.deadline("anchors"))
@@ -269,4 +273,7 @@ def result_line(summary: RunSummary, plan: Plan, out_dir: Path) -> str:
              if summary.speedup.measured is None else
              f"measured {summary.speedup.measured:.2f}x (at least {summary.speedup_bound:.2f}x, {summary.rounds} "
              f"rounds), predicted {summary.speedup.predicted:.2f}x")
+    w = summary.workload
+    if w is not None:
+        speed += f"; your workload {w.speedup:.2f}x (at least {w.bound:.2f}x, {w.rounds} rounds)"
     return f"plan: {plan.summary() or 'unchanged'}; {speed}; accuracy {said}; written to {out_dir}/"

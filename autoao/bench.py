@@ -23,7 +23,7 @@ from autoao.cost import CostModel, fused_shape
 from autoao.evaluators.timing import LatencyTable
 from autoao.kernels._base import canonical_on_device
 from autoao.clock import L2_FLUSH_BYTES
-from autoao.measure import describe_shapes, workload_timing
+from autoao.measure import describe_shapes, run_seconds, workload_timing
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import ModelProfile
 from autoao.search import Group, plan_from_params
@@ -37,11 +37,14 @@ class ModelBench:
     choices; rebuilding would dominate a CPU search). `restore()` puts the original modules back."""
 
     def __init__(self, model: nn.Module, prof: ModelProfile, examples: list[Any], *, compile: bool,
-                 groups: list[Group], cost: CostModel, table: LatencyTable | None = None, estimate: str = "") -> None:
+                 groups: list[Group], cost: CostModel, table: LatencyTable | None = None, estimate: str = "",
+                 workload: Callable[[nn.Module], Any] | None = None) -> None:
         """table: the timed kernels a shipped plan records (None: this bench only scores trials);
         estimate: why the cost model is an estimate that end-to-end times here cannot check (the
-        target runs its layers elsewhere: Target.estimate), or empty."""
+        target runs its layers elsewhere: Target.estimate), or empty; workload: what the user runs
+        (model -> anything), timed by the final comparison next to the examples' forward pass."""
         self.model, self.prof, self.examples, self.compile, self.estimate = model, prof, examples, compile, estimate
+        self.workload = workload
         self.groups, self.cost, self.table = groups, cost, table
         self.original = {lay.fqn: model.get_submodule(lay.fqn) for lay in prof.layers}
         self.calibration: Calibration = prof.calibration
@@ -152,6 +155,29 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
             # one sample a side, disturbed or not (max_seconds=0): a busy neighbour disturbs both
             # sides of a round alike
             out.append(workload_timing(model, examples, reps=1, warmup=0, max_seconds=0.0))
+        if settled is not None and settled(base, planned):
+            break
+    return base, planned
+
+
+def workload_rounds(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
+                    settled: Callable[[list[Sample], list[Sample]], bool] | None = None,
+                    ) -> tuple[list[Sample], list[Sample]]:
+    """The user's workload (bench.workload) with the unchanged modules and with `applied`, called
+    A, B, A, B, ... as the user calls it (their mode: eager, or compiled by their own code), after
+    one warm-up call a side; each call one sample (us, as its median, p20 and p80). At most
+    `rounds` rounds, fewer once `settled` says they decide. Leaves `applied` in place."""
+    assert bench.workload is not None, "workload_rounds needs the bench's workload"
+    for modules in ({}, applied):  # first calls pay compiles and cache allocations: not timed
+        bench.install(modules)
+        run_seconds(bench.model, bench.workload)
+    base: list[Sample] = []
+    planned: list[Sample] = []
+    for _ in range(rounds):
+        for modules, out in (({}, base), (applied, planned)):
+            bench.install(modules)
+            us = run_seconds(bench.model, bench.workload) * 1e6
+            out.append((us, us, us))
         if settled is not None and settled(base, planned):
             break
     return base, planned

@@ -212,8 +212,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     examples, held_out = workload_inputs(args, loaded, opts_device(args))
     # a built-in encoder (or a factory) brings its own metric; --tasks still overrides it
     accuracy = loaded["accuracy"] if args.tasks is None and loaded.get("accuracy") is not None else opts.accuracy
+    workload = loaded.get("workload")  # a factory's dict may bring what the model serves
+    if workload is not None and not callable(workload):
+        raise CLIError(f"--model {args.model}: the factory's 'workload' must be a callable(model), got "
+                       f"{type(workload).__name__}")
     opts = replace(opts, candidates=tuple(candidates), accuracy=accuracy, tokenizer=loaded.get("tokenizer"),
-                   eval_inputs=held_out, screen_positions=args.eval_seqs * args.seq_len)
+                   eval_inputs=held_out, screen_positions=args.eval_seqs * args.seq_len, workload=workload)
     started: list = []
     hooks = RunHooks(command="autoao " + " ".join(args.argv), spent=process_age(), left_out=left_out,
                      study_name=args.study, heartbeat=args.heartbeat,

@@ -281,6 +281,28 @@ class ShippedOnEstimate(Decision):
 
 @decision
 @dataclass(frozen=True)
+class WorkloadNotFaster(Decision):
+    """The plan ran faster on the forward pass but was not shown faster in the user's workload."""
+
+    kind: ClassVar[str] = "workload_not_faster"
+    ends_unchanged: ClassVar[bool] = True
+    trial: int | None = None
+    forward: float = 1.0  # the forward pass's paired speed-up
+    baseline_ms: float = 0.0  # the workload's median call, as the model came and with the plan
+    plan_ms: float = 0.0
+    estimate: float = 1.0  # the workload's paired speed-up and its 95% lower bound
+    bound: float = 1.0
+    rounds: int = 0
+
+    def describe(self) -> str:
+        return (f"the chosen plan (trial {self.trial}) ran {self.forward:.2f}x on the forward pass, but your workload "
+                f"took {self.plan_ms:.1f} ms with it against {self.baseline_ms:.1f} ms as the model came (paired "
+                f"{self.estimate:.2f}x, at least {self.bound:.2f}x with 95% confidence, {self.rounds} rounds): not "
+                "shown faster where you run it, so the model stays as it came")
+
+
+@decision
+@dataclass(frozen=True)
 class BestIsUnchanged(Decision):
     kind: ClassVar[str] = "best_is_unchanged"
     ends_unchanged: ClassVar[bool] = True

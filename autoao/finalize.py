@@ -13,6 +13,12 @@ Xeon). Compiled (CUDA), each side is compiled once and its CUDA-graph replays al
 other's. An empty plan is the unchanged model: 1.00x by definition, not measured again. A plan for
 an engine autoao only emulates (bench.estimate: llama.cpp's GGUF types) is not timed either: it
 ships on its verdicts, with the cost model's estimate said to be one (ShippedOnEstimate).
+
+With the user's workload (optimize's `workload`, e.g. a `generate()` call), a plan shown faster on
+the forward pass is then timed in it, call by call in alternation with the model as it came, in the
+user's own mode (eager, or compiled by their code), and ships only if shown faster there too
+(WorkloadNotFaster): on the H200 a plan measured 1.88x on the forward pass ran 0.81x in an eager
+`generate()` (benchmarks/results/2026-12-03-h200/generate-1b/).
 """
 
 from __future__ import annotations
@@ -20,16 +26,17 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from autoao.bench import ModelBench, Sample, interleaved
+from autoao.bench import ModelBench, Sample, interleaved, workload_rounds
 from autoao.choose import Choice
 from autoao.clock import PairedSpeedup, paired_speedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
-from autoao.decisions import BestIsUnchanged, Decision, Judged, KeptUnchanged, NothingToTry, ShippedOnEstimate
+from autoao.decisions import (BestIsUnchanged, Decision, Judged, KeptUnchanged, NothingToTry, ShippedOnEstimate,
+                              WorkloadNotFaster)
 from autoao.ledger import RunLedger
 from autoao.measure import Baselines, Measurements
 from autoao.plan import Plan, apply
-from autoao.records import MeasuredPlan
+from autoao.records import MeasuredPlan, WorkloadTiming
 from autoao.types import Accuracy, Verdict
 from autoao.evaluators.timing import NOT_TIMED
 
@@ -52,6 +59,7 @@ class Final:
     decisions: tuple[Decision, ...]
     measured_plans: tuple[MeasuredPlan, ...]
     estimate: str = ""  # how the speed-up was estimated where it was not measured (bench.estimate)
+    workload: WorkloadTiming | None = None  # the user's workload, timed after the forward pass showed a gain
 
     @property
     def rounds(self) -> int:
@@ -100,13 +108,32 @@ def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostMo
     if paired.low <= 1.0:
         decisions.append(KeptUnchanged(plan.metadata.get("trial"), plan_us / 1e3, base_us / 1e3, spread[0], spread[1],
                                        paired.rounds, paired.estimate, paired.low))
+    workload = _workload(bench, plan, base, ledger) if paired.low > 1.0 and bench.workload is not None else None
+    if workload is not None and workload.bound <= 1.0:
+        decisions.append(WorkloadNotFaster(plan.metadata.get("trial"), paired.estimate, workload.baseline_ms,
+                                           workload.plan_ms, workload.speedup, workload.bound, workload.rounds))
+    if paired.low <= 1.0 or (workload is not None and workload.bound <= 1.0):
         ledger.say(decisions[-1].describe())
         bench.restore()
         rows = tuple(MeasuredPlan(r.trial, r.predicted_ms, r.measured_ms, False) for r in choice.measured_plans)
         return Final(bench.shipped({}), None, (), base_us, base_us, UNCHANGED, (1.0, 1.0), predicted_base,
                      predicted_base, tuple(decisions), rows)
     return Final(plan, choice.accuracy, choice.verdicts, base_us, plan_us, paired, spread, predicted_base,
-                 cost.predict(plan), tuple(decisions), choice.measured_plans)
+                 cost.predict(plan), tuple(decisions), choice.measured_plans, workload=workload)
+
+
+def _workload(bench: ModelBench, plan: Plan, base: Baselines, ledger: RunLedger) -> WorkloadTiming:
+    """The user's workload with the unchanged model and with the plan (applied), in alternation:
+    rounds from MIN_ROUNDS up to MAX_ROUNDS or what the time budget leaves, until they decide."""
+    ledger.say("your workload, as the model came and with the plan, in alternation")
+    remaining = ledger.remaining()
+    fits = MAX_ROUNDS if remaining is None else int(remaining / max(2 * base.workload_s, 1e-3))
+    got_base, got_plan = workload_rounds(bench, bench.modules(plan), max(MIN_ROUNDS, min(MAX_ROUNDS, fits)),
+                                         settled=_settled)
+    paired = _paired(got_base, got_plan)
+    ratios = [b[0] / p[0] for b, p in zip(got_base, got_plan)]
+    base_ms, plan_ms = (statistics.median(x[0] for x in side) / 1e3 for side in (got_base, got_plan))
+    return WorkloadTiming(base_ms, plan_ms, paired.estimate, paired.low, min(ratios), max(ratios), paired.rounds)
 
 
 def _settled(base: list[Sample], planned: list[Sample]) -> bool:

@@ -63,11 +63,14 @@ class Baselines:
     # measurement (a cold compile cache's) and the last final comparison's seconds
     cold_seconds: float = 0.0
     final_seen: float = 0.0
+    workload_s: float = 0.0  # one call of the user's workload on the unchanged model (0: none given)
 
 
-def measure_baselines(model: nn.Module, work: Workload, *, cache: ResultCache, ledger: RunLedger) -> Baselines:
+def measure_baselines(model: nn.Module, work: Workload, *, cache: ResultCache, ledger: RunLedger,
+                      workload: Callable[[nn.Module], Any] | None = None) -> Baselines:
     """The unchanged model end to end (the cost model's rest). Compiled on CUDA, as per-layer timing
-    ran its layers (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly)."""
+    ran its layers (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly).
+    With the user's `workload`, one call of it, to price its rounds in the final comparison."""
     compile = default_mode(work.device) == "compile"
     ledger.say("the unchanged model end to end")
     t0 = time.perf_counter()
@@ -84,7 +87,20 @@ def measure_baselines(model: nn.Module, work: Workload, *, cache: ResultCache, l
     e2e = time.perf_counter() - t0
     weights = digest("model", *[t for t in model.state_dict().values()])
     seen = compiled_costs(cache, weights, work, e2e) if compile else {}
-    return Baselines(bf16_us, e2e, compile, weights, seen.get("cold_seconds", 0.0), seen.get("final_seconds", 0.0))
+    if workload is not None:
+        ledger.say("your workload, once, on the model as it came")
+    return Baselines(bf16_us, e2e, compile, weights, seen.get("cold_seconds", 0.0), seen.get("final_seconds", 0.0),
+                     run_seconds(model, workload) if workload is not None else 0.0)
+
+
+def run_seconds(model: nn.Module, run: Callable[[nn.Module], Any]) -> float:
+    """Wall seconds of one `run(model)` without gradients, the device's queue drained after it."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        run(model)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # the run may have queued GPU work
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
@@ -152,10 +168,12 @@ def final_seconds(base: Baselines, rounds: int) -> float:
     it did at the start (its first measurement), the plan's is new to inductor's cache and compiles
     as the unchanged model did on a cold cache (the longest first measurement seen here); and no
     less than the last final comparison of this model here took. On the CPU the plan's warm-up and
-    the rounds, each run at most as long as the unchanged model's."""
+    the rounds, each run at most as long as the unchanged model's. With the user's workload, its
+    warm-up on each side and as many rounds of it."""
+    workload = (2 + 2 * rounds) * base.workload_s
     if base.compile:
-        return max(base.e2e_seconds + base.cold_seconds, base.final_seen)
-    return (1 + 2 * rounds) * base.bf16_us / 1e6
+        return max(base.e2e_seconds + base.cold_seconds, base.final_seen) + workload
+    return (1 + 2 * rounds) * base.bf16_us / 1e6 + workload
 
 
 ##### the judges ################################################################################

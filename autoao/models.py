@@ -310,7 +310,7 @@ def text_inputs(tokenizer: Any, *, seq_len: int = 256, n_seqs: int = 1, held_out
 def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
     """A built-in name, or `module:factory` (a path to a .py file or an importable module). The
     factory returns a model, (model, tokenizer), or a dict with model / tokenizer / example_inputs /
-    eval_inputs / accuracy. Returns that dict, the model and any inputs moved to `device`;
+    eval_inputs / accuracy / workload (optimize's). Returns that dict, the model and any inputs moved to `device`;
     ValueError (one line, naming the spec) for a name or factory that cannot be loaded."""
     if ":" not in spec:
         if spec not in available():

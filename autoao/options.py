@@ -62,11 +62,13 @@ class Options:
     target: str = "autoao"  # the serving engine the plan is made for (autoao.export.targets)
     # a causal LM's screen: the held-out positions every trial is scored on, where autoao builds them
     screen_positions: int = 512
+    workload: Callable[[Any], Any] | None = None  # what the user runs (model -> anything): timed next to the forward pass
 
     @classmethod
     def check(cls, *, budget: Any, accuracy: Any, tokenizer: Any, max_accuracy_drop: Any, candidates: Any,
               eval_inputs: Any, storage: str | None, out_dir: Any, seed: Any, progress: bool,
-              fuse_groups: bool = True, allow_emulated: bool = False, target: str = "autoao") -> Options:
+              fuse_groups: bool = True, allow_emulated: bool = False, target: str = "autoao",
+              workload: Any = None) -> Options:
         """Every argument checked; an OptionError (a ValueError) naming the first bad one, what was
         expected and how to fix it."""
         out = Path(out_dir)
@@ -76,10 +78,13 @@ class Options:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise OptionError("seed", f"seed must be an integer, got {seed!r}")
         engine = _checked("target", targets.get, target)
+        if workload is not None and not callable(workload):
+            raise OptionError("workload", f"workload must be a callable(model) that runs what you serve, e.g. "
+                              f"lambda m: m.generate(ids, max_new_tokens=64); got {type(workload).__name__}")
         return cls(_checked("budget", Budget.parse, budget), _checked("accuracy", _accuracy, accuracy, tokenizer),
                    tokenizer, _checked("max_accuracy_drop", _drop, max_accuracy_drop),
                    _checked("candidates", _candidates, candidates, engine), eval_inputs, url, out, seed,
-                   bool(progress), fuse_groups, allow_emulated, engine.name)
+                   bool(progress), fuse_groups, allow_emulated, engine.name, workload=workload)
 
     @property
     def shared(self) -> bool:

@@ -153,6 +153,7 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
                         sorted(meas.table.seconds_by_kernel.items(), key=lambda kv: -kv[1])},
         algorithm_seconds={alg: sec for alg, sec in fits.items() if sec > 0},
         verdicts=list(final.verdicts), trial=plan.metadata.get("trial") if plan.layers else None, deploy=deploy,
+        workload=final.workload,
         stages=[StageTime(name, round(sec, 2), None if planned.get(name) is None else round(planned[name], 2))
                 for name, sec in spent.items()],
     )

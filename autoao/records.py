@@ -179,16 +179,14 @@ class RunContext:
     fused: list[FusedRecord]
     layers: list[LayerRecord]
     timing: TimingHealth = field(default_factory=TimingHealth)
-    # layers whose weights sit on a 4-bit grid of groups of 32 (a GGUF-style Q4 source): int4 with
-    # group size 32 measures near lossless on them
+    # layers whose weights sit on a 4-bit grid of groups of 32 (a GGUF Q4 source): int4 g32 is near lossless on them
     int4_grid_layers: int = 0
     # where tier 2 decides: the tier-1 drop up to which trials count as feasible (SearchConfig)
     screen_drop: float | None = None
     # uniform plans measured end to end that scaled their candidates' cells (CPU; empty: none)
     anchors: list[AnchorRecord] = field(default_factory=list)
     target: str = "autoao"  # the serving target the search space was made for
-    # how the costs were estimated where the target runs its layers outside autoao (Target.estimate;
-    # empty: timed here): the speed-up is then an estimate, never a measured one
+    # how the costs were estimated where the target runs layers outside autoao (Target.estimate; empty: timed)
     estimate: str = ""
     version: int = RUN_FILES_VERSION
 
@@ -256,6 +254,19 @@ class StageTime:
 
 
 @dataclass
+class WorkloadTiming:
+    """optimize's `workload` timed as the model came and with the plan, call by call in alternation."""
+
+    baseline_ms: float  # median call
+    plan_ms: float
+    speedup: float  # the rounds' paired estimate
+    bound: float  # its 95% lower bound
+    low: float  # lowest and highest per-round ratio
+    high: float
+    rounds: int
+
+
+@dataclass
 class RunSummary:
     device: str
     budget: str
@@ -281,12 +292,10 @@ class RunSummary:
     fusions: list[list[str]]
     stage_seconds: dict[str, float]  # wall seconds per stage, in order
     timing_seconds: dict[str, float]  # the timing stage by candidate (and kernel), largest first
-    # lowest and highest per-round measured speed-up over `rounds` interleaved (bf16, plan) rounds;
-    # [1, 1] and 0 rounds for an unchanged model (nothing to compare)
+    # lowest and highest per-round speed-up over `rounds` interleaved rounds ([1, 1], 0: an unchanged model)
     speedup_range: list[float] = field(default_factory=lambda: [1.0, 1.0])
     rounds: int = 0
-    # what the shipped plan was shown to be at least: the 95% lower confidence bound of the rounds'
-    # paired speed-up; 1.0 for an unchanged model
+    # what the plan was shown to be at least: the rounds' paired speed-up's 95% lower bound (1.0: unchanged)
     speedup_bound: float = 1.0
     # wall seconds the calibrated algorithms spent fitting (GPTQ, AWQ, ...), within the stages above
     algorithm_seconds: dict[str, float] = field(default_factory=dict)
@@ -295,6 +304,7 @@ class RunSummary:
     stages: list[StageTime] = field(default_factory=list)  # planned and spent per stage
     trial: int | None = None  # the trial whose plan shipped (None: the model is unchanged)
     deploy: Deploy | None = None  # where the plan runs: its target, what each layer becomes, the export command
+    workload: WorkloadTiming | None = None  # the user's workload, where one was given and the plan was measured
     version: int = RUN_FILES_VERSION
 
     @property

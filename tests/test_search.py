@@ -646,6 +646,52 @@ def test_a_clearly_faster_plan_stops_after_the_fewest_rounds(tmp_path, monkeypat
     assert result.summary.speedup_bound > 1.9
 
 
+@pytest.mark.parametrize("plan_s, ships", [(0.02, False), (0.004, True)])
+def test_a_plan_ships_only_if_faster_in_the_users_workload_too(tmp_path, monkeypatch, plan_s, ships):
+    # the forward pass measures the plan 2x faster (faked); the user's workload (a callable, here
+    # sleeping 10 ms as the model came and plan_s with the plan) is then called in alternation
+    import time
+
+    from torch import nn
+
+    from autoao import api
+
+    _fake_timings(monkeypatch, {"bf16": 400.0, "int8_dyn": 100.0})
+    _fake_workload(monkeypatch, lambda model: 500.0 if _quantized(model) else 1000.0)
+    _no_anchors(monkeypatch)
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
+    calls: list[str] = []
+
+    def workload(model):
+        calls.append("B" if _quantized(model) else "A")
+        time.sleep(plan_s if _quantized(model) else 0.01)
+
+    result = api.optimize(nn.Sequential(nn.Linear(64, 64, bias=False)), [torch.randn(4, 64)], budget=2,
+                          candidates=["int8_dyn"], max_accuracy_drop=1.0, out_dir=tmp_path / "out", progress=False,
+                          workload=workload)
+    s = result.summary
+    assert calls[0] == "A" and "".join(calls[1:]).endswith("AB" * 3)  # once at the start, then alternating
+    assert bool(result.plan.layers) is ships and s.speedup.measured == pytest.approx(2.0 if ships else 1.0)
+    refused = [d for d in s.decisions if d.kind == "workload_not_faster"]
+    if ships:
+        assert not refused and s.workload.speedup == pytest.approx(2.5, rel=0.2) and s.workload.bound > 1.0
+        assert s.workload.rounds >= 3 and s.workload.baseline_ms == pytest.approx(10.0, rel=0.3)
+        page = result.report_path.read_text()
+        assert 'id="card-workload"' in page and "Forward-pass speed-up" in page
+    else:
+        assert s.workload is None and len(refused) == 1 and refused[0].forward == pytest.approx(2.0)
+        assert "not shown faster where you run it" in s.notes[-1] and refused[0].estimate < 1.0
+
+
+def test_a_workload_that_is_not_callable_is_refused_before_anything_runs(tmp_path):
+    from torch import nn
+
+    from autoao import api
+
+    with pytest.raises(ValueError, match="workload must be a callable.model."):
+        api.optimize(nn.Sequential(nn.Linear(8, 8)), [torch.randn(2, 8)], workload="generate", out_dir=tmp_path / "o")
+
+
 def test_a_plan_slower_on_average_is_kept_unchanged_without_more_rounds(tmp_path, monkeypatch):
     from autoao.finalize import MIN_ROUNDS
 
