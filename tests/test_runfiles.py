@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoao import decisions as D
-from autoao.records import (RUN_FILES_VERSION, AccuracySpec, DeviceInfo, FusedRecord, GroupRecord, KernelTimes,
+from autoao.records import (RUN_FILES_VERSION, WorkloadTiming, AccuracySpec, DeviceInfo, FusedRecord, GroupRecord, KernelTimes,
                             LayerRecord, Latency, ModelInfo, RunContext, RunFileError, RunSummary, WeightBytes,
                             load_context, load_summary, write)
 from autoao.types import Verdict
@@ -107,6 +107,7 @@ EXAMPLES = [
     D.NothingToTry(12, "kernel timing", 80.0, 240.0),
     D.StudyClosed(3, 1.5, 0, 1, "coordinator@h:1 5, worker@h:2 4, worker@h:3 3"),
     D.ShippedOnEstimate(4, 2.5, "estimated from weight bytes"),
+    D.WorkloadNotFaster(5, 1.88, 18.2, 22.6, 0.81, 0.79, 5),
 ]
 
 
@@ -122,12 +123,15 @@ def test_every_decision_kind_describes_itself_as_a_distinct_sentence(tmp_path):
     assert "18.8 ms on 2 threads" in by_kind["busy_cpu"]
     too_short = by_kind["nothing_to_try"]
     assert "kernel timing" in too_short and "80 s" in too_short and "about 240 s" in too_short
+    assert "1.88x on the forward pass" in by_kind["workload_not_faster"] and "22.6 ms" in by_kind["workload_not_faster"]
     assert "trial 4" in by_kind["shipped_on_estimate"] and "2.50x, is estimated from weight bytes" in by_kind["shipped_on_estimate"]
     # typed in the run files: each reads back as the same record, kind and numbers
     summary = RunSummary("cpu", "90 s", 1.0, 0, "", Latency(), None, Latency(), Latency(), None, 0.01, list(EXAMPLES),
                          "", "s", 0, None, WeightBytes(1, 1), [], [], {}, {}, [], {}, {})
+    summary.workload = WorkloadTiming(10.0, 8.0, 1.25, 1.1, 1.2, 1.3, 5)
     write(tmp_path / "summary.json", summary)
-    assert load_summary(tmp_path / "summary.json").decisions == EXAMPLES
+    back = load_summary(tmp_path / "summary.json")
+    assert back.decisions == EXAMPLES and back.workload == summary.workload
 
 
 def test_an_unknown_decision_kind_names_the_close_ones():
