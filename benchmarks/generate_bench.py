@@ -7,7 +7,10 @@ timed side by side, next to the forward-pass speed-up the run reported.
 --run: an `autoao search` output folder of the built-in --model (default the demo's; its plan.json
 is applied to a fresh copy, with calibration from the bundled text for GPTQ / AWQ / SmoothQuant).
 --synthetic: a random-init transformers Llama (SYNTHETIC's shapes, bf16) searched here first with
-`autoao.optimize` on one decode step (--budget, --candidates), the returned model benchmarked. For each mode, --rounds rounds, the two models alternating (ABAB...), each round one
+`autoao.optimize` on one decode step (--budget, --candidates), the returned model benchmarked;
+with --workload eager|compiled, optimize is also given that generate() as its `workload`, so it
+ships the plan only if faster there, and generate.json keeps what it measured (optimize_workload).
+For each mode, --rounds rounds, the two models alternating (ABAB...), each round one
 greedy `generate()` of --new-tokens tokens (min = max, so both produce the same count) after a
 --prompt-tokens prompt of held-out text, KV cache on:
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import json
 import platform
@@ -115,11 +119,16 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
     with torch.device(args.device):
         base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
     one = torch.tensor([[17]], device=args.device)
-    res = autoao.optimize(copy.deepcopy(base), (one,), budget=args.budget, max_accuracy_drop=1.0,
-                          candidates=args.candidates.split(","), out_dir=args.out / "search", progress=True)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, config.vocab_size, (1, args.prompt_tokens), generator=gen).to(args.device)
                for _ in range(args.rounds)]
+    # --workload MODE: optimize times generate() in that mode itself and ships only if faster there
+    workload = None if args.workload == "none" else (
+        lambda m: generate(m, prompts[0], args.new_tokens, args.workload))
+    res = autoao.optimize(copy.deepcopy(base), (one,), budget=args.budget, max_accuracy_drop=1.0,
+                          candidates=args.candidates.split(","), out_dir=args.out / "search", progress=True,
+                          workload=workload)
+    args.searched_workload = dataclasses.asdict(res.summary.workload) if res.summary.workload else None
     return {"as it came": base, "plan": res.model}, prompts, res.summary.speedup.measured
 
 
@@ -158,6 +167,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m", help="the built-in model the run searched")
     ap.add_argument("--budget", default="3m", help="--synthetic: optimize's budget")
     ap.add_argument("--candidates", default="bf16,int4_wo(group_size=128)", help="--synthetic: its candidates")
+    ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
+                    help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()
     models, prompts, reported = from_run(args) if args.run else from_search(args)
     rows, errors = {}, {}
@@ -182,7 +193,8 @@ def main() -> None:
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
               (platform.processor() or platform.machine()),
               "machine": platform.processor() or platform.machine(),
-              "threads": torch.get_num_threads(), "modes": rows, "errors": errors, "float32_twin_greedy_equal": floor}
+              "threads": torch.get_num_threads(), "modes": rows, "errors": errors, "float32_twin_greedy_equal": floor,
+              "optimize_workload": getattr(args, "searched_workload", None)}
     write(args, result, rows, floor)
 
 
