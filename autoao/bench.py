@@ -195,7 +195,7 @@ def graph_rounds(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) 
     for modules in ({}, applied):
         bench.install(modules)
         torch._dynamo.reset()
-        sides.append(_captured(torch.compile(bench.model), bench.examples))
+        sides.append(captured(torch.compile(bench.model), bench.examples))
     flush = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     times: list[list[float]] = [[], []]
     for _ in range(max(rounds, GRAPH_ROUNDS)):
@@ -212,7 +212,7 @@ def graph_rounds(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) 
     return [(t, t, t) for t in times[0]], [(t, t, t) for t in times[1]]
 
 
-def _captured(fn: Callable[..., Any], examples: list[Any]) -> list[Callable[[], None]]:
+def captured(fn: Callable[..., Any], examples: list[Any]) -> list[Callable[[], None]]:
     """The workload as CUDA-graph replays, in order: each distinct example shape compiled, warmed
     and captured once (on a side stream, as capture requires), then replayed for each example."""
     graphs: dict[str, torch.cuda.CUDAGraph] = {}

@@ -61,14 +61,14 @@ import autoao  # noqa: E402
 import autoao.models as models  # noqa: E402
 from autoao import search_space  # noqa: E402
 from autoao.api import siblings  # noqa: E402
-from autoao.bench import ModelBench  # noqa: E402
+from autoao.bench import ModelBench, captured  # noqa: E402
 from autoao.clock import L2_FLUSH_BYTES  # noqa: E402
 from autoao.common import BASELINE, cache_dir, call_model  # noqa: E402
 from autoao.cost import CostModel  # noqa: E402
 from autoao.evaluators.cache import ResultCache, TimingCache  # noqa: E402
 from autoao.export import targets  # noqa: E402
 from autoao.ledger import RunLedger  # noqa: E402
-from autoao.measure import describe_shapes, layer_choices, time_candidates, workload_timing  # noqa: E402
+from autoao.measure import layer_choices, time_candidates, workload_timing  # noqa: E402
 from autoao.search import make_groups, uniform_params  # noqa: E402
 from autoao.workload import build_workload  # noqa: E402
 
@@ -174,25 +174,9 @@ class Sides:
         t0 = time.perf_counter()
         torch._dynamo.reset()
         fn = torch.compile(model)
-        graphs: dict[str, torch.cuda.CUDAGraph] = {}
-        with torch.no_grad():
-            for ex in self.examples:
-                key = describe_shapes(ex)
-                if key in graphs:
-                    continue
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(3):  # compile, then warm
-                        call_model(fn, ex)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    call_model(fn, ex)
-                graphs[key] = graph
+        self.replays[name] = captured(fn, self.examples)  # compiled, warmed and captured as optimize does
         torch.cuda.synchronize()
         self.keep.append(fn)
-        self.replays[name] = [graphs[describe_shapes(ex)].replay for ex in self.examples]
         self.capture_s[name] = time.perf_counter() - t0
 
     def rounds(self, n: int) -> dict[str, Any]:
