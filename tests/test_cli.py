@@ -103,6 +103,22 @@ def test_search_writes_everything_and_continues_the_study(tmp_path, capsys):
     assert (saved / "model.safetensors").is_file()
 
 
+def test_search_for_a_target_takes_the_targets_own_space(tmp_path, capsys):
+    # no --candidates: the target's search space (GGUF types for llama.cpp), not autoao's default one
+    out = tmp_path / "run"
+    assert main(["search", "--model", TINY, "--target", "llama.cpp", "--budget", "4", "--tasks", "none",
+                 "--out", str(out), "--quiet"]) == 0
+    names = {c["name"] for c in json.loads((out / "context.json").read_text())["candidates"]}
+    assert {"gguf(type=q8_0)", "gguf(type=q4_0)"} <= names and "int8_wo" not in names
+
+
+def test_a_factory_workload_that_is_not_callable_is_one_line_exit_2(tmp_path, capsys):
+    spec = TINY.replace(":build", ":with_bad_workload")
+    assert main(["search", "--model", spec, "--budget", "4", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "'workload' must be a callable(model)" in err and err.count("\n") == 1, err
+
+
 def test_resume_without_a_study_is_an_error(tmp_path, capsys):
     rc = main(["search", "--model", TINY, "--resume", "--out", str(tmp_path / "empty"), "--quiet"])
     assert rc == 2 and "no study to continue" in capsys.readouterr().err

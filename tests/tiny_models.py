@@ -34,5 +34,9 @@ def build() -> dict:
             "eval_inputs": [torch.randint(0, 128, (2, 32), generator=g)]}
 
 
+def with_bad_workload() -> dict:
+    return {**build(), "workload": "generate"}
+
+
 def broken():
     raise RuntimeError("this factory is broken on purpose")
