@@ -269,11 +269,18 @@ def result_line(summary: RunSummary, plan: Plan, out_dir: Path) -> str:
     """The run's last console line: the plan, its speed-up with its interval, its verdict."""
     verdict = summary.verdict
     said = verdict.describe() if verdict is not None else "the model as it came (no verdict needed)"
-    speed = (f"estimated {summary.speedup.predicted:.2f}x from weight bytes (not measured)"
-             if summary.speedup.measured is None else
-             f"measured {summary.speedup.measured:.2f}x (at least {summary.speedup_bound:.2f}x, {summary.rounds} "
-             f"rounds), predicted {summary.speedup.predicted:.2f}x")
-    w = summary.workload
-    if w is not None:
-        speed += f"; your workload {w.speedup:.2f}x (at least {w.bound:.2f}x, {w.rounds} rounds)"
-    return f"plan: {plan.summary() or 'unchanged'}; {speed}; accuracy {said}; written to {out_dir}/"
+    return f"plan: {plan.summary() or 'unchanged'}; {speed_line(summary)}; accuracy {said}; written to {out_dir}/"
+
+
+def speed_line(summary: RunSummary) -> str:
+    """The plan's speed as the run knows it: measured against the model as it came (with the user's
+    workload, where given), or estimated where nothing could be measured."""
+    s = summary
+    if s.speedup.measured is None:
+        return (f"estimated {s.speedup.predicted:.2f}x from weight bytes ({s.baseline_ms.predicted:.2f} -> "
+                f"{s.plan_ms.predicted:.2f} ms predicted, not measured)")
+    line = (f"{s.baseline_ms.measured:.2f} -> {s.plan_ms.measured:.2f} ms measured, {s.speedup.measured:.2f}x (at least "
+            f"{s.speedup_bound:.2f}x, {s.rounds} interleaved rounds), predicted {s.speedup.predicted:.2f}x")
+    w = s.workload
+    return line if w is None else (f"{line}; your workload {w.baseline_ms:.1f} -> {w.plan_ms:.1f} ms, {w.speedup:.2f}x "
+                                   f"(at least {w.bound:.2f}x, {w.rounds} rounds)")

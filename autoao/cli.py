@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import autoao.models
 from autoao import search_space, workers
-from autoao.api import _run
+from autoao.api import _run, speed_line
 from autoao.common import BASELINE, process_age
 from autoao.evaluators.cache import TimingCache, cache_dir
 from autoao.evaluators.kernel_table import format_kernel_table, write_kernel_csv
@@ -197,6 +197,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise CLIError(f"bad --workers {args.workers}: expected 0 or more worker processes")
     if args.heartbeat < 1:
         raise CLIError(f"bad --heartbeat {args.heartbeat}: expected whole seconds >= 1")
+    if args.generate < 0:
+        raise CLIError(f"bad --generate {args.generate}: expected a number of new tokens >= 1, or 0 for none")
     tasks = args.tasks if args.tasks is not None else (DEMO_TASKS if args.model == DEMO_MODEL else None)
     tasks = None if tasks in ("", "none", "proxy") else tasks
     # none named: the target's search space (Target.candidates), which Options fills in
@@ -212,10 +214,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     examples, held_out = workload_inputs(args, loaded, opts_device(args))
     # a built-in encoder (or a factory) brings its own metric; --tasks still overrides it
     accuracy = loaded["accuracy"] if args.tasks is None and loaded.get("accuracy") is not None else opts.accuracy
-    workload = loaded.get("workload")  # a factory's dict may bring what the model serves
-    if workload is not None and not callable(workload):
-        raise CLIError(f"--model {args.model}: the factory's 'workload' must be a callable(model), got "
-                       f"{type(workload).__name__}")
+    workload = loaded.get("workload")  # a factory's dict may bring what the model serves; --generate replaces it
+    if args.generate:
+        try:
+            workload = autoao.models.generate_workload(loaded["model"], loaded.get("tokenizer"), args.generate)
+        except ValueError as e:
+            raise CLIError(f"--generate {args.generate}: {e}") from None
     opts = replace(opts, candidates=tuple(candidates), accuracy=accuracy, tokenizer=loaded.get("tokenizer"),
                    eval_inputs=held_out, screen_positions=args.eval_seqs * args.seq_len, workload=workload)
     started: list = []
@@ -268,13 +272,7 @@ def opts_device(args: argparse.Namespace):
 def print_result(result, opts: Options) -> None:
     s = result.summary
     print(f"plan: {result.plan.summary() or 'unchanged'}")
-    if s.speedup.measured is None:  # a target autoao only emulates: the notes say how it was estimated
-        print(f"latency: estimated {s.speedup.predicted:.2f}x ({s.baseline_ms.predicted:.2f} -> {s.plan_ms.predicted:.2f} "
-              f"ms, not measured) on {s.device}")
-    else:
-        print(f"latency: {s.baseline_ms.measured:.2f} ms as the model came -> {s.plan_ms.measured:.2f} ms measured "
-              f"({s.speedup.measured:.2f}x, at least {s.speedup_bound:.2f}x over {s.rounds} interleaved rounds; "
-              f"predicted {s.speedup.predicted:.2f}x) on {s.device}")
+    print(f"latency on {s.device}: {speed_line(s)}")
     for v in s.verdicts:
         print(f"accuracy: {v.describe()}")
     for note in s.notes:
@@ -515,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "workload of built-in models, after the prefill (default %(default)s): decode is where "
                    "weight-only kernels win")
     s.add_argument("--eval-seqs", type=int, default=2, help="held-out sequences for the tier-1 proxy (default %(default)s)")
+    s.add_argument("--generate", type=int, default=0, metavar="N", help="also time what users run: greedy generate() of "
+                   "N tokens after a 32-token prompt, alternating with the model as it came; the plan ships only if "
+                   "faster there too (causal LMs; default: off)")
     s.add_argument("--allow-emulated", action="store_true", help="time candidates only emulated here and let the search pick them (off: they are not timed)")
     s.add_argument("--no-fuse", action="store_true",
                    help="sibling layers (same input: q/k/v, gate/up) choose independently and never run as one fused kernel")

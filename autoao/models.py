@@ -305,6 +305,21 @@ def text_inputs(tokenizer: Any, *, seq_len: int = 256, n_seqs: int = 1, held_out
     return bundled_text(tokenizer, seq_len=seq_len, n_seqs=n_seqs, held_out=held_out)
 
 
+def generate_workload(model: torch.nn.Module, tokenizer: Any, new_tokens: int, prompt_tokens: int = 32
+                      ) -> Callable[[torch.nn.Module], Any]:
+    """What a user of a causal LM runs, as optimize's `workload`: one greedy `generate()` of exactly
+    `new_tokens` tokens (KV cache on) after a held-out prompt of `prompt_tokens` tokens of the
+    bundled text. ValueError where the model cannot generate or there is no tokenizer."""
+    if tokenizer is None or not callable(getattr(model, "generate", None)):
+        raise ValueError(f"generating needs a causal LM with .generate() and its tokenizer; "
+                         f"{type(model).__name__} {'has no tokenizer' if tokenizer is None else 'cannot generate'}")
+    device = next(model.parameters()).device
+    prompt = text_inputs(tokenizer, seq_len=prompt_tokens, n_seqs=1, held_out=True)[0].to(device)  # [1, T]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return lambda m: m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)
+
+
 ##### a model named on the command line #######################################################
 
 def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -352,6 +367,9 @@ def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
     if not isinstance(out.get("model"), torch.nn.Module):
         raise ValueError(f"--model {spec!r}: {factory}() must return an nn.Module, (model, tokenizer) or a dict "
                          f"with 'model'; got {type(made).__name__}")
+    if out.get("workload") is not None and not callable(out["workload"]):
+        raise ValueError(f"--model {spec!r}: the factory's 'workload' must be a callable(model), got "
+                         f"{type(out['workload']).__name__}")
     out["model"] = out["model"].to(device)
     # the factory cannot know --device: its inputs follow the model there
     for key in ("example_inputs", "eval_inputs"):

@@ -112,6 +112,13 @@ def test_search_for_a_target_takes_the_targets_own_space(tmp_path, capsys):
     assert {"gguf(type=q8_0)", "gguf(type=q4_0)"} <= names and "int8_wo" not in names
 
 
+@pytest.mark.parametrize("n, message", [(-1, "bad --generate -1"), (4, "needs a causal LM with .generate()")])
+def test_generate_that_cannot_run_is_one_line_exit_2(tmp_path, capsys, n, message):
+    assert main(["search", "--model", TINY, "--generate", str(n), "--budget", "4", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
 def test_a_factory_workload_that_is_not_callable_is_one_line_exit_2(tmp_path, capsys):
     spec = TINY.replace(":build", ":with_bad_workload")
     assert main(["search", "--model", spec, "--budget", "4", "--out", str(tmp_path / "o")]) == 2

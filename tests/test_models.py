@@ -80,3 +80,13 @@ def test_smollm2_loads_cached_and_answers():
     ids = tok("The capital of France is", return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=2, do_sample=False)
     assert tok.decode(out[0, ids.input_ids.shape[1]:]).startswith(" Paris")
+
+
+@requires_demo_model
+def test_generate_workload_runs_exactly_the_tokens_asked_for():
+    model, tok = models.load()
+    run = models.generate_workload(model, tok, new_tokens=5, prompt_tokens=8)
+    out = run(model)
+    assert out.shape == (1, 13)  # the 8-token held-out prompt and exactly 5 new tokens
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        models.generate_workload(model, None, new_tokens=5)
