@@ -272,7 +272,7 @@ def opts_device(args: argparse.Namespace):
 def print_result(result, opts: Options) -> None:
     s = result.summary
     print(f"plan: {result.plan.summary() or 'unchanged'}")
-    print(f"latency on {s.device}: {speed_line(s)}")
+    print(f"latency: {speed_line(s)}; on {s.device}")
     for v in s.verdicts:
         print(f"accuracy: {v.describe()}")
     for note in s.notes:
