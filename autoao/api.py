@@ -145,8 +145,7 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
     bench = ModelBench(model, work.prof, work.examples, compile=base.compile, groups=groups, cost=meas.cost,
                        table=meas.table, estimate=engine.estimate, workload=opts.workload)
     with ledger.stage("anchors"):
-        skipped = "anchors" not in plan.shares  # compiled, or an estimate: nothing to anchor
-        anchored = anchor_cost(bench, base.bf16_us, ledger, None if skipped else plan.deadline("anchors"))
+        anchored = anchor_cost(bench, base.bf16_us, ledger, plan.deadline("anchors"))
     config = search_config(opts, hooks, judges, groups, meas, anchored, plan)
     context = run_context(model, work, list(opts.candidates), meas, anchored.cost, groups, judges,
                           budget=str(opts.budget), seed=opts.seed, storage=config.storage or "",

@@ -142,7 +142,8 @@ class TimePlan:
 
     def deadline(self, stage: str) -> float | None:
         """The ledger.clock() by which `stage` (one of SHARES) ends: its share of what the budget
-        leaves after the reserve, among itself and the stages after it. Records what it planned."""
+        leaves after the reserve, among itself and the stages after it (None: no time budget, or the
+        stage is skipped). Records what it planned."""
         seconds = self._seconds(stage)
         if seconds is None:
             return None
@@ -155,8 +156,9 @@ class TimePlan:
         return seconds is not None and seconds <= 0.0
 
     def _seconds(self, stage: str) -> float | None:
+        """Seconds `stage` may take now; None without a time budget or for a skipped stage."""
         remaining = self.ledger.remaining()
-        if remaining is None:
+        if remaining is None or stage not in self.shares:
             return None
         later = list(self.shares)[list(self.shares).index(stage):]
         return max(remaining - self.reserve(), 0.0) * self.shares[stage] / sum(self.shares[s] for s in later)

@@ -102,18 +102,20 @@ def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostMo
                      predicted_base, predicted, tuple(decisions), choice.measured_plans, estimate=bench.estimate)
     rounds = MAX_ROUNDS if not base.compile else MIN_ROUNDS
     got_base, got_plan = interleaved(bench, bench.modules(plan), _rounds(base, ledger, rounds), settled=_settled)
-    paired = _paired(got_base, got_plan)
-    spread = (min(b[1] / p[2] for b, p in zip(got_base, got_plan)), max(b[2] / p[1] for b, p in zip(got_base, got_plan)))
-    base_us, plan_us = statistics.median(b[0] for b in got_base), statistics.median(p[0] for p in got_plan)
+    paired, spread, base_us, plan_us = _compare(got_base, got_plan)
+    workload: WorkloadTiming | None = None
+    refused: Decision | None = None
     if paired.low <= 1.0:
-        decisions.append(KeptUnchanged(plan.metadata.get("trial"), plan_us / 1e3, base_us / 1e3, spread[0], spread[1],
-                                       paired.rounds, paired.estimate, paired.low))
-    workload = _workload(bench, plan, base, ledger) if paired.low > 1.0 and bench.workload is not None else None
-    if workload is not None and workload.bound <= 1.0:
-        decisions.append(WorkloadNotFaster(plan.metadata.get("trial"), paired.estimate, workload.baseline_ms,
-                                           workload.plan_ms, workload.speedup, workload.bound, workload.rounds))
-    if paired.low <= 1.0 or (workload is not None and workload.bound <= 1.0):
-        ledger.say(decisions[-1].describe())
+        refused = KeptUnchanged(plan.metadata.get("trial"), plan_us / 1e3, base_us / 1e3, spread[0], spread[1],
+                                paired.rounds, paired.estimate, paired.low)
+    elif bench.workload is not None:
+        workload = _workload(bench, plan, base, ledger)
+        if workload.bound <= 1.0:
+            refused = WorkloadNotFaster(plan.metadata.get("trial"), paired.estimate, workload.baseline_ms,
+                                        workload.plan_ms, workload.speedup, workload.bound, workload.rounds)
+    if refused is not None:
+        decisions.append(refused)
+        ledger.say(refused.describe())
         bench.restore()
         rows = tuple(MeasuredPlan(r.trial, r.predicted_ms, r.measured_ms, False) for r in choice.measured_plans)
         return Final(bench.shipped({}), None, (), base_us, base_us, UNCHANGED, (1.0, 1.0), predicted_base,
@@ -130,10 +132,17 @@ def _workload(bench: ModelBench, plan: Plan, base: Baselines, ledger: RunLedger)
     fits = MAX_ROUNDS if remaining is None else int(remaining / max(2 * base.workload_s, 1e-3))
     got_base, got_plan = workload_rounds(bench, bench.modules(plan), max(MIN_ROUNDS, min(MAX_ROUNDS, fits)),
                                          settled=_settled)
-    paired = _paired(got_base, got_plan)
-    ratios = [b[0] / p[0] for b, p in zip(got_base, got_plan)]
-    base_ms, plan_ms = (statistics.median(x[0] for x in side) / 1e3 for side in (got_base, got_plan))
-    return WorkloadTiming(base_ms, plan_ms, paired.estimate, paired.low, min(ratios), max(ratios), paired.rounds)
+    paired, spread, base_us, plan_us = _compare(got_base, got_plan)
+    return WorkloadTiming(base_us / 1e3, plan_us / 1e3, paired.estimate, paired.low, spread[0], spread[1],
+                          paired.rounds)
+
+
+def _compare(base: list[Sample], planned: list[Sample]) -> tuple[PairedSpeedup, tuple[float, float], float, float]:
+    """Interleaved rounds -> (their paired speed-up, the lowest and highest per-round ratio taken
+    from the sides' p20 / p80, each side's median us)."""
+    spread = (min(b[1] / p[2] for b, p in zip(base, planned)), max(b[2] / p[1] for b, p in zip(base, planned)))
+    return (_paired(base, planned), spread, statistics.median(b[0] for b in base),
+            statistics.median(p[0] for p in planned))
 
 
 def _settled(base: list[Sample], planned: list[Sample]) -> bool:

@@ -10,7 +10,6 @@ Everything here is measured once and handed on frozen; the later stages read it.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -333,15 +332,15 @@ def estimated_cells(table: LatencyTable, work: Workload, cands: list[Candidate],
         base_bytes = weight_bytes(None, spec)
         for c in (c for c in cands if c.name != BASELINE):
             unsupported = c.supports(spec, work.device)
-            ratio = (weight_bytes(c, spec) or 0) / base_bytes if base_bytes and not unsupported else math.inf
             for m in work.tokens:
                 t = table.find(BASELINE, m, k, n)
-                r = ratio if m == 1 else 1.0
+                r = (weight_bytes(c, spec) or 0) / base_bytes if m == 1 and base_bytes else 1.0
                 if unsupported or t is None or not t.ok:
                     cell = Timing.failed(unsupported or "the unchanged layer was not timed")
                 else:
                     cell = replace(t, median_us=t.median_us * r, p20_us=t.p20_us * r, p80_us=t.p80_us * r,
-                                   single_us=None if t.single_us is None else t.single_us * r, kernel=None, emulated=why)
+                                   single_us=None if t.single_us is None else t.single_us * r, kernel=None,
+                                   emulated=why)
                 rows.append(LatencyRow(c.name, m, k, n, cell, cached=False))
     return LatencyTable(table.device, table.dtype, table.mode, rows, table.measured, table.seconds,
                         table.kernel_timings, table.seconds_by_kernel)

@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import torch
 
+from autoao.kernels.ops import EAGER, call_op
+
 ENGINES = ("fbgemm", "onednn")
 
 _PACKED: dict[int, Any] = {}  # handle -> the engine's packed weight (LinearPackedParamsBase)
@@ -70,10 +72,14 @@ def release(handle: int | None) -> None:
         _PACKED.pop(handle, None)
 
 
+def _dynamic_qlinear(x: torch.Tensor, handle: int, out_features: int, reduce_range: bool) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic(x, _PACKED[handle], reduce_range)
+
+
 @torch.library.custom_op("autoao::dynamic_qlinear", mutates_args=())
 def dynamic_qlinear(x: torch.Tensor, handle: int, out_features: int, reduce_range: bool) -> torch.Tensor:
     """x [..., K] float32 -> [..., N] float32 through the packed weight `handle` (prepack)."""
-    return torch.ops.quantized.linear_dynamic(x, _PACKED[handle], reduce_range)
+    return _dynamic_qlinear(x, handle, out_features, reduce_range)
 
 
 @dynamic_qlinear.register_fake
@@ -81,14 +87,15 @@ def _(x, handle, out_features, reduce_range):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
+EAGER["dynamic_qlinear"] = _dynamic_qlinear
+
+
 def linear_dynamic(x: torch.Tensor, handle: int, out_features: int, reduce_range: bool) -> torch.Tensor:
     """x [..., K] float32 -> [..., N] float32 through the packed weight `handle`: the custom op
-    dynamic_qlinear where torch.compile traces, the engine's op directly in eager mode (a custom
-    op's Python dispatch costs 10-35 us a call, as much as fbgemm's whole 576x576 product at M=1:
-    23 us raw, 58 us through the custom op, 2 threads, AMD EPYC with AVX512-VNNI)."""
-    if torch.compiler.is_compiling():
-        return dynamic_qlinear(x, handle, out_features, reduce_range)
-    return torch.ops.quantized.linear_dynamic(x, _PACKED[handle], reduce_range)
+    dynamic_qlinear where torch.compile traces, the engine's op directly in eager mode (kernels/ops:
+    a custom op's Python dispatch costs 10-35 us a call, as much as fbgemm's whole 576x576 product
+    at M=1: 23 us raw, 58 us through the custom op, 2 threads, AMD EPYC with AVX512-VNNI)."""
+    return call_op("dynamic_qlinear", x, handle, out_features, reduce_range)
 
 
 def quantize_per_tensor_u8(x: torch.Tensor, reduce_range: bool) -> tuple[torch.Tensor, float, int]:

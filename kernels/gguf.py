@@ -20,9 +20,10 @@ A llama.cpp matmul never multiplies float activations by these weights: it first
 activation row to blocks of 32 (`from_float` of the weight type's `vec_dot_type`: Q8_0 for Q8_0
 and Q4_0, Q8_1 for Q4_1, Q8_K (blocks of 256) for Q6_K; on x86 with AVX2, id = 127 / amax and round-half-to-even), then sums
 per block d_w * d_x * sum(q_w * q_x) (+ m_w * s_x for Q4_1, s_x = fp16(d_x * sum(q_x))).
-`GgufLinear.forward` computes those terms from the same codes and scales (block_matmul: one float32
-matmul of the scaled codes, so only rounding and summation order differ from llama.cpp's SIMD loops). autoao has no fast kernel for these types on any device: the module is
-emulated everywhere, and its speed is never reported (llama.cpp's is, where it is installed).
+`GgufLinear.forward` computes those terms from the same codes and scales (block_matmul: one float64
+matmul of the scaled codes, so only rounding differs from llama.cpp's SIMD loops). autoao has no
+fast kernel for these types on any device: the module is emulated everywhere, and its speed is
+never reported (llama.cpp's is, where it is installed).
 """
 
 from __future__ import annotations
@@ -186,8 +187,8 @@ def block_matmul(qx: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor | None,
 
     One float64 matmul of the scaled codes. Each scaled weight is exact in float32 (a code of at
     most 13 bits times an fp16 scale), each scaled activation and each product of two exact in
-    float64, so the sum is the exact one up to float64 rounding: where ggml rounds each block's term to float32,
-    this rounds once, at the end. Over six prompts of SmolLM2 with GGUF on every layer, llama.cpp's
+    float64, so the sum is the exact one up to float64 rounding: where ggml rounds each block's
+    term to float32, this rounds once, at the end. Over six prompts of SmolLM2 with GGUF on every layer, llama.cpp's
     greedy tokens followed this route as long as or longer than the route that rounds each block's
     term as ggml does (`block_sums`), which ran the model's 256-token forward about 3x slower than
     this one (benchmarks/results/2026-12-03-cpu/gguf-route/route.json)."""

@@ -15,7 +15,7 @@ import torch
 
 # Custom op name (torch.ops.autoao.<name>) -> the function it wraps, registered beside each op. A
 # custom op keeps a kernel one opaque node for torch.compile, but in eager mode its Python dispatch
-# costs 10-35 us a call (kernels/cpu_int8.py), as much as a decode step's whole GEMV: a 1B-shaped
+# costs 10-35 us a call (measured for kernels/cpu_int8.py's op), as much as a decode step's whole GEMV: a 1B-shaped
 # Llama decoding eagerly calls 113 of them a token (its plan ran 0.81x bf16 in eager generate()
 # where the compiled forward ran 1.88x: benchmarks/results/2026-12-03-h200/generate-1b/).
 EAGER: dict[str, Callable[..., Any]] = {}
