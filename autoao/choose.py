@@ -5,8 +5,9 @@
 The front (predicted latency against the screen's drop; plans that change no layer left out) runs
 from the fastest plan to the unchanged model, which holds by definition. The chooser judges plans
 of it by bisection (at most MAX_CHECKS, while the time plan allows): the first is the fastest plan
-the screen admits (the search's `best`); each later one halves the stretch between the slowest plan
-known not to hold and the fastest known to hold. A plan holds when every judge says HOLDS:
+the screen admits (the search's `best`); each later one lies between the slowest plan known not to
+hold and the fastest known to hold: the fastest of them the screen predicts to hold once scaled by
+the plans judged so far (`next_index`), else the one halfway. A plan holds when every judge says HOLDS:
 
 - the deciding judge: the user's tasks or metric (tier 2), or where the proxy decides, the proxy on
   confirmation positions the search never scored (so the fastest of many plans is not judged on
@@ -109,7 +110,7 @@ def bisect(front: list[TrialRecord], start: int, check: Callable[[TrialRecord], 
             hi = mid
         else:
             lo = mid
-        mid = (lo + hi) // 2
+        mid = next_index(front, lo, hi, [d for d in decisions if isinstance(d, Judged)])
     judged_all = [d for d in decisions if isinstance(d, Judged)]
     unresolved = sum(d.status == UNRESOLVED for d in judged_all)
     if hi == len(front):
@@ -119,6 +120,29 @@ def bisect(front: list[TrialRecord], start: int, check: Callable[[TrialRecord], 
         decisions.append(ChoseSlower(front[hi].number, checked, hi, sum(d.status == BREAKS for d in judged_all),
                                      unresolved, hi - 1 - lo))
     return hi, decisions
+
+
+def next_index(front: list[TrialRecord], lo: int, hi: int, judged: list[Judged]) -> int:
+    """The plan of `front` (fastest first) to judge next, strictly between front[lo] (did not hold;
+    -1: none known) and front[hi] (held; len(front): the unchanged model): the fastest the screen
+    predicts to hold, scaled by the plans judged so far, else the one halfway.
+
+    The screen's drop (its own metric, on its own positions) and the deciding judge's drop move
+    together but not one to one. Each plan the deciding judge found to break gives a scale: the
+    fraction of the budget its drop used, per unit of its screen drop. The largest scale is used,
+    so a plan is picked only if every broken plan's scale puts it within the budget (a plan that
+    held bounds nothing: its drop may sit anywhere below the limit). Plain halving can step far
+    past a plan nearly as fast: after SmolLM2's fastest screened plan broke at 1.34 points of 1, the
+    plan halfway was predicted 1.8x slower than uniform int8_wo, whose screen drop was under half the
+    broken plan's (results/2026-12-03-h200/ceiling-smollm2-decode/search-0.01/pareto.json)."""
+    scales = [v.drop / v.max_drop / j.proxy_drop for j in judged if j.verdicts and j.proxy_drop > 0
+              for v in j.verdicts[:1] if v.status == BREAKS and v.max_drop > 0]
+    if scales:
+        scale = max(scales)
+        within = [i for i in range(lo + 1, hi) if scale * max(front[i].drop, 0.0) <= 1.0]
+        if within:
+            return within[0]
+    return (lo + hi) // 2
 
 
 def judge_plan(r: TrialRecord, bench: ModelBench, judges: Judges, plan: TimePlan, ledger: RunLedger) -> Judged:

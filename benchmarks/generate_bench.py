@@ -2,15 +2,18 @@
 timed side by side, next to the forward-pass speed-up the run reported.
 
     python benchmarks/generate_bench.py --run RUN_DIR --out DIR [--modes eager,compiled] [--rounds 5]
+    python benchmarks/generate_bench.py --run RUN_DIR --plan "uniform fp8_wo=PLAN.json" --device cuda --out DIR
     python benchmarks/generate_bench.py --synthetic llama-1b --device cuda --out DIR --modes eager,compiled
 
 --run: an `autoao search` output folder of the built-in --model (default the demo's; its plan.json
-is applied to a fresh copy, with calibration from the bundled text for GPTQ / AWQ / SmoothQuant).
+is applied to a fresh copy, with calibration from the bundled text for GPTQ / AWQ / SmoothQuant);
+each --plan NAME=PATH (repeatable, e.g. the best uniform plan h200_ceiling.py --save-plans wrote)
+is applied the same way and timed as one more side.
 --synthetic: a random-init transformers Llama (SYNTHETIC's shapes, bf16) searched here first with
 `autoao.optimize` on one decode step (--budget, --candidates), the returned model benchmarked;
 with --workload eager|compiled, optimize is also given that generate() as its `workload`, so it
 ships the plan only if faster there, and generate.json keeps what it measured (optimize_workload).
-For each mode, --rounds rounds, the two models alternating (ABAB...), each round one
+For each mode, --rounds rounds, the models alternating (ABC ABC ...), each round one
 greedy `generate()` of --new-tokens tokens (min = max, so both produce the same count) after a
 --prompt-tokens prompt of held-out text, KV cache on:
 
@@ -19,8 +22,8 @@ greedy `generate()` of --new-tokens tokens (min = max, so both produce the same 
                way its docs tell users to speed up decoding; on a CPU it does not compile, and the
                table says "static cache, not compiled"); the first call of each model is not timed
 
-Per mode: the median tokens/s of each side, their ratio with the per-round range, and how many of
-the plan's generated tokens equal the unchanged model's (positionwise, all rounds' prompts). Runs on
+Per mode and plan: the median tokens/s of each side, the plan's ratio to the model as it came with
+the per-round range, and how many of the plan's generated tokens equal the unchanged model's (positionwise, all rounds' prompts). Runs on
 the device the model is loaded to (--device). Next to it, the same count for the unchanged model's
 float32 twin: its noise floor. Writes DIR/generate.json and DIR/generate.md.
 """
@@ -45,6 +48,8 @@ import autoao.models
 from autoao.plan import Plan
 from autoao.profile import profile
 
+BASE = "as it came"  # the side every plan's ratio is read against
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -64,7 +69,8 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, mode: s
 
 def side_by_side(models: dict[str, torch.nn.Module], prompts: list[torch.Tensor], new_tokens: int, mode: str
                  ) -> dict[str, object]:
-    """Interleaved rounds of generate() on each model; tokens/s per round and the tokens each made."""
+    """Interleaved rounds of generate() on each model; per plan (every side but "as it came"): its
+    tokens/s, ratio to the model as it came with the per-round range, and greedy tokens equal."""
     for m in models.values():  # warm-up (compiles in the compiled mode)
         generate(m, prompts[0], new_tokens, mode)
     speed: dict[str, list[float]] = {k: [] for k in models}
@@ -74,11 +80,17 @@ def side_by_side(models: dict[str, torch.nn.Module], prompts: list[torch.Tensor]
             out, seconds = generate(m, ids, new_tokens, mode)
             speed[name].append(new_tokens / seconds)
             tokens[name].append(out)
-    ratios = [p / b for p, b in zip(speed["plan"], speed["as it came"])]
-    same = sum(int((a == b).sum()) for a, b in zip(tokens["plan"], tokens["as it came"]))
-    return {"tokens_per_s": {k: statistics.median(v) for k, v in speed.items()}, "rounds": speed,
-            "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
-            "greedy_equal": same, "greedy_tokens": new_tokens * len(prompts), "tokens": tokens["as it came"]}
+    base = speed[BASE]
+    plans = {}
+    for name in models:
+        if name == BASE:
+            continue
+        ratios = [p / b for p, b in zip(speed[name], base)]
+        plans[name] = {"tokens_per_s": statistics.median(speed[name]), "ratio": statistics.median(ratios),
+                       "ratio_range": [min(ratios), max(ratios)],
+                       "greedy_equal": sum(int((a == b).sum()) for a, b in zip(tokens[name], tokens[BASE]))}
+    return {"tokens_per_s": statistics.median(base), "rounds": speed, "plans": plans,
+            "greedy_tokens": new_tokens * len(prompts), "tokens": tokens[BASE]}
 
 
 def noise_floor(base: torch.nn.Module, prompts: list[torch.Tensor], reference: list[torch.Tensor], new_tokens: int) -> int:
@@ -96,16 +108,21 @@ SYNTHETIC = {"llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)}
 
 
-def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float]:
-    """The built-in --model as it came and with --run's plan; held-out text prompts; the forward
-    speed-up the run reported."""
+def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float | None]:
+    """The built-in --model as it came, with --run's plan ("plan") and with each --plan; held-out text
+    prompts; the forward speed-up --run reported (None without --run)."""
     base, tok = autoao.models.load(args.model, device=args.device)
-    plan = Plan.load(args.run / "plan.json")
-    calib = profile(base, autoao.models.text_inputs(tok, seq_len=256)).calibration if plan.layers else None
+    named = [("plan", args.run / "plan.json")] if args.run else []
+    named += [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.plan]
+    plans = {name: Plan.load(path) for name, path in named}
+    calib = (profile(base, autoao.models.text_inputs(tok, seq_len=256)).calibration
+             if any(p.layers for p in plans.values()) else None)
     prompts = [p.to(args.device) for p in
                autoao.models.text_inputs(tok, seq_len=args.prompt_tokens, n_seqs=args.rounds, held_out=True)]
-    reported = json.loads((args.run / "summary.json").read_text())["speedup"]["measured"]
-    return {"as it came": base, "plan": autoao.apply(copy.deepcopy(base), plan, calibration=calib)}, prompts, reported
+    reported = json.loads((args.run / "summary.json").read_text())["speedup"]["measured"] if args.run else None
+    models = {BASE: base}
+    models.update({name: autoao.apply(copy.deepcopy(base), p, calibration=calib) for name, p in plans.items()})
+    return models, prompts, reported
 
 
 def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float]:
@@ -129,25 +146,27 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
                           candidates=args.candidates.split(","), out_dir=args.out / "search", progress=True,
                           workload=workload)
     args.searched_workload = dataclasses.asdict(res.summary.workload) if res.summary.workload else None
-    return {"as it came": base, "plan": res.model}, prompts, res.summary.speedup.measured
+    return {BASE: base, "plan": res.model}, prompts, res.summary.speedup.measured
 
 
 def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generate.json").write_text(json.dumps(result, indent=1))
-    lines = [f"# generate(): {result['model']}, as it came vs {result['plan'] or 'unchanged'}", "",
+    reported = result["forward_speedup_reported"]
+    lines = [f"# generate(): {result['model']}, as it came vs {', '.join(result['plans']) or 'unchanged'}", "",
              f"`{result['command']}`; {result['date']}; {result.get('device', '')}; torch {result['torch']}, "
-             f"transformers {result.get('transformers', '')}; {result['threads']} threads; "
-             f"forward-pass speed-up the run reported: {result['forward_speedup_reported']:.3f}x", "",
-             "| mode | as it came tok/s | plan tok/s | plan / as it came (per-round range) | greedy tokens equal |",
-             "|---|---|---|---|---|"]
+             f"transformers {result.get('transformers', '')}; {result['threads']} threads"
+             + (f"; forward-pass speed-up the run reported for \"plan\": {reported:.3f}x" if reported else ""), "",
+             "| mode | plan | as it came tok/s | plan tok/s | plan / as it came (per-round range) | greedy tokens equal |",
+             "|---|---|---|---|---|---|"]
     for mode, r in rows.items():
-        t = r["tokens_per_s"]
         shown = "static cache, not compiled" if mode == "compiled" and args.device == "cpu" else mode
-        lines.append(f"| {shown} | {t['as it came']:.1f} | {t['plan']:.1f} | {r['ratio']:.3f}x "
-                     f"({r['ratio_range'][0]:.3f}-{r['ratio_range'][1]:.3f}) | {r['greedy_equal']} of {r['greedy_tokens']} |")
-    lines += [f"| {mode} | failed: {err} | | | |" for mode, err in result.get("errors", {}).items()]
-    lines += ["", f"The float32 twin of the model as it came reproduces {floor} of its "
+        for name, p in r["plans"].items():
+            lines.append(f"| {shown} | {name} | {r['tokens_per_s']:.1f} | {p['tokens_per_s']:.1f} | {p['ratio']:.3f}x "
+                         f"({p['ratio_range'][0]:.3f}-{p['ratio_range'][1]:.3f}) | {p['greedy_equal']} of {r['greedy_tokens']} |")
+    lines += [f"| {mode} | failed: {err} | | | | |" for mode, err in result.get("errors", {}).items()]
+    lines += ["", "Plans: " + "; ".join(f"{k}: {v}" for k, v in result["plans"].items()), "",
+              f"The float32 twin of the model as it came reproduces {floor} of its "
               f"{next(iter(rows.values()))['greedy_tokens']} greedy tokens (eager): the noise floor of the last column."]
     (args.out / "generate.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -157,6 +176,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", type=Path, help="an `autoao search` output folder of the built-in --model")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=PATH",
+                    help="one more side: a plan.json of the built-in --model (repeatable; needs --run or --plan-only)")
+    source.add_argument("--plan-only", action="store_true", help="only the --plan sides (no --run)")
     source.add_argument("--synthetic", choices=sorted(SYNTHETIC), help="search a random-init Llama here first")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--modes", default="eager")
@@ -170,7 +192,9 @@ def main() -> None:
     ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
                     help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()
-    models, prompts, reported = from_run(args) if args.run else from_search(args)
+    if any("=" not in spec for spec in args.plan) or (args.plan_only and not args.plan):
+        ap.error("--plan takes NAME=PATH; --plan-only needs at least one --plan")
+    models, prompts, reported = from_search(args) if args.synthetic else from_run(args)
     rows, errors = {}, {}
     for mode in args.modes.split(","):  # a mode that fails is recorded; the others still run
         try:
@@ -181,13 +205,14 @@ def main() -> None:
             print(f"{mode} failed: {errors[mode]}", flush=True)
     if not rows:
         raise SystemExit(f"every mode failed: {errors}")
-    floor = noise_floor(models["as it came"], prompts, next(iter(rows.values()))["tokens"], args.new_tokens)
+    floor = noise_floor(models[BASE], prompts, next(iter(rows.values()))["tokens"], args.new_tokens)
     for r in rows.values():
         r.pop("tokens")
     import transformers
 
     result = {"command": " ".join(["python", *sys.argv]), "model": args.synthetic or args.model,
-              "plan": autoao.plan_of(models["plan"]).summary(), "forward_speedup_reported": reported,
+              "plans": {k: autoao.plan_of(m).summary() for k, m in models.items() if k != BASE},
+              "forward_speedup_reported": reported,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "transformers": transformers.__version__,
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else

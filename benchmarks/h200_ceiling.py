@@ -4,7 +4,7 @@ table says is fastest, whatever it costs in accuracy), measured in one interleav
 
     source benchmarks/device_env.sh
     python3 benchmarks/h200_ceiling.py --model smollm2-135m --workload decode --budgets 0.01 \
-        --search-budget 240s --out $OUT/decode
+        --search-budget 240s --out $OUT/decode [--accuracies-from OLD/ceiling.json] [--save-plans DIR]
     python3 benchmarks/h200_ceiling.py --model smollm2-135m --workload prefill --no-search --out $OUT/prefill
     python3 benchmarks/h200_ceiling.py --synthetic smollm2-135m --workload decode --out $OUT/synthetic
     python benchmarks/h200_ceiling.py --model smollm2-135m --workload decode --smoke --out /tmp/ceil   # CPU check
@@ -23,8 +23,8 @@ of the workload; (2) plans as the search ships them (ModelBench.shipped: sibling
 choice, fused where the table says it pays, the timed kernel per layer): each uniform plan, and the
 ceiling; (3) the whole task's accuracy of the unchanged model and of each uniform plan and the
 ceiling (SmolLM2: lm-eval autoao_facts, all documents; --synthetic: none, random weights);
-(4) phase A: the unchanged model, every uniform plan within the largest budget and the ceiling,
-each compiled and captured as a CUDA graph once, then --rounds rounds replaying each in turn
+(4) phase A: the unchanged model, every uniform plan within the largest budget that the timing
+table does not price slower than the unchanged model, and the ceiling, each compiled and captured as a CUDA graph once, then --rounds rounds replaying each in turn
 (order rotated each round, L2 flushed before each replay), timed with events; (5) for each budget,
 autoao.optimize on the same workload (its candidates: the default space less the model's
 unrepresentative ones; --synthetic: a speed search, max_accuracy_drop=1), its plan's accuracy on
@@ -44,6 +44,7 @@ import gc
 import inspect
 import json
 import math
+import re
 import shutil
 import statistics
 import sys
@@ -244,7 +245,8 @@ def render(d: dict[str, Any]) -> str:
               "median us |", "|---|---|---|---|---|---|"]
     for name, p in d["plans"].items():
         s = sides.get(name)
-        acc = "n/a" if p.get("accuracy") is None else f"{p['accuracy']:.4f} ({p['drop_points']:+.2f})"
+        acc = "n/a" if p.get("accuracy") is None else f"{p['accuracy']:.4f} ({p['drop_points']:+.2f})" + (
+            ", scored in --accuracies-from" if p.get("reused") else "")
         pred = f"{p['predicted_speedup']:.3f}x" if p.get("predicted_speedup") else ""
         meas = f"{s['speedup']:.3f}x ({s['speedup_lo']:.3f}-{s['speedup_hi']:.3f})" if s else "not measured"
         comp = ", ".join(f"{k} x{v}" for k, v in (p.get("composition") or {}).items()) or "none"
@@ -264,6 +266,28 @@ def render(d: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def uniform_sides(rows: dict[str, Any], plans: dict[str, autoao.Plan], cost: CostModel, budgets: list[float],
+                  which: str) -> set[str]:
+    """The uniform plans phase A times: within the largest budget and not priced slower than the
+    unchanged model by the timing table (a plan nobody ships); with which="best", only the one
+    priced fastest within each budget."""
+    def within(name: str, budget: float) -> bool:
+        drop = rows.get(name, {}).get("drop_points", math.inf)
+        return drop is None or drop <= 100 * budget + 1e-9
+
+    base = cost.predict(autoao.Plan())
+    ok = [n for n, p in plans.items() if n.startswith("uniform ") and n in rows and cost.predict(p) <= base]
+    if which == "all":
+        return {n for n in ok if within(n, max(budgets, default=0.0))}
+    return {min(fits, key=lambda n: cost.predict(plans[n])) for b in budgets if (fits := [n for n in ok if within(n, b)])}
+
+
+def save_plan(folder: Path | None, name: str, plan: autoao.Plan) -> None:
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        plan.save(folder / (re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_") + ".json"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -281,6 +305,12 @@ def main() -> None:
                     "unrepresentative candidates)")
     ap.add_argument("--search-dir", type=Path, default=None, help="where optimize writes (default under --out); "
                     "plan.json, summary.json and context.json are kept")
+    ap.add_argument("--uniform-sides", choices=("all", "best"), default="all", help="phase A: every uniform plan "
+                    "within the largest budget, or only each budget's best (the one the timing table prices fastest)")
+    ap.add_argument("--accuracies-from", type=Path, default=None, help="a ceiling.json of the same model and task: "
+                    "plans of the same composition take its accuracy instead of scoring again (marked 'reused')")
+    ap.add_argument("--save-plans", type=Path, default=None, help="write each side's plan here as NAME.json (spaces "
+                    "and brackets as _), for generate_bench.py --plan")
     ap.add_argument("--smoke", action="store_true", help="CPU: eager timing, 24 lm-eval documents")
     ap.add_argument("--no-search", action="store_true", help="phase A only: the budgets pick the uniform plans timed")
     args = ap.parse_args()
@@ -344,23 +374,32 @@ def main() -> None:
             plans[f"uniform {c}"] = p
     ceiling_params = {g.name: min(g.choices, key=lambda c: group_us(g, c)) for g in groups}
     plans["ceiling"] = bench.shipped(ceiling_params, ceiling=True)
+    for pname, p in plans.items():
+        save_plan(args.save_plans, pname, p)
 
-    # (3) accuracies
-    t = time.perf_counter()
-    base_acc = accuracy(model)
-    rec.data["plans"]["unchanged"] = {"accuracy": base_acc, "drop_points": 0.0 if base_acc is not None else None,
-                                      "composition": {}, "eval_s": time.perf_counter() - t}
+    # (3) accuracies (or a previous run's, for the same composition: same weights, kernels and task)
+    earlier = json.loads(args.accuracies_from.read_text())["plans"] if args.accuracies_from else {}
+
+    def scored(pname: str, m: nn.Module, composition: dict[str, int]) -> dict[str, Any]:
+        old = earlier.get(pname, {})
+        if old.get("accuracy") is not None and old.get("composition", {}) == composition:
+            return {"accuracy": old["accuracy"], "reused": str(args.accuracies_from)}
+        t = time.perf_counter()
+        return {"accuracy": accuracy(m), "eval_s": time.perf_counter() - t}
+
+    row = scored("unchanged", model, {})
+    base_acc = row["accuracy"]
+    rec.data["plans"]["unchanged"] = {**row, "drop_points": 0.0 if base_acc is not None else None, "composition": {}}
     rec.write()
     applied: dict[str, nn.Module] = {}
     for pname, p in plans.items():
         try:
             q = autoao.apply(copy.deepcopy(model), p, calibration=work.prof.calibration)
-            t = time.perf_counter()
-            acc = accuracy(q)
+            row = scored(pname, q, p.summary())
             applied[pname] = q
-            rec.data["plans"][pname] = {
-                "composition": p.summary(), "fusions": len(p.fusions), "accuracy": acc,
-                "drop_points": None if acc is None else 100 * (base_acc - acc), "eval_s": time.perf_counter() - t}
+            acc = row["accuracy"]
+            rec.data["plans"][pname] = {"composition": p.summary(), "fusions": len(p.fusions), **row,
+                                        "drop_points": None if acc is None else 100 * (base_acc - acc)}
         except Exception as e:  # noqa: BLE001 - one plan failing is a row
             rec.data["errors"].append(f"{pname}: {type(e).__name__}: {e}"[:400])
         rec.write()
@@ -368,13 +407,11 @@ def main() -> None:
         rec.data["plans"]["ceiling"]["params"] = {g: c for g, c in ceiling_params.items() if c != BASELINE}
 
     # (4) phase A: the unchanged model, the uniform plans within the largest budget, the ceiling
-    max_drop = 100 * max(budgets, default=0.0)
     sides = Sides(examples, cuda)
     try:
         sides.add("unchanged", model)
         for pname, q in applied.items():
-            acc_row = rec.data["plans"][pname]
-            if pname == "ceiling" or acc_row["drop_points"] is None or acc_row["drop_points"] <= max_drop + 1e-9:
+            if pname == "ceiling" or pname in uniform_sides(rec.data["plans"], plans, cost, budgets, args.uniform_sides):
                 sides.add(pname, q)
         rec.data["phase_a"] = sides.rounds(args.rounds)
     except Exception as e:  # noqa: BLE001
@@ -412,6 +449,7 @@ def main() -> None:
                                     "accuracy": acc, "drop_points": r["drop_points"]}
         if predict is not None:
             rec.data["plans"][pname]["predicted_speedup"] = predict.predict(autoao.Plan()) / predict.predict(res.plan)
+        save_plan(args.save_plans, pname, res.plan)
         if res.plan.layers:
             try:
                 sides.add(pname, res.model)

@@ -334,6 +334,48 @@ def test_the_judges_bisect_the_pareto_front_from_the_screened_best(monkeypatch):
         "the 5 plans predicted faster were not judged (no checks or time left)")
 
 
+def test_after_a_break_the_screen_scaled_by_it_picks_the_next_plan(monkeypatch):
+    """A plan that broke scales the screen: the next plan judged is the fastest the scaled screen
+    keeps within the budget, not the one halfway down the front. Only breaks scale it (a plan that
+    held, or stayed unresolved, says nothing of how far the screen runs ahead), and where no plan
+    scales within the budget the halfway plan is judged as before."""
+    from autoao import choose as C
+    from autoao.decisions import Judged
+    from autoao.ledger import RunLedger
+
+    outcome, trials = _front(8, best=2)  # screen drops 0.10, 0.09, ... 0.03 for trials 0..7
+
+    def run(status_of, drop_of):
+        judged = []
+
+        def judge_plan(r, bench, judges_, plan_, ledger):
+            judged.append(r.number)
+            status = status_of(r.number)
+            return Judged(r.number, r.predicted_ms, r.drop, status, (_verdict(status, drop_of(r.number)),), 0.05)
+
+        monkeypatch.setattr(C, "judge_plan", judge_plan)
+        choice = C.choose(outcome, None, _judges(tier2=True), _time_plan(), RunLedger(Budget(trials=1), progress=False))
+        return choice, judged
+
+    # trial 2 (screen 0.08) breaks at 1.2x the budget: 15 budgets per unit of screen drop, so trial
+    # 4 (screen 0.06: 0.9 of the budget) is the fastest predicted to hold; trial 3 (1.05) is not
+    choice, judged = run(lambda n: "holds" if n >= 4 else "breaks", lambda n: 0.012 if n < 4 else 0.004)
+    assert judged == [2, 4, 3] and choice.trial is trials[4]
+    assert choice.decisions[-1].describe().startswith("chose trial 4: the fastest plan of the Pareto front that held, in 3 checks")
+    # the same front judged by plain halving needs a fourth check: 2, 5, 3, 4
+    monkeypatch.setattr(C, "next_index", lambda front, lo, hi, judged: (lo + hi) // 2)
+    choice, judged = run(lambda n: "holds" if n >= 4 else "breaks", lambda n: 0.012 if n < 4 else 0.004)
+    assert judged == [2, 5, 3, 4] and choice.trial is trials[4]
+    monkeypatch.undo()
+
+    # a break far over the budget scales every plan out of it: halfway, as before (2, then 5)
+    choice, judged = run(lambda n: "holds" if n >= 5 else "breaks", lambda n: 0.2 if n < 5 else 0.004)
+    assert judged[:2] == [2, 5]
+    # an unresolved plan scales nothing, whatever its drop: halfway again
+    choice, judged = run(lambda n: "holds" if n >= 5 else "unresolved", lambda n: 0.012 if n < 5 else 0.004)
+    assert judged[:2] == [2, 5]
+
+
 def test_a_screened_best_that_changes_no_layer_is_judged_no_further_where_the_proxy_decides(monkeypatch):
     """Where the proxy decides, the screen is the budget itself: when the fastest plan it admits is
     the unchanged model, no plan past it is judged, and that trial is the choice (finalize says
