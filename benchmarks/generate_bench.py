@@ -115,7 +115,7 @@ def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list
     named = [("plan", args.run / "plan.json")] if args.run else []
     named += [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.plan]
     plans = {name: Plan.load(path) for name, path in named}
-    calib = (profile(base, autoao.models.text_inputs(tok, seq_len=256)).calibration
+    calib = (profile(base, [t.to(args.device) for t in autoao.models.text_inputs(tok, seq_len=256)]).calibration
              if any(p.layers for p in plans.values()) else None)
     prompts = [p.to(args.device) for p in
                autoao.models.text_inputs(tok, seq_len=args.prompt_tokens, n_seqs=args.rounds, held_out=True)]
