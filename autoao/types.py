@@ -83,6 +83,11 @@ class Budget:
 
 HOLDS, BREAKS, UNRESOLVED = "holds", "breaks", "unresolved"
 CONFIDENCE = 0.95  # every interval: two-sided, over all the looks a judge took (Bonferroni)
+# tier 2 on lm-eval: the unmodified model's first-look documents are scored both as the judges score
+# (one document a forward) and as lm-eval usually batches (LMEVAL_BATCH requests a forward); the
+# documents whose outcome differs, and how many were compared, are baseline metrics "task/<name>"
+LMEVAL_BATCH = 8
+BATCH_FLIPS, BATCH_COMPARED = f"flips at batch {LMEVAL_BATCH}", f"documents at batch {LMEVAL_BATCH}"
 
 
 @dataclass(frozen=True)

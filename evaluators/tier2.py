@@ -13,6 +13,9 @@ the documents not scored (the finite-population correction), on all of it the dr
 Each document's score is cached on disk per (task, model weights, plan), so no document is scored
 twice for the same plan. Each document's requests run in one forward of their own, so its score
 depends on it alone, whichever look scores it (a bf16 model's scores move with their batch-mates).
+So the drop is exact for this scoring: `probe` also scores the unmodified model's first-look
+documents the way lm-eval usually runs (LMEVAL_BATCH requests a forward) and counts those whose
+outcome differs, which the report sets against the budget (how far a re-score elsewhere can move).
 
 The user's metric, `fn(model) -> float`, is judged as exact: one number, measured whole. The
 optional protocol for per-item evidence: `fn(model)` returns a sequence (list, tuple or 1-D
@@ -31,7 +34,7 @@ import torch
 from torch import nn
 
 from autoao.evaluators.cache import ResultCache
-from autoao.types import Accuracy, Evidence, Stratum
+from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, Accuracy, Evidence, Stratum
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
 # seconds per document when every probed document came from the cache and no rate was stored with
@@ -61,6 +64,7 @@ class LmEvalJudge:
         self.order = {t: random.Random(f"{seed}:{t}").sample(range(n), n) for t, n in self.sizes.items()}
         self.baseline_key: str | None = None
         self.seconds_per_doc = 0.0  # measured by `probe`
+        self.batching: dict[str, tuple[int, int]] = {}  # task -> (flips, documents): `probe`'s comparison
         self._scores: dict[tuple[str, str], dict[int, dict[str, float]]] = {}  # (task, key) -> doc -> score
 
     @property
@@ -90,7 +94,28 @@ class LmEvalJudge:
         else:
             hit = self.cache.get(rate_key) if self.cache is not None else None
             self.seconds_per_doc = float(hit["seconds_per_doc"]) if hit else UNKNOWN_RATE_S
+        self.batching = self._batched(reference, key)
         return self.seconds_per_doc
+
+    def _batched(self, reference: nn.Module, key: str) -> dict[str, tuple[int, int]]:
+        """Task -> (documents of the first look whose outcome changes when lm-eval scores them
+        LMEVAL_BATCH requests a forward instead of one document a forward, documents compared);
+        cached."""
+        docs = {t: sorted(self.order[t][:n]) for t, n in self.documents(0).items()}
+        cache_key = f"tier2-batched:{sorted(self.tasks)}:{LMEVAL_BATCH}:{key}"
+        hit = self.cache.get(cache_key) if self.cache is not None else None
+        if hit is None:
+            result = self._lmeval.evaluate(reference, self.tokenizer, list(docs), samples=docs,
+                                           batch_size=LMEVAL_BATCH)
+            hit = {t: {str(d): v["score"] for d, v in result.per_doc.get(t, {}).items()} for t in docs}
+            if self.cache is not None:
+                self.cache.put(cache_key, hit)
+        out = {}
+        for task, ids in docs.items():
+            one, batched = self._cached(task, key), hit.get(task, {})
+            both = [d for d in ids if d in one and str(d) in batched]
+            out[task] = (sum(one[d]["score"] != batched[str(d)] for d in both), len(both))
+        return out
 
     def unscored(self, key: str) -> int:
         """How many documents of the tasks have no score for the model `key` names yet (in memory or
@@ -109,6 +134,8 @@ class LmEvalJudge:
             if scored:
                 metrics[f"{task}/acc"] = sum(scored) / len(scored)
                 metrics[f"{task}/documents"] = float(len(scored))
+        for task, (flips, compared) in self.batching.items():
+            metrics[f"{task}/{BATCH_FLIPS}"], metrics[f"{task}/{BATCH_COMPARED}"] = float(flips), float(compared)
         accs = [v for k, v in metrics.items() if k.endswith("/acc")]
         return (sum(accs) / len(accs) if accs else None), metrics
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from autoao.decisions import Judged
 from autoao.records import RunContext, RunSummary, TrialRecord
-from autoao.types import Verdict
+from autoao.types import BATCH_COMPARED, BATCH_FLIPS, Verdict
 
 # The proxy's metrics (keys of AccuracySpec.baseline_tier1 and of a trial's Accuracy.metrics):
 # (label, what it measures, higher is better). {base}: the unchanged model's name on the page.
@@ -113,6 +113,8 @@ def _tier2_rows(ctx: RunContext, summary: RunSummary | None, unchanged: bool, mi
                       f"({', '.join(acc.tasks)})", 2, source, acc.baseline_tier2, score, missing, True, on)]
     for key, value in acc.baseline_tier2_metrics.items():
         task, _, name = key.partition("/")
+        if name in (BATCH_FLIPS, BATCH_COMPARED):  # the scoring's comparison, not a metric: a warning where it matters
+            continue
         plan = final.metrics.get(key) if final is not None else None
         rows.append(MetricRow(key, f"lm-eval task {task}, its metric {name or key}", 2, source, value, plan, missing,
                               "perplexity" not in key and "bits" not in key, on if plan is not None else None))

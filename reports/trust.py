@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoao.decisions import BusyCpu, NothingToTry
 from autoao.records import RunContext, RunSummary
-from autoao.types import Budget
+from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, Budget
 
 # Above this a speed-up says more about the measurement than the plan: int4 weights are 4x fewer
 # bytes than bf16, and 2:4 sparsity with int8 at most about 8x fewer operations.
@@ -101,6 +101,7 @@ def warnings(ctx: RunContext, summary: RunSummary | None, emulated: list[str], p
         out.append("Other work had this machine during the run, so its timings and speed-ups are less trustworthy "
                    "than they look: " + "; ".join(signs) + ". Run again on an idle machine to confirm them.")
     out += _timing_warnings(ctx)
+    out += scoring_warnings(ctx)
     if ctx.int4_grid_layers:
         g32 = next((c for c in ctx.candidates if c.name == GRID_CANDIDATE), None)
         out.append(f"The weights of {ctx.int4_grid_layers} of {len(ctx.layers)} layers sit on a 4-bit grid of groups "
@@ -109,6 +110,24 @@ def warnings(ctx: RunContext, summary: RunSummary | None, emulated: list[str], p
                    + (" (it was left out of this search)" if g32 is not None and g32.status == "left out" else ""))
     out += _speed_warnings(ctx, summary, emulated, predicted, base)
     return tuple(out)
+
+
+def scoring_warnings(ctx: RunContext) -> list[str]:
+    """Tasks on which lm-eval's batched scoring changes the outcome of a larger share of the model's
+    first documents than the budget: the verdicts (one document a forward) are exact for that
+    scoring, and a re-score at another batch size can move the drop by about that share."""
+    metrics, out = ctx.accuracy.baseline_tier2_metrics, []
+    for key, flips in metrics.items():
+        task, _, name = key.partition("/")
+        compared = metrics.get(f"{task}/{BATCH_COMPARED}", 0.0)
+        if name == BATCH_FLIPS and compared and flips / compared > ctx.max_accuracy_drop:
+            out.append(f"On {task}, {flips:.0f} of the {compared:.0f} documents first scored answer differently when "
+                       f"lm-eval scores them {LMEVAL_BATCH} requests a forward rather than one document a forward, "
+                       f"as every verdict here does: {flips / compared:.2%} of them, more than the budget of "
+                       f"{ctx.max_accuracy_drop:.2%}. The verdicts are exact for this run's scoring; a re-score at "
+                       f"another batch size can move the drop by about that much (the model's numbers round "
+                       f"differently with their batch-mates).")
+    return out
 
 
 def _timing_warnings(ctx: RunContext) -> list[str]:

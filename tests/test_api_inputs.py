@@ -228,9 +228,10 @@ def _lm_eval_judge(monkeypatch, bench: _Bench, flipped: set[int], docs: int = 10
 
     scored: dict[str, list[int]] = {"reference": [], "plan": []}
 
-    def evaluate(model, tokenizer, tasks, samples, per_document):
+    def evaluate(model, tokenizer, tasks, samples, per_document=False, batch_size=8):
         ids = samples["t"]
-        scored[bench.side] += ids
+        if per_document:  # the judge's scoring; the probe's batched comparison is not counted
+            scored[bench.side] += ids
         right = {d: 0.0 if bench.side == "plan" and d in flipped else 1.0 for d in ids}
         return SimpleNamespace(per_doc={"t": {d: {"score": v} for d, v in right.items()}})
 
@@ -239,6 +240,39 @@ def _lm_eval_judge(monkeypatch, bench: _Bench, flipped: set[int], docs: int = 10
     judge = LmEvalJudge(None, ["t"], cache=None)
     judge.probe(bench.model, "base")
     return judge, scored
+
+
+def test_the_probe_counts_first_documents_that_answer_differently_when_batched(monkeypatch):
+    """probe scores the first look's documents of the unmodified model a second time as lm-eval
+    batches them; the documents whose outcome differs are counted, reach the run's baseline metrics,
+    and the report warns only where their share exceeds the budget."""
+    from autoao.evaluators import lmeval
+    from autoao.evaluators.tier2 import LmEvalJudge
+    from autoao.reports.trust import scoring_warnings
+    from autoao.types import BATCH_COMPARED as COMPARED, BATCH_FLIPS as FLIPS
+
+    moved = {3, 17}  # batched, these documents answer wrong
+
+    def evaluate(model, tokenizer, tasks, samples, per_document=False, batch_size=8):
+        ids = samples["t"]
+        wrong = set() if per_document else moved
+        return SimpleNamespace(per_doc={"t": {d: {"score": 0.0 if d in wrong else 1.0} for d in ids}})
+
+    monkeypatch.setattr(lmeval, "task_sizes", lambda tasks: {"t": 1000})
+    monkeypatch.setattr(lmeval, "evaluate", evaluate)
+    judge = LmEvalJudge(None, ["t"], cache=None)
+    judge.order["t"] = list(range(1000))  # the first look: documents 0..63
+    judge.probe(object(), "base")
+    assert judge.batching == {"t": (2, 64)}
+    _, metrics = judge.baseline_scores(0)
+    assert metrics[f"t/{FLIPS}"] == 2.0 and metrics[f"t/{COMPARED}"] == 64.0 and metrics["t/acc"] == 1.0
+
+    def ctx(max_drop):
+        return SimpleNamespace(accuracy=SimpleNamespace(baseline_tier2_metrics=metrics), max_accuracy_drop=max_drop)
+
+    (said,) = scoring_warnings(ctx(0.01))  # 2 of 64 is 3.1%, over a 1-point budget
+    assert said.startswith("On t, 2 of the 64 documents first scored answer differently") and "3.12%" in said
+    assert scoring_warnings(ctx(0.05)) == []  # within a 5-point budget: nothing to say
 
 
 @pytest.mark.parametrize("flips, status, documents", [
