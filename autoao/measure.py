@@ -246,9 +246,9 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     if isinstance(tier2, LmEvalJudge):
         ledger.say("the unmodified model on the tasks' first documents (tier 2)")
         per_doc = tier2.probe(model, base_key)
-        ledger.say("scored as lm-eval batches them instead, the first documents change their answer on "
-                   + ", ".join(f"{t}: {f} of {n}" for t, (f, n) in tier2.batching.items())
-                   + " (the verdicts score one document a forward)")
+        ledger.say("lm-eval's batching changes the answer of " + ", ".join(
+            f"{f} of the first {n} documents of {t}" for t, (f, n) in tier2.batching.items())
+            + " (the verdicts score one document a forward)")
         # a plan's side at worst scores every document; the unmodified model's only those a
         # previous run left unscored (the cache keeps them)
         check_s = check_s + per_doc * sum(tier2.sizes.values())

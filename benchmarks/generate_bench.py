@@ -25,7 +25,10 @@ greedy `generate()` of --new-tokens tokens (min = max, so both produce the same 
 Per mode and plan: the median tokens/s of each side, the plan's ratio to the model as it came with
 the per-round range, and how many of the plan's generated tokens equal the unchanged model's (positionwise, all rounds' prompts). Runs on
 the device the model is loaded to (--device). Next to it, the same count for the unchanged model's
-float32 twin: its noise floor. Writes DIR/generate.json and DIR/generate.md.
+float32 twin: its noise floor. With --profile, one more generate() per side and mode under
+torch.profiler: wall and device (kernel) ms a token and the host ranges that say where a compiled
+step's time outside its kernels goes (dynamo's cache lookups, compiled regions, CUDA graph and
+kernel launches, device syncs). Writes DIR/generate.json and DIR/generate.md.
 """
 
 from __future__ import annotations
@@ -93,6 +96,31 @@ def side_by_side(models: dict[str, torch.nn.Module], prompts: list[torch.Tensor]
             "greedy_tokens": new_tokens * len(prompts), "tokens": tokens[BASE]}
 
 
+# host-side ranges of one generate() whose time says where a compiled step's time outside its
+# kernels goes (their names as torch.profiler records them in torch 2.11)
+HOST_RANGES = {"dynamo cache lookups": "TorchDynamo Cache Lookup", "compiled regions": "Torch-Compiled Region",
+               "CUDA graph launches": "cudaGraphLaunch", "kernel launches": "cudaLaunchKernel",
+               "device syncs": "aten::_local_scalar_dense"}
+
+
+def profiled(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, mode: str) -> dict[str, object]:
+    """One generate() (after the timed rounds, so warm) under torch.profiler, per generated token:
+    wall ms, the device's kernel ms, and the count and host ms of each HOST_RANGES range."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.is_cuda else [])
+    with profile(activities=activities) as prof:
+        _, seconds = generate(model, ids, new_tokens, mode)
+    events = prof.key_averages()
+    out: dict[str, object] = {"wall_ms": 1e3 * seconds / new_tokens,
+                              "device_ms": sum(e.self_device_time_total for e in events) / 1e3 / new_tokens}
+    for label, name in HOST_RANGES.items():
+        hits = [e for e in events if e.key.startswith(name)]  # "Torch-Compiled Region: 0/1" names its entry
+        out[label] = {"count": sum(e.count for e in hits) / new_tokens,
+                      "host_ms": sum(e.cpu_time_total for e in hits) / 1e3 / new_tokens}
+    return out
+
+
 def noise_floor(base: torch.nn.Module, prompts: list[torch.Tensor], reference: list[torch.Tensor], new_tokens: int) -> int:
     """How many of the unchanged model's greedy tokens its float32 twin reproduces (untimed): the
     agreement a plan is read against, since one changed token changes the rest of a continuation."""
@@ -100,12 +128,16 @@ def noise_floor(base: torch.nn.Module, prompts: list[torch.Tensor], reference: l
     return sum(int((generate(twin, ids, new_tokens, "eager")[0] == ref).sum()) for ids, ref in zip(prompts, reference))
 
 
-# random-init transformers Llamas for --synthetic: Llama-3.2-1B-like shapes (hidden 2048, 16 layers,
-# ffn 8192), and a tiny one that runs anywhere (the script's own check)
+# random-init transformers Llamas of real models' shapes (speed only), for --synthetic here and in
+# h200_ceiling.py: Llama-3.2-1B-like (hidden 2048, 16 layers, ffn 8192), SmolLM2-135M's, and a tiny
+# one that runs anywhere (the scripts' own checks)
 SYNTHETIC = {"llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048),
+             "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                  num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                                  tie_word_embeddings=True, rms_norm_eps=1e-5),
              "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)}
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)}
 
 
 def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float | None]:
@@ -165,6 +197,14 @@ def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> Non
             lines.append(f"| {shown} | {name} | {r['tokens_per_s']:.1f} | {p['tokens_per_s']:.1f} | {p['ratio']:.3f}x "
                          f"({p['ratio_range'][0]:.3f}-{p['ratio_range'][1]:.3f}) | {p['greedy_equal']} of {r['greedy_tokens']} |")
     lines += [f"| {mode} | failed: {err} | | | | |" for mode, err in result.get("errors", {}).items()]
+    for mode, r in rows.items():
+        if "profile" in r:
+            lines += ["", f"Profiled, {mode}, per generated token (one generate() a side after the rounds):", "",
+                      "| side | wall ms | device ms | " + " | ".join(f"{k} (n, host ms)" for k in HOST_RANGES) + " |",
+                      "|---|---|---|" + "---|" * len(HOST_RANGES)]
+            for side, p in r["profile"].items():
+                lines.append(f"| {side} | {p['wall_ms']:.3f} | {p['device_ms']:.3f} | " + " | ".join(
+                    f"{p[k]['count']:.1f}, {p[k]['host_ms']:.3f}" for k in HOST_RANGES) + " |")
     lines += ["", "Plans: " + "; ".join(f"{k}: {v}" for k, v in result["plans"].items()), "",
               f"The float32 twin of the model as it came reproduces {floor} of its "
               f"{next(iter(rows.values()))['greedy_tokens']} greedy tokens (eager): the noise floor of the last column."]
@@ -189,6 +229,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m", help="the built-in model the run searched")
     ap.add_argument("--budget", default="3m", help="--synthetic: optimize's budget")
     ap.add_argument("--candidates", default="bf16,int4_wo(group_size=128)", help="--synthetic: its candidates")
+    ap.add_argument("--profile", action="store_true", help="after each mode's rounds, one generate() per side "
+                    "under torch.profiler: wall and device ms a token, dynamo lookups, graph and kernel launches, syncs")
     ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
                     help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()
@@ -199,6 +241,8 @@ def main() -> None:
     for mode in args.modes.split(","):  # a mode that fails is recorded; the others still run
         try:
             rows[mode] = side_by_side(models, prompts, args.new_tokens, mode)
+            if args.profile:
+                rows[mode]["profile"] = {k: profiled(m, prompts[0], args.new_tokens, mode) for k, m in models.items()}
             print(mode, json.dumps({k: v for k, v in rows[mode].items() if k != "tokens"}), flush=True)
         except Exception as e:  # noqa: BLE001
             errors[mode] = f"{type(e).__name__}: {e}"[:1000]

@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
+from generate_bench import SYNTHETIC  # noqa: E402  random-init Llamas of real models' shapes
 from h200_rows import DEMO_TASK, environment, keep_small, search_record  # noqa: E402
 
 import autoao  # noqa: E402
@@ -73,13 +74,6 @@ from autoao.measure import layer_choices, time_candidates, workload_timing  # no
 from autoao.search import make_groups, uniform_params  # noqa: E402
 from autoao.workload import build_workload  # noqa: E402
 
-SYNTHETIC = {  # random-init transformers Llamas of real models' shapes (speed only)
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                         tie_word_embeddings=True, rms_norm_eps=1e-5),
-    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
-}
 
 
 ##### the workload ##############################################################################
