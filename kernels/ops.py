@@ -21,6 +21,19 @@ import torch
 EAGER: dict[str, Callable[..., Any]] = {}
 
 
+# Launch geometry on the host, in plain int arithmetic: triton.cdiv and triton.next_power_of_2 are
+# ConstexprFunctions, 1.8 us a call from Python (results/2026-12-03-cpu/host-overhead), and an eager
+# GEMV made three of them a call, on each of a decoding model's 211 layers a token.
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def call_op(name: str, *args: Any) -> Any:
     """torch.ops.autoao.<name>(*args) while torch.compile traces; otherwise the function the op
     wraps (EAGER[name]): the same kernel, without the custom op's dispatch."""

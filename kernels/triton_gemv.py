@@ -43,7 +43,7 @@ import triton.language as tl
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
 from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
-from autoao.kernels.ops import EAGER
+from autoao.kernels.ops import EAGER, cdiv, next_pow2
 
 MMA_MAX_ROWS = 16  # the tensor-core int4 kernel pads x to 16 rows: up to 16 cost what 1 does
 
@@ -330,8 +330,8 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
     m = x.shape[0]
     shape, dtype = ((m, n), x.dtype) if cfg.split_k == 1 else ((cfg.split_k, m, n), torch.float32)
     y = torch.empty(shape, dtype=dtype, device=x.device)
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    block_m = triton.next_power_of_2(m)
+    grid = (cdiv(n, cfg.block_n), cfg.split_k)
+    block_m = next_pow2(m)
     meta = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if kind == "int4":
@@ -376,7 +376,7 @@ def int4_max_rows(k: int, group: int) -> int:
 def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int) -> Config:
     """The fastest config for (kind, N, K, M, group), timed once per process on a CUDA device."""
     m = x.shape[0]
-    key = (kind, n, k, triton.next_power_of_2(m), group, x.dtype, x.device.index)
+    key = (kind, n, k, next_pow2(m), group, x.dtype, x.device.index)
     cfg = _TUNED.get(key)
     if cfg is not None:
         return cfg
@@ -403,7 +403,7 @@ def _finish(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     split_k, m, n = y.shape
     out = torch.empty((m, n), dtype=dtype, device=y.device)
     block = 1024
-    _sum_splits_kernel[(triton.cdiv(m * n, block),)](y, out, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
+    _sum_splits_kernel[(cdiv(m * n, block),)](y, out, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
     return out
 
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from autoao.kernels.quant import EPS, FP8_DTYPE, FP8_MAX, INT8_MAX
-from autoao.kernels.ops import EAGER
+from autoao.kernels.ops import EAGER, cdiv, next_pow2
 
 _RNE_MAGIC = 12582912.0  # 1.5 * 2**23: (y + M) - M rounds fp32 y to nearest even integer
 
@@ -67,7 +67,7 @@ def per_token_quant_triton(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.
     m, k = x.shape
     q = torch.empty((m, k), dtype=qdtype, device=x.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    block_k = min(triton.next_power_of_2(k), 4096)
+    block_k = min(next_pow2(k), 4096)
     num_warps = 4 if block_k <= 1024 else 8
     is_int8 = qdtype == torch.int8
     _per_token_quant_kernel[(m,)](
@@ -127,7 +127,7 @@ def scaled_epilogue_triton(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: to
     out = torch.empty((m, n), dtype=out_dtype, device=acc.device)
     # acc may be a transposed view (cuSPARSELt writes [N, M]); tile so both layouts stay coalesced
     block_m, block_n = (64, 64) if acc.stride(0) == 1 else (16, 128)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    grid = (cdiv(m, block_m), cdiv(n, block_n))
     _scaled_epilogue_kernel[grid](
         acc, x_scale, w_scale if w_scale is not None else x_scale, bias if bias is not None else x_scale,
         out, m, n, acc.stride(0), acc.stride(1), out.stride(0), out.stride(1),

@@ -51,3 +51,16 @@ def test_every_registered_op_has_its_eager_function():
     for name in ("int4_gemv", "per_channel_gemv", "per_token_quant", "scaled_epilogue", "int4_gemv_cuda",
                  "int4_dequant_cuda", "cslt_mm"):
         assert hasattr(torch.ops.autoao, name) and callable(EAGER[name]), name
+
+
+def test_the_host_geometry_helpers_agree_with_tritons():
+    """kernels.ops.cdiv / next_pow2 replace triton.cdiv / next_power_of_2 (slow ConstexprFunctions
+    when called from Python) in the eager launch paths: the same numbers for every size used."""
+    triton = pytest.importorskip("triton")
+    from autoao.kernels.ops import cdiv, next_pow2
+
+    for n in range(1, 9000):
+        assert next_pow2(n) == triton.next_power_of_2(n), n
+    for a in range(1, 5000, 3):
+        for b in (1, 3, 16, 64, 128, 1024):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)

@@ -1,0 +1,85 @@
+"""Host time of one eager weight-only GEMV call (int8_wo / fp8_wo on CUDA), the device launch stubbed:
+what autoao's module costs a decoding model per layer before any kernel runs, with the launch
+geometry computed by triton.cdiv / triton.next_power_of_2 (ConstexprFunctions) against plain int
+arithmetic (kernels/ops.cdiv, next_pow2), the two variants interleaved.
+
+    python benchmarks/host_overhead.py --out benchmarks/results/2026-12-03-cpu/host-overhead
+
+Runs on the CPU: the Triton kernel's launch is replaced by a stub and the launch config is put in
+the tuner's cache as a CUDA run leaves it, so every other line of the CUDA path runs as it does
+there (the module's forward, the custom-op bypass, the row checks, the tuner lookup, the output
+allocation, the geometry). Shapes: SmolLM2-135M's q/o (576x576) and gate/up (1536x576), one token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from torch import nn
+
+import autoao.kernels.triton_gemv as tg
+from autoao import search_space
+
+
+def per_call_us(fn, n: int = 20000) -> float:
+    for _ in range(n // 10):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+class _Stub:
+    """Stands for a @triton.jit kernel: kernel[grid](...) records nothing and launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tg._per_channel_kernel, tg._sum_splits_kernel = _Stub(), _Stub()
+    x = torch.randn(1, 1, 576, dtype=torch.bfloat16)
+    variants = {"triton's ConstexprFunctions": (triton.cdiv, triton.next_power_of_2), "plain ints": (tg.cdiv, tg.next_pow2)}
+    rows: dict[str, dict[str, list[float]]] = {}
+    with torch.no_grad():
+        for n in (576, 1536):
+            m = search_space.get("int8_wo").build(nn.Linear(576, n, bias=False).to(torch.bfloat16))
+            m._gemv, m.kernel_at = True, (lambda rows: "triton")  # the CUDA route at M = 1
+            key = ("int8", n, 576, 1, 0, torch.bfloat16, None)  # as _tune caches it after a CUDA sweep
+            tg._TUNED[key] = tg._DEFAULT
+            for _ in range(args.rounds):  # interleaved: one call series per variant, in turn
+                for name, (cdiv, pow2) in variants.items():
+                    tg.cdiv, tg.next_pow2 = cdiv, pow2
+                    rows.setdefault(f"{n}x576", {}).setdefault(name, []).append(per_call_us(lambda: m(x)))
+    tg.cdiv, tg.next_pow2 = variants["plain ints"]
+    helpers = {"triton.cdiv": per_call_us(lambda: triton.cdiv(576, 16), 200000),
+               "triton.next_power_of_2": per_call_us(lambda: triton.next_power_of_2(1), 200000),
+               "ops.cdiv": per_call_us(lambda: tg.cdiv(576, 16), 200000),
+               "ops.next_pow2": per_call_us(lambda: tg.next_pow2(1), 200000)}
+    result = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__, "triton": triton.__version__,
+              "machine": platform.processor() or platform.machine(), "threads": 1, "helpers_us": helpers,
+              "module_call_us": {shape: {k: {"median": statistics.median(v), "rounds": v} for k, v in by.items()}
+                                 for shape, by in rows.items()}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host_overhead.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "module_call_us"}, indent=1))
+    for shape, by in result["module_call_us"].items():
+        print(shape, {k: round(v["median"], 2) for k, v in by.items()})
+
+
+if __name__ == "__main__":
+    main()
