@@ -1,0 +1,85 @@
+"""What a compiled decode step pays before its graph runs: dynamo's guard evaluation, per call, for
+SmolLM2-135M as it came and with autoao plans (uniform int8_wo, unfused and with its q/k/v and
+gate/up groups fused). transformers' compiled generate() evaluates the guards once a token; a
+captured CUDA graph replayed directly (autoao's own measurements) never does.
+
+    python benchmarks/guard_latency.py --out benchmarks/results/2026-12-03-cpu/guard-latency
+
+Each side's decode step (a static cache of 64 slots holding a 32-token prompt) is compiled by dynamo
+alone (backend "eager": the guards are dynamo's, whatever the backend), and dynamo's own guard
+profiler (the one behind its "Guard eval latency" log line, which flushes the CPU caches before
+each evaluation) is run 5 x 200 times on the frame's locals at compile time; the best of the five
+means is kept; --repeats compiles per side, in turn. Also the leaf guards the tree's child managers
+hold (a lower bound of its guards: dict entries' own managers are not walked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import torch._dynamo.guards as dynamo_guards
+
+import autoao
+import autoao.models as models
+from autoao.plan import Plan
+from autoao.profile import profile
+
+
+def guards(manager) -> int:
+    """Leaf guards in a guard tree."""
+    return len(manager.get_leaf_guards()) + sum(guards(c) for c in manager.get_child_managers())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--repeats", type=int, default=3, help="compiles of each side, in turn")
+    args = ap.parse_args()
+    import transformers
+
+    measured: list[tuple[float, int]] = []
+    original = dynamo_guards.profile_guard_manager
+
+    def measure(root, scope, n_iters):  # dynamo calls this once per compiled frame
+        original(root, scope, 50)
+        measured.append((min(original(root, scope, 200) for _ in range(5)), guards(root)))
+        return measured[-1][0]
+
+    dynamo_guards.profile_guard_manager = measure
+    torch.set_num_threads(2)
+    model, tok = models.load("smollm2-135m")
+    model.requires_grad_(False)
+    prompt = models.text_inputs(tok, seq_len=32, n_seqs=1)[0]
+    siblings = profile(model, [prompt]).siblings
+    sides = {"as it came": lambda: model,
+             "uniform int8_wo": lambda: autoao.apply(copy.deepcopy(model), Plan.uniform(model, "int8_wo")),
+             "uniform int8_wo, siblings fused": lambda: autoao.apply(
+                 copy.deepcopy(model), Plan.uniform(model, "int8_wo").fuse(siblings))}
+    rows: dict[str, dict[str, list]] = {name: {"guard_eval_us": [], "guards": []} for name in sides}
+    for name, make in [item for _ in range(args.repeats) for item in sides.items()]:
+        m = make()
+        torch._dynamo.reset()
+        cache = transformers.StaticCache(config=m.config, max_cache_len=64)
+        with torch.no_grad():
+            token = m(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            torch.compile(m, backend="eager", dynamic=False)(input_ids=token, past_key_values=cache, use_cache=True,
+                                                              cache_position=torch.tensor([32]))
+        us, count = measured[-1]
+        rows[name]["guard_eval_us"].append(us)
+        rows[name]["guards"].append(count)
+        print(name, f"{us:.1f} us, {count} leaf guards", flush=True)
+    result = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
+              "transformers": transformers.__version__, "machine": platform.processor() or platform.machine(),
+              "threads": 2, "sides": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "guard_latency.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
