@@ -147,14 +147,23 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
     with torch.no_grad():
         for ex in examples:
             call_model(model, ex)
+    # one sample a side, disturbed or not (max_seconds=0): a busy neighbour disturbs both sides of a
+    # round alike
+    return _alternate(bench, applied, rounds, settled,
+                      lambda: workload_timing(model, examples, reps=1, warmup=0, max_seconds=0.0))
+
+
+def _alternate(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
+               settled: Callable[[list[Sample], list[Sample]], bool] | None, sample: Callable[[], Sample]
+               ) -> tuple[list[Sample], list[Sample]]:
+    """`sample()` with the unchanged modules, then with `applied`, round by round: at most `rounds`
+    rounds, fewer once `settled(base, planned)` says they decide. Leaves `applied` in place."""
     base: list[Sample] = []
     planned: list[Sample] = []
     for _ in range(rounds):
         for modules, out in (({}, base), (applied, planned)):
             bench.install(modules)
-            # one sample a side, disturbed or not (max_seconds=0): a busy neighbour disturbs both
-            # sides of a round alike
-            out.append(workload_timing(model, examples, reps=1, warmup=0, max_seconds=0.0))
+            out.append(sample())
         if settled is not None and settled(base, planned):
             break
     return base, planned
@@ -167,20 +176,17 @@ def workload_rounds(bench: ModelBench, applied: dict[str, nn.Module], rounds: in
     A, B, A, B, ... as the user calls it (their mode: eager, or compiled by their own code), after
     one warm-up call a side; each call one sample (us, as its median, p20 and p80). At most
     `rounds` rounds, fewer once `settled` says they decide. Leaves `applied` in place."""
-    assert bench.workload is not None, "workload_rounds needs the bench's workload"
+    workload = bench.workload
+    assert workload is not None, "workload_rounds needs the bench's workload"
     for modules in ({}, applied):  # first calls pay compiles and cache allocations: not timed
         bench.install(modules)
-        run_seconds(bench.model, bench.workload)
-    base: list[Sample] = []
-    planned: list[Sample] = []
-    for _ in range(rounds):
-        for modules, out in (({}, base), (applied, planned)):
-            bench.install(modules)
-            us = run_seconds(bench.model, bench.workload) * 1e6
-            out.append((us, us, us))
-        if settled is not None and settled(base, planned):
-            break
-    return base, planned
+        run_seconds(bench.model, workload)
+
+    def one_call() -> Sample:
+        us = run_seconds(bench.model, workload) * 1e6
+        return us, us, us
+
+    return _alternate(bench, applied, rounds, settled, one_call)
 
 
 GRAPH_ROUNDS = 20  # compiled: rounds of (unchanged, plan) workload replays

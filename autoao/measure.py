@@ -95,7 +95,7 @@ def measure_baselines(model: nn.Module, work: Workload, *, cache: ResultCache, l
         ledger.say("your workload, twice, on the model as it came")
         cold, warm = run_seconds(model, workload), run_seconds(model, workload)
     return Baselines(bf16_us, e2e, compile, weights, seen.get("cold_seconds", 0.0), seen.get("final_seconds", 0.0),
-                     warm, max(cold, warm))
+                     warm, cold)
 
 
 def run_seconds(model: nn.Module, run: Callable[[nn.Module], Any]) -> float:
