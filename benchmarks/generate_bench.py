@@ -12,7 +12,9 @@ is applied the same way and timed as one more side.
 --synthetic: a random-init transformers Llama (SYNTHETIC's shapes, bf16) searched here first with
 `autoao.optimize` on one decode step (--budget, --candidates), the returned model benchmarked;
 with --workload eager|compiled, optimize is also given that generate() as its `workload`, so it
-ships the plan only if faster there, and generate.json keeps what it measured (optimize_workload).
+ships the plan only if faster there, and generate.json keeps what it measured (optimize_workload);
+each --plan (made on the real model's layer names) is applied to it as one more side, and
+--no-search leaves only those.
 For each mode, --rounds rounds, the models alternating (ABC ABC ...), each round one
 greedy `generate()` of --new-tokens tokens (min = max, so both produce the same count) after a
 --prompt-tokens prompt of held-out text, KV cache on:
@@ -21,6 +23,9 @@ greedy `generate()` of --new-tokens tokens (min = max, so both produce the same 
     compiled   generate(cache_implementation="static"), which transformers compiles on CUDA (the
                way its docs tell users to speed up decoding; on a CPU it does not compile, and the
                table says "static cache, not compiled"); the first call of each model is not timed
+    compiled-own   the same, but each model compiles a function of its own (own_compiled_call):
+               transformers' compiled method is one code object, so the side-by-side models
+               otherwise share one dynamo cache
 
 Per mode and plan: the median tokens/s of each side, the plan's ratio to the model as it came with
 the per-round range, and how many of the plan's generated tokens equal the unchanged model's (positionwise, all rounds' prompts). Runs on
@@ -61,7 +66,7 @@ def sync(device: torch.device) -> None:
 
 def generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, mode: str) -> tuple[torch.Tensor, float]:
     """(the new tokens [1, new_tokens], seconds) of one greedy generate()."""
-    extra = {"cache_implementation": "static"} if mode == "compiled" else {}
+    extra = {"cache_implementation": "static"} if mode.startswith("compiled") else {}
     sync(ids.device)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -70,10 +75,30 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, mode: s
     return out[:, ids.shape[1]:].cpu(), time.perf_counter() - t0
 
 
+def own_compiled_call(model: torch.nn.Module):
+    """A `get_compiled_call` for `model` alone. transformers compiles `self.__call__`, whose code is
+    the same for every model, so side-by-side models share one dynamo cache and each call may check
+    the other models' guards first; a function built here has its own code object, so its own cache."""
+    scope: dict[str, object] = {}
+    exec("def call(*args, **kwargs):\n    return model(*args, **kwargs)\n", {"model": model}, scope)
+    compiled: dict[str, object] = {}
+
+    def get(config=None):
+        if "fn" not in compiled:
+            compiled["fn"] = torch.compile(scope["call"], **(config or model._default_compile_config()).to_dict())
+        return compiled["fn"]
+    return get
+
+
 def side_by_side(models: dict[str, torch.nn.Module], prompts: list[torch.Tensor], new_tokens: int, mode: str
                  ) -> dict[str, object]:
     """Interleaved rounds of generate() on each model; per plan (every side but "as it came"): its
     tokens/s, ratio to the model as it came with the per-round range, and greedy tokens equal."""
+    for m in models.values():  # compiled-own: each model compiles a function of its own; else transformers'
+        if mode == "compiled-own":
+            m.get_compiled_call = own_compiled_call(m)
+        else:
+            m.__dict__.pop("get_compiled_call", None)
     for m in models.values():  # warm-up (compiles in the compiled mode)
         generate(m, prompts[0], new_tokens, mode)
     speed: dict[str, list[float]] = {k: [] for k in models}
@@ -145,7 +170,7 @@ def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list
     prompts; the forward speed-up --run reported (None without --run)."""
     base, tok = autoao.models.load(args.model, device=args.device)
     named = [("plan", args.run / "plan.json")] if args.run else []
-    named += [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.plan]
+    named += plan_specs(args)
     plans = {name: Plan.load(path) for name, path in named}
     calib = (profile(base, [t.to(args.device) for t in autoao.models.text_inputs(tok, seq_len=256)]).calibration
              if any(p.layers for p in plans.values()) else None)
@@ -157,10 +182,10 @@ def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list
     return models, prompts, reported
 
 
-def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float]:
-    """A random-init --synthetic Llama (bf16) as it came and as `autoao.optimize` returns it, searched
-    on one decode step with --candidates for --budget (a speed search: random weights carry no
-    accuracy, so max_accuracy_drop=1.0); random prompts."""
+def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float | None]:
+    """A random-init --synthetic Llama (bf16) as it came, as `autoao.optimize` returns it (unless
+    --no-search; searched on one decode step with --candidates for --budget, a speed search: random
+    weights carry no accuracy, so max_accuracy_drop=1.0) and with each --plan applied; random prompts."""
     import transformers
 
     torch.manual_seed(0)
@@ -171,14 +196,27 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, config.vocab_size, (1, args.prompt_tokens), generator=gen).to(args.device)
                for _ in range(args.rounds)]
-    # --workload MODE: optimize times generate() in that mode itself and ships only if faster there
-    workload = None if args.workload == "none" else (
-        lambda m: generate(m, prompts[0], args.new_tokens, args.workload))
-    res = autoao.optimize(copy.deepcopy(base), (one,), budget=args.budget, max_accuracy_drop=1.0,
-                          candidates=args.candidates.split(","), out_dir=args.out / "search", progress=True,
-                          workload=workload)
-    args.searched_workload = dataclasses.asdict(res.summary.workload) if res.summary.workload else None
-    return {BASE: base, "plan": res.model}, prompts, res.summary.speedup.measured
+    models: dict[str, torch.nn.Module] = {BASE: base}
+    reported = None
+    if not args.no_search:
+        # --workload MODE: optimize times generate() in that mode itself and ships only if faster there
+        workload = None if args.workload == "none" else (
+            lambda m: generate(m, prompts[0], args.new_tokens, args.workload))
+        res = autoao.optimize(copy.deepcopy(base), (one,), budget=args.budget, max_accuracy_drop=1.0,
+                              candidates=args.candidates.split(","), out_dir=args.out / "search", progress=True,
+                              workload=workload)
+        args.searched_workload = dataclasses.asdict(res.summary.workload) if res.summary.workload else None
+        models["plan"], reported = res.model, res.summary.speedup.measured
+    if args.plan:  # plans made on the real model's names apply to its random-init twin
+        calib = profile(base, [torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(args.device)
+                               for _ in range(4)]).calibration
+        for name, path in plan_specs(args):
+            models[name] = autoao.apply(copy.deepcopy(base), Plan.load(path), calibration=calib)
+    return models, prompts, reported
+
+
+def plan_specs(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    return [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.plan]
 
 
 def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> None:
@@ -192,7 +230,7 @@ def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> Non
              "| mode | plan | as it came tok/s | plan tok/s | plan / as it came (per-round range) | greedy tokens equal |",
              "|---|---|---|---|---|---|"]
     for mode, r in rows.items():
-        shown = "static cache, not compiled" if mode == "compiled" and args.device == "cpu" else mode
+        shown = "static cache, not compiled" if mode.startswith("compiled") and args.device == "cpu" else mode
         for name, p in r["plans"].items():
             lines.append(f"| {shown} | {name} | {r['tokens_per_s']:.1f} | {p['tokens_per_s']:.1f} | {p['ratio']:.3f}x "
                          f"({p['ratio_range'][0]:.3f}-{p['ratio_range'][1]:.3f}) | {p['greedy_equal']} of {r['greedy_tokens']} |")
@@ -217,11 +255,13 @@ def main() -> None:
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", type=Path, help="an `autoao search` output folder of the built-in --model")
     ap.add_argument("--plan", action="append", default=[], metavar="NAME=PATH",
-                    help="one more side: a plan.json of the built-in --model (repeatable; needs --run or --plan-only)")
+                    help="one more side: a plan.json of the built-in --model, or of the model --synthetic copies "
+                    "(repeatable; needs --run, --plan-only or --synthetic)")
     source.add_argument("--plan-only", action="store_true", help="only the --plan sides (no --run)")
     source.add_argument("--synthetic", choices=sorted(SYNTHETIC), help="search a random-init Llama here first")
+    ap.add_argument("--no-search", action="store_true", help="--synthetic: only its --plan sides, no search")
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--modes", default="eager")
+    ap.add_argument("--modes", default="eager", help="comma-separated: eager, compiled, compiled-own")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -234,8 +274,10 @@ def main() -> None:
     ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
                     help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()
-    if any("=" not in spec for spec in args.plan) or (args.plan_only and not args.plan):
-        ap.error("--plan takes NAME=PATH; --plan-only needs at least one --plan")
+    if any("=" not in spec for spec in args.plan) or ((args.plan_only or args.no_search) and not args.plan):
+        ap.error("--plan takes NAME=PATH; --plan-only and --no-search need at least one --plan")
+    if args.no_search and not args.synthetic:
+        ap.error("--no-search goes with --synthetic")
     models, prompts, reported = from_search(args) if args.synthetic else from_run(args)
     rows, errors = {}, {}
     for mode in args.modes.split(","):  # a mode that fails is recorded; the others still run
