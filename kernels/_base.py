@@ -108,7 +108,7 @@ class QuantizedLinear(nn.Module):
     default: none, one kernel "default" everywhere). `self.kernel` is what forward uses: one kernel,
     or a route (`parse_route`: "int8pack<=16,dequant", a kernel per range of rows, all reading one
     runtime layout); `set_kernel()` switches it (re-packing the runtime layout), `_pack` lays out
-    what `self.uses(kernel)` needs and `_forward` runs `self.kernel_at(rows)`. The timing harness
+    what `self.uses(kernel)` needs and `_forward` runs `self.kernel_at(rows)` (as route_kernel). The timing harness
     times each kernel at each token count and the plan records the winner per layer (it is not part
     of the candidate: same numbers, other speed). A kernel of another device type is not an error:
     on a device it does not run on, the module runs that device's default kernel (a plan made on a
@@ -166,11 +166,6 @@ class QuantizedLinear(nn.Module):
         """The `act_scale` entry of canonical_spec() for input-scaled algorithms, else nothing."""
         return {"act_scale": ((self.in_features,), torch.float32)} if self.input_scaled else {}
 
-    def _scale_input(self, x: torch.Tensor) -> torch.Tensor:
-        """x / act_scale (x [..., K], in x.dtype) for input-scaled algorithms, else x."""
-        scale = self._buffers.get("act_scale_rt")
-        return x if scale is None else x / scale.to(x.dtype)
-
     def _scale_input_reference(self, x: torch.Tensor) -> torch.Tensor:
         """x / act_scale in float32 for `reference`, else x.float()."""
         if "act_scale" not in self._canon:
@@ -225,11 +220,16 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype. A fused layer takes its columns of the group's output
         (computed once per input by the first sibling called); otherwise its own kernels run (on
-        x / act_scale for input-scaled algorithms: those never fuse)."""
+        x / act_scale for input-scaled algorithms: those never fuse).
+
+        Compiled callers evaluate guards on every Python value forward reads (per module, each
+        call): the hot path reads `fused`, one buffer entry and `_forward`, and calls module-level
+        helpers rather than methods, whose lookups add a guard per class of the module's MRO."""
         if self.fused is not None:
             group, index = self.fused
             return group.take(x, index)
-        return self._forward(self._scale_input(x))
+        scale = self._buffers.get("act_scale_rt")
+        return self._forward(x if scale is None else x / scale.to(x.dtype))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, stats: LayerStats | None = None, **params: Any):
@@ -332,9 +332,6 @@ class QuantizedLinear(nn.Module):
                        for name in self.canonical_spec()}
         self._repack(self.device)
 
-    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
-        return y if self.bias is None else y + self.bias.to(y.dtype)
-
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         super()._apply(fn, recurse)
         if not self._canon:  # still inside __init__
@@ -408,6 +405,11 @@ class PerChannelWeights(QuantizedLinear):
     def canonical_spec(self) -> CanonicalSpec:
         n, k = self.out_features, self.in_features
         return {"qweight": ((n, k), self.qdtype), "scale": ((n,), torch.float32), **self._input_scale_spec()}
+
+
+def add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y [..., N] + bias [N] in y's dtype; y when there is no bias."""
+    return y if bias is None else y + bias.to(y.dtype)
 
 
 def flatten_tokens(x: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear
-from autoao.kernels.routes import KernelInfo
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear, add_bias
+from autoao.kernels.routes import KernelInfo, route_kernel
 
 
 class Bf16Linear(QuantizedLinear):
@@ -43,7 +43,7 @@ class Bf16Linear(QuantizedLinear):
         return F.linear(x.to(torch.bfloat16), self.w, b).to(x.dtype)
 
     def reference(self, x):
-        return self._add_bias(x.float() @ self._canon["weight"].float().to(x.device).t())
+        return add_bias(x.float() @ self._canon["weight"].float().to(x.device).t(), self.bias)
 
 
 class Fp32ComputeLinear(QuantizedLinear):
@@ -75,11 +75,11 @@ class Fp32ComputeLinear(QuantizedLinear):
             self.register_buffer("w32", self._canon["weight"].to(device, torch.float32), persistent=False)
 
     def _forward(self, x):
-        if self.kernel_at(x.reshape(-1, x.shape[-1]).shape[0]) == "fp32":
+        if route_kernel(self._route, x.reshape(-1, x.shape[-1]).shape[0]) == "fp32":
             b = None if self.bias is None else self.bias.float()
             return F.linear(x.float(), self.w32, b).to(x.dtype)
         b = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.w.to(x.dtype), b)
 
     def reference(self, x):
-        return self._add_bias(x.float() @ self._canon["weight"].float().to(x.device).t())
+        return add_bias(x.float() @ self._canon["weight"].float().to(x.device).t(), self.bias)

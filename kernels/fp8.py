@@ -16,6 +16,7 @@ from autoao.kernels._base import (
     CanonicalSpec,
     PerChannelWeights,
     QuantizedLinear,
+    add_bias,
     flatten_tokens,
     per_channel_weight_only,
     unflatten_tokens,
@@ -82,14 +83,14 @@ class Fp8DynLinear(QuantizedLinear):
             # the same product in fp32 ([M, 1] or [] token scales, [1, N] or [] weight scales), rounded
             # to bf16 like the CUDA output.
             y = ((xq.float() @ self.w_q.float().t()) * xs * self.w_scale).to(torch.bfloat16)
-        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+        return unflatten_tokens(add_bias(y.to(x.dtype), self.bias), x)
 
     def reference(self, x):
         xq, xs = quantize_fp8(flatten_tokens(x).float(), self.granularity)
         s = self._canon["scale"]
         w = self._canon["qweight"].float() * (s[:, None] if self.granularity == "row" else s)
         y = (xq.float() * xs) @ w.to(x.device).t()
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
 
 class Fp8WeightOnlyLinear(PerChannelWeights):
@@ -121,12 +122,12 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
     def _forward(self, x):
         x2 = flatten_tokens(x)
         y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
     def reference(self, x):
         w = self._canon["qweight"].float() * self._canon["scale"][:, None]
         y = flatten_tokens(x).float() @ w.to(x.device).t()
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
 
 def _gemv_one_op(m: int, n: int, k: int) -> bool:

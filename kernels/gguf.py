@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear, add_bias, flatten_tokens, unflatten_tokens
 from autoao.kernels.gguf_k import quantize_q6_k, quantize_q8_k, unpack_q6_k
 
 BLOCK = 32  # inputs per block, every type here
@@ -262,7 +262,7 @@ class GgufLinear(QuantizedLinear):
         x2 = flatten_tokens(x)
         qx, dx, sx = quantize_activations(x2, with_sum=self.w_m is not None, kind=self.gguf_type.activation)
         y = block_matmul(qx, dx, sx, self.w_scaled, self.w_m)  # [M, N] float32
-        return unflatten_tokens(self._add_bias(y).to(x.dtype), x)
+        return unflatten_tokens(add_bias(y, self.bias).to(x.dtype), x)
 
     def reference(self, x):
         """The same numbers in ggml's order (block_sums): differs from forward by rounding alone."""
@@ -271,4 +271,4 @@ class GgufLinear(QuantizedLinear):
         q, d, m = unpack(self._canon["blocks"], self.type)
         dev = x.device
         y = block_sums(qx, dx, sx, q.to(dev), d.to(dev), None if m is None else m.to(dev))
-        return unflatten_tokens(self._add_bias(y).to(x.dtype), x)
+        return unflatten_tokens(add_bias(y, self.bias).to(x.dtype), x)

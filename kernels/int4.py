@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from autoao.kernels import cuda_int4
 from autoao.kernels.algorithms import quantize_int4
-from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, flatten_tokens, unflatten_tokens
+from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear, add_bias, flatten_tokens, unflatten_tokens
 from autoao.kernels.quant import (
     dequantize_int4_groupwise,
     load_triton_ops,
@@ -36,7 +36,7 @@ from autoao.kernels.quant import (
     unpack_int4,
 )
 from autoao.kernels.ops import call_op
-from autoao.kernels.routes import KernelInfo
+from autoao.kernels.routes import KernelInfo, route_kernel
 
 GROUP_SIZES = (32, 64, 128)
 
@@ -230,20 +230,20 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         elif x2.is_cuda:
             y = torch._weight_int4pack_mm(x2.to(torch.bfloat16).contiguous(), self.w_packed,
                                           self.group_size, self.scales_and_zeros)
-        elif self.kernel_at(x2.shape[0]) == "dequant":  # [N, K] bf16 weight made per call, one bf16 matmul
+        elif route_kernel(self._route, x2.shape[0]) == "dequant":  # [N, K] bf16 weight made per call, one bf16 matmul
             c = self._canon
             w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
             y = F.linear(x2.to(torch.bfloat16), w.to(torch.bfloat16))
         else:
             y = torch._weight_int4pack_mm_for_cpu(x2.contiguous(), self.w_packed, self.group_size,
                                                   self.scales_and_zeros.to(x2.dtype))
-        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+        return unflatten_tokens(add_bias(y.to(x.dtype), self.bias), x)
 
     def reference(self, x):
         c = self._canon
         w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
         y = flatten_tokens(self._scale_input_reference(x)) @ w.to(x.device).t()
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
 
 def link_prefetch(model: torch.nn.Module) -> None:

@@ -23,6 +23,7 @@ from autoao.kernels import cpu_int8
 from autoao.kernels._base import (
     GEMV_MAX_ROWS,
     PerChannelWeights,
+    add_bias,
     flatten_tokens,
     pad_rows,
     per_channel_weight_only,
@@ -36,7 +37,7 @@ from autoao.kernels.quant import (
     quantize_int8_per_token,
     quantize_per_token,
 )
-from autoao.kernels.routes import KernelInfo
+from autoao.kernels.routes import KernelInfo, route_kernel
 
 # torch._int_mm on CUDA needs M > 16 (cuBLASLt int8 heuristics); decode rows are padded up to this.
 _INT_MM_MIN_ROWS_CUDA = 17
@@ -112,7 +113,7 @@ class Int8DynLinear(_Int8Weights):
         m = xq.shape[0]
         if xq.is_cuda:
             xq = pad_rows(xq, 1, minimum=_INT_MM_MIN_ROWS_CUDA)
-        elif self.kernel_at(m) == "bf16_mm":  # [M, N] integer sums, rounded to bf16, as fp32
+        elif route_kernel(self._route, m) == "bf16_mm":  # [M, N] integer sums, rounded to bf16, as fp32
             return torch.nn.functional.linear(xq.to(torch.bfloat16), self.w_q.to(torch.bfloat16)).float()
         return torch._int_mm(xq, self.w_q.t())[:m]
 
@@ -140,12 +141,12 @@ class Int8DynLinear(_Int8Weights):
         if self.act == "tensor":
             y = cpu_int8.reference_per_tensor(flatten_tokens(self._scale_input_reference(x)), self._canon["qweight"],
                                               self._canon["scale"], getattr(self, "_reduce_range", False))
-            return unflatten_tokens(self._add_bias(y), x)
+            return unflatten_tokens(add_bias(y, self.bias), x)
         xq, xs = quantize_int8_per_token(flatten_tokens(self._scale_input_reference(x)))
         w = self._canon["qweight"].to(x.device, torch.float64)
         y = (xq.double() @ w.t()) * xs.double() * self._canon["scale"].to(x.device, torch.float64)
         y = y.float()
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
 
 class Int8WeightOnlyLinear(_Int8Weights):
@@ -169,19 +170,19 @@ class Int8WeightOnlyLinear(_Int8Weights):
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        kern = self.kernel_at(x2.shape[0])
+        kern = route_kernel(self._route, x2.shape[0])
         if x2.is_cuda or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
             y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv and kern == "triton")
         elif kern == "dequant":  # [N, K] weight in x's dtype, made per call, then one matmul
             y = torch.nn.functional.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
         else:
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, self.w_scale.to(x.dtype))
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
     def reference(self, x):
         w = self._canon["qweight"].float() * self._canon["scale"].to(self.dtype).float()[:, None]
         y = flatten_tokens(x).float() @ w.to(x.device).t()
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
 
 ##### timing hints (KernelInfo): functions of a call's rows M and the layer's N x K ###############

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from autoao.calibration import LayerStats
 from autoao.clock import fastest
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear, add_bias, flatten_tokens, pad_rows, unflatten_tokens
 from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
 from autoao.kernels.ops import EAGER, call_op
@@ -159,11 +159,11 @@ class Sparse24Linear(QuantizedLinear):
             y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None, self.out_features)
         else:
             y = F.linear(x2, self.w_c.to(x2.dtype))
-        return unflatten_tokens(self._add_bias(y.to(x.dtype)), x)
+        return unflatten_tokens(add_bias(y.to(x.dtype), self.bias), x)
 
     def reference(self, x):
         y = flatten_tokens(x).float() @ self._canon["weight"].float().to(x.device).t()
-        return unflatten_tokens(self._add_bias(y), x)
+        return unflatten_tokens(add_bias(y, self.bias), x)
 
 
 class Sparse24Int8DynLinear(Int8DynLinear):
