@@ -42,7 +42,8 @@ class FusedRows:
             raise ValueError(f"cannot fuse these layers: {problem}")
         first = members[0]
         cls = type(first)
-        self.splits = [m.out_features for m in members]
+        # a tuple: a compiled caller guards it as one value (a list, element by element)
+        self.splits = tuple(m.out_features for m in members)
         n = sum(self.splits)
         bias = any(m.bias is not None for m in members)
         fused = cls(first.in_features, n, bias, first.dtype, first.device, **first.params())

@@ -277,3 +277,26 @@ def test_report_shows_a_route_in_words():
     info = KernelTimes(route, {"int8pack": 200.0, "dequant": 150.0, route: 100.0}, describe_route(route))
     assert _kernel(info, None) == (route, "int8pack up to 16 rows, dequant above; int8pack 2.00x slower; "
                                           "dequant 1.50x slower")
+
+
+# a compiled caller (transformers' compiled generate(), torch.compile(model)) evaluates dynamo's
+# guards on every call, once per Python value forward read: on the H200 autoao's modules added
+# 0.2-0.5 ms a token of them to SmolLM2's 211 layers (results/2026-12-03-h200/generate-smollm2-synth/)
+EXTRA_GUARDS_AT_MOST = {"int8_wo": 11, "fp8_wo": 8}
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_GUARDS_AT_MOST))
+def test_compiled_module_reads_little_python_state(name):
+    def guards(model: nn.Module) -> int:
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(torch.randn(1, 256, dtype=torch.bfloat16))
+        return sum("_modules['0']" in g.name for g in explained.out_guards)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256, bias=False), nn.Linear(256, 256, bias=False))
+    model = model.to(torch.bfloat16).eval().requires_grad_(False)
+    linear = guards(model)
+    planned = autoao.apply(copy.deepcopy(model), Plan.uniform(model, name))
+    assert not isinstance(planned[0], nn.Linear)
+    extra = guards(planned) - linear
+    assert 0 < extra <= EXTRA_GUARDS_AT_MOST[name], f"{name}: {extra} guards more than nn.Linear's {linear}"
