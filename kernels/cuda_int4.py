@@ -334,6 +334,20 @@ def _scratch(device: torch.device, n: int, split: int) -> tuple[torch.Tensor, to
     return _SCRATCH[key]
 
 
+def reserve_scratch(device: torch.device, n: int, k: int, group_size: int) -> None:
+    """Allocate now the split-K scratch of every config the tuner may pick for a [N, K] weight.
+    Allocated at a layer's first call instead, it can land in a CUDA-graph memory pool:
+    torch.compile(mode="reduce-overhead") (transformers' compiled generate()) runs its warm-up
+    inside its pool, and the scratch, which outlives every graph, then stops the recording
+    ("tensors in the cudagraph pool not tracked as outputs")."""
+    if device.type != "cuda":
+        return
+    if device.index is None:  # the key _launch uses: x.device, which always has an index
+        device = torch.device(device.type, torch.cuda.current_device())
+    for split in sorted({c.split for c in tuner_configs(k, group_size) if c.split > 1}):
+        _scratch(device, n, split)
+
+
 def _prefix(t: torch.Tensor | None, fraction: float, device: torch.device) -> tuple[int, int]:
     """(address, bytes) of the first `fraction` of t's bytes, whole 16-byte blocks ((0, 0): none)."""
     if t is None or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:

@@ -202,6 +202,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
         if problem:
             raise ValueError(f"int4 kernel 'cuda': {problem}")
         cuda_int4.library(self.group_size, device)
+        cuda_int4.reserve_scratch(device, self.out_features, self.in_features, self.group_size)
         c = self._canon
         qw, sz = cuda_int4.pack_mma(unpack_int4(c["qweight"]).to(device), c["scales"].to(device),
                                     c["zeros"].to(device), self.group_size)

@@ -342,3 +342,40 @@ def test_tuner_times_every_config_without_idle_warps_once_and_keeps_the_fastest(
     assert timed == usable and best == min(usable, key=made_up_us)
     timed.clear()
     assert cuda_int4._tune(x, qw, sz, group) == best and timed == []  # once per (shape, M, group)
+
+
+def test_packing_reserves_the_split_k_scratch_before_any_call(monkeypatch):
+    # Allocated at the first call, the scratch would land in the CUDA-graph pool of a
+    # torch.compile(mode="reduce-overhead") warm-up, which then refuses to record.
+    reserved = []
+    monkeypatch.setattr(cuda_int4, "_scratch", lambda device, n, split: reserved.append((device, n, split)))
+    cuda_int4.reserve_scratch(torch.device("cuda", 0), 4096, 2048, 128)
+    splits = {c.split for c in cuda_int4.tuner_configs(2048, 128) if c.split > 1}
+    assert splits and sorted(reserved) == [(torch.device("cuda", 0), 4096, s) for s in sorted(splits)]
+    reserved.clear()
+    cuda_int4.reserve_scratch(torch.device("cpu"), 4096, 2048, 128)
+    assert reserved == []
+
+    wired = []
+    monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: None)
+    monkeypatch.setattr(cuda_int4, "reserve_scratch", lambda device, n, k, group: wired.append((n, k, group)))
+    mod = search_space.get("int4_wo", group_size=64).build(torch.nn.Linear(256, 48).to(torch.bfloat16))
+    mod.kernel = "cuda"
+    mod._pack_mma(torch.device("cpu"))
+    assert wired == [(48, 256, 64)]
+
+
+@pytest.mark.skipif(not _cuda_kernel_ready(), reason="needs a CUDA GPU (sm_80+) and nvcc")
+def test_a_fresh_layer_runs_under_reduce_overhead_compile():
+    # no eager call first: the first GEMV runs inside the CUDA-graph pool's warm-up
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(2048, 4096, bias=False, device="cuda").to(torch.bfloat16)
+    mod = search_space.get("int4_wo", group_size=128).build(lin)
+    mod.set_kernel("cuda")
+    step = torch.compile(mod, mode="reduce-overhead")
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        y = step(x).clone()
+    torch.cuda.synchronize()
+    ref = mod.reference(x)
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
