@@ -58,7 +58,7 @@ def main() -> None:
     with torch.no_grad():
         for n in (576, 1536):
             m = search_space.get("int8_wo").build(nn.Linear(576, n, bias=False).to(torch.bfloat16))
-            m._gemv, m.kernel_at = True, (lambda rows: "triton")  # the CUDA route at M = 1
+            m._gemv, m._route = True, (("triton", None),)  # the CUDA route at M = 1
             key = ("int8", n, 576, 1, 0, torch.bfloat16, None)  # as _tune caches it after a CUDA sweep
             tg._TUNED[key] = tg._DEFAULT
             for _ in range(args.rounds):  # interleaved: one call series per variant, in turn
