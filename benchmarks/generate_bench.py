@@ -171,15 +171,11 @@ def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list
     base, tok = autoao.models.load(args.model, device=args.device)
     named = [("plan", args.run / "plan.json")] if args.run else []
     named += plan_specs(args)
-    plans = {name: Plan.load(path) for name, path in named}
-    calib = (profile(base, [t.to(args.device) for t in autoao.models.text_inputs(tok, seq_len=256)]).calibration
-             if any(p.layers for p in plans.values()) else None)
+    sides = plan_sides(base, named, lambda: [t.to(args.device) for t in autoao.models.text_inputs(tok, seq_len=256)])
     prompts = [p.to(args.device) for p in
                autoao.models.text_inputs(tok, seq_len=args.prompt_tokens, n_seqs=args.rounds, held_out=True)]
     reported = json.loads((args.run / "summary.json").read_text())["speedup"]["measured"] if args.run else None
-    models = {BASE: base}
-    models.update({name: autoao.apply(copy.deepcopy(base), p, calibration=calib) for name, p in plans.items()})
-    return models, prompts, reported
+    return {BASE: base, **sides}, prompts, reported
 
 
 def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float | None]:
@@ -207,16 +203,22 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
                               workload=workload)
         args.searched_workload = dataclasses.asdict(res.summary.workload) if res.summary.workload else None
         models["plan"], reported = res.model, res.summary.speedup.measured
-    if args.plan:  # plans made on the real model's names apply to its random-init twin
-        calib = profile(base, [torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(args.device)
-                               for _ in range(4)]).calibration
-        for name, path in plan_specs(args):
-            models[name] = autoao.apply(copy.deepcopy(base), Plan.load(path), calibration=calib)
+    # plans made on the real model's layer names apply to its random-init twin
+    models.update(plan_sides(base, plan_specs(args), lambda: [
+        torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(args.device) for _ in range(4)]))
     return models, prompts, reported
 
 
 def plan_specs(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.plan]
+
+
+def plan_sides(base: torch.nn.Module, named: list[tuple[str, Path]], calibration_inputs) -> dict[str, torch.nn.Module]:
+    """Each named plan.json applied to a copy of `base`; calibrated (GPTQ / AWQ / SmoothQuant) on the
+    profile of `calibration_inputs()`, called only where a plan changes a layer."""
+    plans = {name: Plan.load(path) for name, path in named}
+    calib = profile(base, calibration_inputs()).calibration if any(p.layers for p in plans.values()) else None
+    return {name: autoao.apply(copy.deepcopy(base), p, calibration=calib) for name, p in plans.items()}
 
 
 def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> None:

@@ -76,6 +76,10 @@ class LmEvalJudge:
         """Task -> how many of its documents look `look` scores."""
         return {t: min(n, LOOK_DOCS * 2 ** look) for t, n in self.sizes.items()}
 
+    def _look_docs(self, look: int) -> dict[str, list[int]]:
+        """Task -> the ids of the documents look `look` scores, in the judge's order."""
+        return {t: self.order[t][:n] for t, n in self.documents(look).items()}
+
     def describe(self) -> str:
         return f"lm-eval: {', '.join(self.tasks)} ({', '.join(f'{t} {n} documents' for t, n in self.sizes.items())})"
 
@@ -101,7 +105,7 @@ class LmEvalJudge:
         """Task -> (documents of the first look whose outcome changes when lm-eval scores them
         LMEVAL_BATCH requests a forward instead of one document a forward, documents compared);
         cached."""
-        docs = {t: sorted(self.order[t][:n]) for t, n in self.documents(0).items()}
+        docs = {t: sorted(ids) for t, ids in self._look_docs(0).items()}
         cache_key = f"tier2-batched:{sorted(self.tasks)}:{LMEVAL_BATCH}:{key}"
         hit = self.cache.get(cache_key) if self.cache is not None else None
         if hit is None:
@@ -128,8 +132,8 @@ class LmEvalJudge:
         if self.baseline_key is None:
             return None, {}
         metrics: dict[str, float] = {}
-        for task, n in self.documents(look).items():
-            docs = set(self.order[task][:n])
+        for task, ids in self._look_docs(look).items():
+            docs = set(ids)
             scored = [v["score"] for d, v in self._cached(task, self.baseline_key).items() if d in docs]
             if scored:
                 metrics[f"{task}/acc"] = sum(scored) / len(scored)
@@ -149,8 +153,8 @@ class LmEvalJudge:
         assert self.baseline_key is not None, "probe(reference, key) first"
         self._score(model, key, look)
         strata, base_acc, plan_acc, metrics = [], [], [], {}
-        for task, n in self.documents(look).items():
-            docs = self.order[task][:n]
+        for task, docs in self._look_docs(look).items():
+            n = len(docs)
             base, plan = self._cached(task, self.baseline_key), self._cached(task, key)
             diffs = [base[d]["score"] - plan[d]["score"] for d in docs]
             strata.append(Stratum(tuple(diffs), (1,) * len(diffs), 1 / len(self.sizes), self.sizes[task],
@@ -182,11 +186,11 @@ class LmEvalJudge:
     def _score(self, model: nn.Module, key: str, look: int) -> int:
         """Score `model` on the look's documents it has no cached score for; how many it scored."""
         missing = {}
-        for task, n in self.documents(look).items():
+        for task, ids in self._look_docs(look).items():
             have = self._cached(task, key)
             # sorted: lm-eval scores a task's sampled documents in index order but labels its logged
             # samples in the order given (lm-eval 0.4.13)
-            todo = sorted(d for d in self.order[task][:n] if d not in have)
+            todo = sorted(d for d in ids if d not in have)
             if todo:
                 missing[task] = todo
         if not missing:

@@ -33,7 +33,7 @@ from torch import nn
 from autoao.calibration import LayerStats
 from autoao.common import is_conv1d  # noqa: F401  (re-exported)
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
-from autoao.kernels.ops import call_op
+from autoao.kernels.ops import call_op, cdiv
 from autoao.kernels.routes import (
     KernelInfo,
     Route,
@@ -441,5 +441,5 @@ def pad_rows(x: torch.Tensor, multiple: int, minimum: int = 0) -> torch.Tensor:
     """
     m = x.shape[0]
     target = max(m, minimum)
-    target = -(-target // multiple) * multiple
+    target = cdiv(target, multiple) * multiple
     return x if target == m else torch.nn.functional.pad(x, (0, 0, 0, target - m))
