@@ -5,7 +5,7 @@
 #
 # Here (CPU, models and packages installed):
 #   bash benchmarks/real_models_carry.sh prepare          # parts in .carry1 ... .carry5, wheels in them
-#   bash benchmarks/real_models_carry.sh prepare-minilm   # MiniLM only: .carry1, .carry2 (no lm-eval needed;
+#   bash benchmarks/real_models_carry.sh prepare-minilm   # MiniLM only: .carry1-3 (no lm-eval needed;
 #                                                         # optuna's wheels travel in .whl/)
 # There, one call per part, each naming its folder in `carry`:
 #   bash benchmarks/real_models_carry.sh stash .carryN    # keeps the part in .carry-stash/ (ignored, kept warm)
@@ -60,13 +60,15 @@ prepare-minilm)
     cache=${AUTOAO_CACHE_DIR:-$HOME/.cache/autoao}
     python -c "import autoao.models as m; m.load('minilm-l6')" >/dev/null
     tar -C "$cache/models/minilm-l6" -cf "$work/minilm.tar" source
-    (cd "$work" && sha256sum minilm.tar > sums && split -b 46m -d minilm.tar minilm.part.)
-    rm -rf .carry1 .carry2
-    mkdir -p .carry1 .carry2
+    # three calls: the working tree (about 20 MB) and .whl/ (9 MB, the first call) travel with each part
+    (cd "$work" && sha256sum minilm.tar > sums && split -b 30m -d minilm.tar minilm.part.)
+    rm -rf .carry1 .carry2 .carry3
+    mkdir -p .carry1 .carry2 .carry3
     mv "$work/minilm.part.00" .carry1/
-    mv "$work/minilm.part.01" "$work/sums" .carry2/
+    mv "$work/minilm.part.01" .carry2/
+    mv "$work"/minilm.part.0[2-9] "$work/sums" .carry3/
     rm -rf "$work"
-    du -sh .carry1 .carry2
+    du -sh .carry1 .carry2 .carry3
     ;;
 stash)
     dir=${2:?stash needs the carried folder}
