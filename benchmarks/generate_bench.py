@@ -202,6 +202,7 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
                               candidates=args.candidates.split(","), out_dir=args.out / "search", progress=True,
                               workload=workload)
         args.searched_workload = dataclasses.asdict(res.summary.workload) if res.summary.workload else None
+        args.search_decisions = [d.describe() for d in res.summary.decisions]  # a refusal's numbers are here
         models["plan"], reported = res.model, res.summary.speedup.measured
     # plans made on the real model's layer names apply to its random-init twin
     models.update(plan_sides(base, plan_specs(args), lambda: [
@@ -307,7 +308,8 @@ def main() -> None:
               (platform.processor() or platform.machine()),
               "machine": platform.processor() or platform.machine(),
               "threads": torch.get_num_threads(), "modes": rows, "errors": errors, "float32_twin_greedy_equal": floor,
-              "optimize_workload": getattr(args, "searched_workload", None)}
+              "optimize_workload": getattr(args, "searched_workload", None),
+              "optimize_decisions": getattr(args, "search_decisions", None)}
     write(args, result, rows, floor)
 
 
