@@ -30,6 +30,7 @@ from autoao.common import BASELINE, __version__, call_model, triton_version
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
 from autoao.kernels import KernelInfo
 from autoao.kernels._base import canonical_on_device
+from autoao.kernels.ops import cdiv
 from autoao.kernels.routes import parse_route, route_from_timings, route_kernel
 from autoao.search_space import Candidate, LayerSpec
 
@@ -74,7 +75,7 @@ def streaming_copies(module: nn.Module, max_copies: int = 64) -> list[nn.Module]
     before each call instead overshot 2x, since it also evicts the TLB and idles the threads.)"""
     import copy
 
-    n = max(1, min(max_copies, -(-2 * last_level_cache_bytes() // max(_module_bytes(module), 1))))
+    n = max(1, min(max_copies, cdiv(2 * last_level_cache_bytes(), max(_module_bytes(module), 1))))
     return [module] + [copy.deepcopy(module) for _ in range(n - 1)]
 
 
