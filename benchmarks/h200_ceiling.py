@@ -10,7 +10,7 @@ table says is fastest, whatever it costs in accuracy), measured in one interleav
     python3 benchmarks/h200_ceiling.py --model minilm-l6 --workload batch --budgets 0.005,0.01,0.02 --out $OUT/minilm
     python benchmarks/h200_ceiling.py --model smollm2-135m --workload decode --smoke --out /tmp/ceil   # CPU check
 
-Workloads (batch 1, the model's own text):
+Workloads (the model's own text; decode and prefill at batch 1):
     decode    one generated token against a KV cache of --context tokens, as generate() runs each
               step: a transformers StaticCache (--cache-len slots) filled by a prefill of the prompt,
               the step fed at position --context; a forward pre-hook puts the cache's length back to
@@ -25,7 +25,8 @@ reads, cached in AUTOAO_CACHE_DIR) of every candidate on every layer shape and f
 of the workload; (2) plans as the search ships them (ModelBench.shipped: sibling groups share a
 choice, fused where the table says it pays, the timed kernel per layer): each uniform plan, and the
 ceiling; (3) the whole task's accuracy of the unchanged model and of each uniform plan and the
-ceiling (SmolLM2: lm-eval autoao_facts, all documents; --synthetic: none, random weights);
+ceiling (SmolLM2: lm-eval autoao_facts, all documents; MiniLM: autoao_pairs, all items;
+--synthetic: none, random weights);
 (4) phase A: the unchanged model, every uniform plan within the largest budget that the timing
 table does not price slower than the unchanged model, and the ceiling, each compiled and captured as a CUDA graph once, then --rounds rounds replaying each in turn
 (order rotated each round, L2 flushed before each replay), timed with events; (5) for each budget,
@@ -324,11 +325,11 @@ def main() -> None:
     device = torch.device("cpu" if args.smoke else "cuda")
     cuda = device.type == "cuda"
     t_start = time.perf_counter()
+    name = args.synthetic or args.model
+    if (args.workload == "batch") != (not args.synthetic and models.MODELS[args.model].kind == "encoder"):
+        ap.error(f"--workload batch is an encoder's workload, and an encoder has only that one ({name})")
     model, tok, held, prompt, task = load_model(args, device)
     model.requires_grad_(False)
-    name = args.synthetic or args.model
-    if (args.workload == "batch") != callable(task):
-        ap.error(f"--workload batch is an encoder's workload, and an encoder has only that one ({name})")
     if args.workload == "batch":
         examples = [prompt]
         desc = "one forward of a batch of 32 sentences (the bundled prose), as `autoao search --model` runs it"
