@@ -31,7 +31,8 @@ ceiling (SmolLM2: lm-eval autoao_facts, all documents; MiniLM: autoao_pairs, all
 table does not price slower than the unchanged model, and the ceiling, each compiled and captured as a CUDA graph once, then --rounds rounds replaying each in turn
 (order rotated each round, L2 flushed before each replay), timed with events; (5) for each budget,
 autoao.optimize on the same workload (its candidates: the default space less the model's
-unrepresentative ones; --synthetic: a speed search, max_accuracy_drop=1), its plan's accuracy on
+unrepresentative ones; --synthetic: a speed search, max_accuracy_drop=1; --search-workload: with
+the user's generate() as `workload=`), its plan's accuracy on
 the whole task; (6) phase B: the searched plans captured too and the rounds run again over every
 side. Speed-ups: the unchanged model's median replay time over the side's; the range is over the
 rounds' ratios. On the CPU (--smoke) the sides are timed eagerly with workload_timing instead.
@@ -60,7 +61,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from generate_bench import SYNTHETIC  # noqa: E402  random-init Llamas of real models' shapes
+from generate_bench import SYNTHETIC, generate  # noqa: E402  random-init Llamas of real models' shapes
 from h200_rows import DEMO_TASK, environment, keep_small, search_record  # noqa: E402
 
 import autoao  # noqa: E402
@@ -320,12 +321,17 @@ def main() -> None:
                     "and brackets as _), for generate_bench.py --plan")
     ap.add_argument("--smoke", action="store_true", help="CPU: eager timing, 24 lm-eval documents")
     ap.add_argument("--no-search", action="store_true", help="phase A only: the budgets pick the uniform plans timed")
+    ap.add_argument("--search-workload", choices=("none", "eager", "compiled"), default="none", help="a causal LM: "
+                    "give each search the user's generate() in this mode (32 greedy tokens after the prompt's first "
+                    "32) as `workload=`, so a plan ships only if faster there too")
     args = ap.parse_args()
 
     device = torch.device("cpu" if args.smoke else "cuda")
     cuda = device.type == "cuda"
     t_start = time.perf_counter()
     name = args.synthetic or args.model
+    if args.search_workload != "none" and args.workload == "batch":
+        ap.error("--search-workload runs generate(): a causal LM's, not an encoder's")
     if (args.workload == "batch") != (not args.synthetic and models.MODELS[args.model].kind == "encoder"):
         ap.error(f"--workload batch is an encoder's workload, and an encoder has only that one ({name})")
     model, tok, held, prompt, task = load_model(args, device)
@@ -436,6 +442,8 @@ def main() -> None:
     print(render(rec.data), flush=True)
 
     # (5) searches
+    workload = None if args.search_workload == "none" else (
+        lambda m: generate(m, prompt[:, :32], 32, args.search_workload))
     for drop in [] if args.no_search else budgets:
         work_dir = (args.search_dir or args.out) / f"search-{drop:g}"
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -444,7 +452,7 @@ def main() -> None:
         try:
             res = autoao.optimize(m, examples, budget=args.search_budget, accuracy=task,
                                   tokenizer=tok, max_accuracy_drop=drop, candidates=cand_names, eval_inputs=held,
-                                  out_dir=work_dir, progress=True)
+                                  out_dir=work_dir, progress=True, workload=workload)
         except Exception as e:  # noqa: BLE001
             rec.data["errors"].append(f"search {drop}: {type(e).__name__}: {e}"[:800])
             rec.write()
