@@ -332,6 +332,8 @@ def main() -> None:
     name = args.synthetic or args.model
     if args.search_workload != "none" and args.workload == "batch":
         ap.error("--search-workload runs generate(): a causal LM's, not an encoder's")
+    if args.smoke and args.accuracies_from:
+        ap.error("--accuracies-from holds whole-task scores; --smoke scores 24 documents, so the two do not compare")
     if (args.workload == "batch") != (not args.synthetic and models.MODELS[args.model].kind == "encoder"):
         ap.error(f"--workload batch is an encoder's workload, and an encoder has only that one ({name})")
     model, tok, held, prompt, task = load_model(args, device)
