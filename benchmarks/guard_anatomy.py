@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch._dynamo.guards as dynamo_guards
 
 sys.path.insert(0, str(Path(__file__).parent))
 from generate_bench import SYNTHETIC  # noqa: E402
-from guard_latency import warm_us  # noqa: E402
+from guard_latency import on_each_compile, warm_us  # noqa: E402
 
 import autoao  # noqa: E402
 from autoao.kernels import cuda_int4  # noqa: E402
@@ -71,15 +70,13 @@ def main() -> None:
     import transformers
 
     measured: list[tuple[float, int, collections.Counter]] = []
-    original = dynamo_guards.profile_guard_manager
 
-    def measure(root, scope, n_iters):  # dynamo calls this once per compiled frame
+    def measure(root, scope) -> None:
         kinds: collections.Counter = collections.Counter()
         managers = anatomy(root, kinds)
         measured.append((warm_us(root, scope), managers, kinds))
-        return original(root, scope, 5)
 
-    dynamo_guards.profile_guard_manager = measure
+    on_each_compile(measure)
     cpu_stand_in()
     torch.set_num_threads(2)
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch._dynamo.guards as dynamo_guards
@@ -36,6 +37,19 @@ from autoao.profile import profile
 def guards(manager) -> int:
     """Leaf guards in a guard tree."""
     return len(manager.get_leaf_guards()) + sum(guards(c) for c in manager.get_child_managers())
+
+
+PROFILE = dynamo_guards.profile_guard_manager  # dynamo's own guard profiler, before on_each_compile
+
+
+def on_each_compile(record: Callable[[Any, Any], None]) -> None:
+    """Call record(guard tree, the frame's locals) for every frame dynamo compiles, from the guard
+    profiler dynamo runs once per compiled frame (its log line then gets PROFILE's 5 iterations)."""
+    def profiled(root, scope, n_iters):
+        record(root, scope)
+        return PROFILE(root, scope, 5)
+
+    dynamo_guards.profile_guard_manager = profiled
 
 
 def warm_us(root, scope) -> float:
@@ -58,14 +72,12 @@ def main() -> None:
     import transformers
 
     measured: list[tuple[float, int]] = []
-    original = dynamo_guards.profile_guard_manager
 
-    def measure(root, scope, n_iters):  # dynamo calls this once per compiled frame
-        original(root, scope, 50)
-        measured.append((min(original(root, scope, 200) for _ in range(5)), guards(root), warm_us(root, scope)))
-        return measured[-1][0]
+    def measure(root, scope) -> None:
+        PROFILE(root, scope, 50)
+        measured.append((min(PROFILE(root, scope, 200) for _ in range(5)), guards(root), warm_us(root, scope)))
 
-    dynamo_guards.profile_guard_manager = measure
+    on_each_compile(measure)
     torch.set_num_threads(2)
     model, tok = models.load("smollm2-135m")
     model.requires_grad_(False)

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch._dynamo.guards as dynamo_guards
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from guard_latency import warm_us  # noqa: E402
+from guard_latency import on_each_compile, warm_us  # noqa: E402
 
 import autoao  # noqa: E402
 from autoao.kernels.int8 import Int8WeightOnlyLinear  # noqa: E402
@@ -51,13 +50,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     evaluated: list[float] = []
-    original = dynamo_guards.profile_guard_manager
-
-    def measure(root, scope, n_iters):  # dynamo calls this once per compiled frame
-        evaluated.append(min(warm_us(root, scope) for _ in range(3)))
-        return original(root, scope, 5)
-
-    dynamo_guards.profile_guard_manager = measure
+    on_each_compile(lambda root, scope: evaluated.append(min(warm_us(root, scope) for _ in range(3))))
     torch.manual_seed(0)
     base = nn.Sequential(*[nn.Linear(256, 256, bias=False) for _ in range(LAYERS)])
     base = base.to(torch.bfloat16).eval().requires_grad_(False)
