@@ -304,6 +304,7 @@ def main() -> None:
               "forward_speedup_reported": reported,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "transformers": transformers.__version__,
+              "autoao_from": str(Path(autoao.__file__).parent),
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
               (platform.processor() or platform.machine()),
               "machine": platform.processor() or platform.machine(),

@@ -6,6 +6,10 @@ plan's extra guard time a layer into the modules' Python state, their second ten
 
     python benchmarks/guard_split.py --out benchmarks/results/2026-12-04-cpu/guard-split
 
+With --device meta (standing in for a GPU: the layout and forward branch a GPU's modules take, no
+numbers) the sides are nn.Linear and int8_wo / fp8_wo as shipped; run it from two checkouts to
+compare two layouts on one machine.
+
 Each side is compiled by dynamo alone (backend "eager") --repeats times, sides in turn; each compile's
 guard tree is evaluated with warm caches (guard_latency.warm_us, best of three), divided by the layers.
 """
@@ -48,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--device", choices=("cpu", "meta"), default="cpu")
     args = ap.parse_args()
     evaluated: list[float] = []
     on_each_compile(lambda root, scope: evaluated.append(min(warm_us(root, scope) for _ in range(3))))
@@ -63,9 +68,14 @@ def main() -> None:
                 mod.__class__ = cls
         return m
 
-    sides = {"nn.Linear": base, "int8_wo as shipped": planned, "int8_wo, two tensors only": cut(TwoTensors),
-             "int8_wo, one tensor only": cut(OneTensor)}
-    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    if args.device == "cpu":
+        sides = {"nn.Linear": base, "int8_wo as shipped": planned, "int8_wo, two tensors only": cut(TwoTensors),
+                 "int8_wo, one tensor only": cut(OneTensor)}
+    else:
+        fp8 = autoao.apply(copy.deepcopy(base), Plan.uniform(base, "fp8_wo"))
+        sides = {name: m.to(args.device) for name, m in
+                 (("nn.Linear", base), ("int8_wo as shipped", planned), ("fp8_wo as shipped", fp8))}
+    x = torch.randn(1, 256, dtype=torch.bfloat16, device=args.device)
     rows: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.repeats):
         for name, model in sides.items():
@@ -75,7 +85,8 @@ def main() -> None:
             rows[name].append(evaluated[-1] / LAYERS * 1000)
     result = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
               "machine": platform.processor() or platform.machine(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "layers": LAYERS,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "layers": LAYERS, "device": args.device,
+              "autoao": str(Path(autoao.__file__).parent),
               "ns_a_layer": {name: {"median": round(statistics.median(v), 1), "compiles": [round(t, 1) for t in v]}
                              for name, v in rows.items()}}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -117,6 +117,8 @@ class QuantizedLinear(nn.Module):
     """
 
     emulated_on: frozenset[str] = frozenset()
+    # runtime tensors held as plain attributes (views of a runtime buffer): drop_runtime drops them
+    runtime_views: tuple[str, ...] = ()
     calibration_uses: frozenset[str] = frozenset()
     algorithms: tuple[str, ...] = ("rtn",)
     # True where each output row's canonical numbers depend on that row of the float weight alone
@@ -348,11 +350,14 @@ class QuantizedLinear(nn.Module):
 
     def drop_runtime(self) -> None:
         """Free the runtime tensors (before packing another kernel's layout; a fused layer's
-        kernels run on the group's module)."""
+        kernels run on the group's module): the non-persistent buffers and the views of them held
+        as plain attributes (`runtime_views`)."""
         for name in list(self._buffers):
             if name != "_device_anchor" and name in self._non_persistent_buffers_set:
                 del self._buffers[name]
                 self._non_persistent_buffers_set.discard(name)
+        for name in self.runtime_views:
+            self.__dict__.pop(name, None)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[override]
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -406,6 +411,74 @@ class PerChannelWeights(QuantizedLinear):
     def canonical_spec(self) -> CanonicalSpec:
         n, k = self.out_features, self.in_features
         return {"qweight": ((n, k), self.qdtype), "scale": ((n,), torch.float32), **self._input_scale_spec()}
+
+
+# Weight-only per-channel formats (int8_wo, fp8_wo): runtime w_q [N, K] in the module's `qdtype` and
+# w_scale [N] in its `_scale_dtype`, laid out by pack_weight_only and read by runtime_weights.
+#
+# On the host they are buffers, w_q aliasing the canonical weight (no second copy of it in host
+# memory). On an accelerator they are views of one uint8 buffer, `w_packed`: the N*K weight bytes,
+# then the scales from the next 16-byte boundary (Triton specializes a kernel on its pointers'
+# 16-byte divisibility), both contiguous. Why one buffer: a compiled caller checks every tensor a
+# module reads on each call, and on a 64-layer compiled stack int8_wo's second tensor cost ~97 ns of
+# the ~173 ns of checks it adds a layer over nn.Linear (benchmarks/results/2026-12-04-cpu/guard-split/),
+# while a compiled decode step of a small model is bound by the host. So traced code reads the one
+# buffer and makes the views inside the graph (a CUDA graph replays them for free), and eager calls
+# read the views, kept as plain attributes (`runtime_views`), paying no view op per call.
+# Functions, not a base class: each class in a module's MRO adds a check to every compiled call.
+WEIGHT_ONLY_VIEWS = ("w_q", "w_scale")
+
+
+def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: torch.dtype) -> None:
+    """Lay out a weight-only module's w_q and w_scale (its canonical scales cast to scale_dtype) on
+    `device` (the comment above)."""
+    m.drop_runtime()
+    m._scale_dtype = scale_dtype
+    q, s = m._canon["qweight"], m._canon["scale"].to(dtype=scale_dtype)
+    if device.type == "cpu":
+        m.register_buffer("w_q", q.to(device), persistent=False)  # [N, K]
+        m.register_buffer("w_scale", s.to(device), persistent=False)  # [N]
+        return
+    buf = packed_buffer(q, s, device)
+    m.register_buffer("w_packed", buf, persistent=False)
+    m.w_q, m.w_scale = packed_views(buf, m.out_features, m.in_features, q.dtype, scale_dtype)
+
+
+def packed_buffer(q: torch.Tensor, s: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """q [N, K] (1-byte dtype) and s [N] packed into one uint8 buffer on `device` (the comment above)."""
+    at = _scales_offset(*q.shape, s.element_size())
+    buf = torch.empty(at + s.numel() * s.element_size(), dtype=torch.uint8, device=device)
+    buf[:q.numel()].copy_(q.reshape(-1).view(torch.uint8))  # from wherever the canonical tensors are
+    buf[at:].copy_(s.contiguous().view(torch.uint8))
+    return buf
+
+
+def _scales_offset(n: int, k: int, scale_bytes: int) -> int:
+    """Where the scales start in a packed buffer: the first 16-byte boundary after the N*K weight
+    bytes (the scale's own where K + scale_bytes < 16, a toy's layer), so that the padding is under
+    K + scale_bytes and the buffer's length // (K + scale_bytes) is N."""
+    align = 16 if k + scale_bytes >= 16 else scale_bytes
+    return cdiv(n * k, align) * align
+
+
+def packed_views(buf: torch.Tensor, n: int, k: int, qdtype: torch.dtype, scale_dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_q [N, K] qdtype, w_scale [N] scale_dtype): views of a packed uint8 buffer."""
+    at = _scales_offset(n, k, scale_dtype.itemsize)
+    return buf[:n * k].view(qdtype).view(n, k), buf[at:].view(scale_dtype)
+
+
+def runtime_weights(m: PerChannelWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_q [N, K], w_scale [N]) of a weight-only module called on x (on the module's device):
+    made from its packed buffer while dynamo traces off the host (the only tensor a compiled caller
+    then checks; x's device is part of x's own check), else its attributes."""
+    if torch.compiler.is_compiling() and not x.is_cpu:
+        buf, k, sdtype = m.w_packed, x.shape[-1], m._scale_dtype
+        # N from the buffer's length (N*K weight bytes padded by under 16, then N scales): the
+        # shapes dynamo checks already, where out_features and in_features would be two checks more
+        n = buf.numel() // (k + sdtype.itemsize)
+        return packed_views(buf, n, k, m.qdtype, sdtype)
+    return m.w_q, m.w_scale
 
 
 def add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -13,12 +13,15 @@ import torch
 
 from autoao.kernels._base import (
     GEMV_MAX_ROWS,
+    WEIGHT_ONLY_VIEWS,
     CanonicalSpec,
     PerChannelWeights,
     QuantizedLinear,
     add_bias,
     flatten_tokens,
+    pack_weight_only,
     per_channel_weight_only,
+    runtime_weights,
     unflatten_tokens,
 )
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
@@ -104,6 +107,7 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
 
     emulated_on = frozenset({"cpu"})
     qdtype = FP8_DTYPE
+    runtime_views = WEIGHT_ONLY_VIEWS  # pack_weight_only's layout
 
     def quantize(self, weight, stats=None):
         q, s = quantize_fp8(weight, "row")
@@ -116,12 +120,11 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
 
     def _pack(self, device):
         self._gemv = device.type == "cuda" and load_triton_ops()
-        self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
-        self.register_buffer("w_scale", self._canon["scale"].to(device), persistent=False)  # [N] fp32
+        pack_weight_only(self, device, torch.float32)
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)
+        y = per_channel_weight_only(x2, *runtime_weights(self, x2), self._gemv)
         return unflatten_tokens(add_bias(y, self.bias), x)
 
     def reference(self, x):

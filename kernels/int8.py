@@ -22,11 +22,14 @@ import torch
 from autoao.kernels import cpu_int8
 from autoao.kernels._base import (
     GEMV_MAX_ROWS,
+    WEIGHT_ONLY_VIEWS,
     PerChannelWeights,
     add_bias,
     flatten_tokens,
+    pack_weight_only,
     pad_rows,
     per_channel_weight_only,
+    runtime_weights,
     unflatten_tokens,
 )
 from autoao.kernels.cpu_isa import fbgemm_reduce_range
@@ -153,6 +156,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
     """int8 per-channel symmetric weights; activations stay in the model's dtype."""
 
     algorithms = ("rtn", "gptq")
+    runtime_views = WEIGHT_ONLY_VIEWS  # pack_weight_only's layout
 
     @classmethod
     def declared_kernels(cls, **params) -> tuple[KernelInfo, ...]:
@@ -164,15 +168,14 @@ class Int8WeightOnlyLinear(_Int8Weights):
 
     def _pack(self, device):
         self._gemv = device.type == "cuda" and self.uses("triton") and load_triton_ops()
-        self.register_buffer("w_q", self._canon["qweight"].to(device), persistent=False)  # [N, K]
-        # Both kernels take the scales in the activation dtype.
-        self.register_buffer("w_scale", self._canon["scale"].to(device, self.dtype), persistent=False)
+        pack_weight_only(self, device, self.dtype)  # both kernels take the scales in the activation dtype
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
         kern = route_kernel(self._route, x2.shape[0])
-        if x2.is_cuda or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
-            y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv and kern == "triton")
+        if not x2.is_cpu or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
+            w_q, w_scale = runtime_weights(self, x2)
+            y = per_channel_weight_only(x2, w_q, w_scale, self._gemv and kern == "triton")
         elif kern == "dequant":  # [N, K] weight in x's dtype, made per call, then one matmul
             y = torch.nn.functional.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
         else:

@@ -293,6 +293,39 @@ def test_modules_built_with_canonical_on_device_compute_and_save_the_same(cand):
     assert all(torch.equal(a[key], b[key].cpu()) for key in a)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["int8_wo", "fp8_wo"])
+def test_weight_only_modules_compiled_on_cuda_compute_what_they_compute_eagerly(name):
+    """Traced, the weight-only formats read one packed buffer and make their views in the graph
+    (kernels/_base.py, pack_weight_only): the GEMV rows and the dequantized rows, compiled plainly
+    and replayed as CUDA graphs, give the eager numbers (up to the compiler's rounding); a fused
+    group's too."""
+    cand = search_space.get(name)
+    lins = [make_linear(576, n, False, torch.bfloat16, seed=n).cuda() for n in (576, 192, 192)]
+    if cand.supports(LayerSpec.from_linear("l", lins[0]), lins[0].weight.device):
+        pytest.skip("not supported on this GPU")
+    from autoao.kernels.fused import FusedRows
+
+    alone = cand.build(lins[0])
+    members = [cand.build(lin) for lin in lins[1:]]
+    FusedRows(members)
+    assert alone.w_packed.dtype == torch.uint8 and "w_q" not in alone._buffers
+
+    def layers(x):
+        return alone(x), members[0](x), members[1](x)
+
+    for rows in (1, 16):
+        x = torch.randn(rows, 576, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad():
+            eager = layers(x)
+            for mode in ("default", "reduce-overhead"):
+                torch._dynamo.reset()
+                compiled = torch.compile(layers, fullgraph=True, mode=mode)
+                for _ in range(3):  # reduce-overhead records, then replays
+                    got = [t.clone() for t in compiled(x)]
+                assert all(sqnr(a, b) >= KERNEL_VS_REFERENCE_DB for a, b in zip(eager, got)), (rows, mode)
+
+
 def test_the_baseline_is_every_layer_as_it_came():
     """`bf16` is the unchanged model whatever its dtype, so its timing cells time what the unchanged
     model runs (an fp32 model's baseline timed in bf16 made its plans look 1.1x where they measured

@@ -285,18 +285,63 @@ def test_report_shows_a_route_in_words():
 EXTRA_GUARDS_AT_MOST = {"int8_wo": 11, "fp8_wo": 8}
 
 
-@pytest.mark.parametrize("name", sorted(EXTRA_GUARDS_AT_MOST))
-def test_compiled_module_reads_little_python_state(name):
-    def guards(model: nn.Module) -> int:
-        torch._dynamo.reset()
-        explained = torch._dynamo.explain(model)(torch.randn(1, 256, dtype=torch.bfloat16))
-        return sum("_modules['0']" in g.name for g in explained.out_guards)
+# the same off the host ("meta" stands in for a GPU): the weight-only formats' one packed buffer and
+# the reads that make its views; kernels/_base.py says why fewer tensors count more than fewer reads
+EXTRA_GUARDS_OFF_HOST_AT_MOST = {"int8_wo": 14, "fp8_wo": 11}
 
+
+def _first_layer_guards(model: nn.Module, device: str) -> list[tuple[str, str]]:
+    """(name, kind) of the guards a compiled call of `model` checks on its first layer."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.randn(1, 256, dtype=torch.bfloat16, device=device))
+    return [(g.name, g.create_fn_name()) for g in explained.out_guards if "_modules['0']" in g.name]
+
+
+def _two_linears() -> nn.Sequential:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256, bias=False), nn.Linear(256, 256, bias=False))
-    model = model.to(torch.bfloat16).eval().requires_grad_(False)
-    linear = guards(model)
+    return model.to(torch.bfloat16).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_GUARDS_AT_MOST))
+def test_compiled_module_reads_little_python_state(name):
+    model = _two_linears()
+    linear = len(_first_layer_guards(model, "cpu"))
     planned = autoao.apply(copy.deepcopy(model), Plan.uniform(model, name))
     assert not isinstance(planned[0], nn.Linear)
-    extra = guards(planned) - linear
+    extra = len(_first_layer_guards(planned, "cpu")) - linear
     assert 0 < extra <= EXTRA_GUARDS_AT_MOST[name], f"{name}: {extra} guards more than nn.Linear's {linear}"
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_GUARDS_OFF_HOST_AT_MOST))
+def test_a_weight_only_module_off_the_host_gives_a_compiled_caller_one_tensor(name):
+    model = _two_linears()
+    on_host = autoao.apply(copy.deepcopy(model), Plan.uniform(model, name))
+    tensors = sorted(g for g, kind in _first_layer_guards(on_host, "cpu") if kind == "TENSOR_MATCH")
+    assert tensors == ["L['fn']._modules['0']._buffers['w_q']", "L['fn']._modules['0']._buffers['w_scale']"]
+    off_host = on_host.to("meta")
+    guards = _first_layer_guards(off_host, "meta")
+    assert [g for g, kind in guards if kind == "TENSOR_MATCH"] == ["L['fn']._modules['0']._buffers['w_packed']"]
+    linear = len(_first_layer_guards(model.to("meta"), "meta"))
+    assert 0 < len(guards) - linear <= EXTRA_GUARDS_OFF_HOST_AT_MOST[name], (len(guards), linear)
+    # eager calls read the views; dropping the runtime tensors drops them too (a fused member's)
+    layer = off_host[0]
+    assert layer.w_q.shape == (256, 256) and layer.w_q.untyped_storage().nbytes() == layer.w_packed.numel()
+    layer.drop_runtime()
+    assert not any(hasattr(layer, t) for t in ("w_q", "w_scale", "w_packed"))
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (3, 5), (7, 13), (24, 576), (576, 1536)])
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_packed_buffer_holds_weight_and_scales_and_says_its_rows(n, k, scale_dtype):
+    from autoao.kernels._base import packed_buffer, packed_views
+
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    s = torch.rand(n).to(scale_dtype)
+    buf = packed_buffer(q, s, "cpu")
+    w, sc = packed_views(buf, n, k, torch.int8, scale_dtype)
+    assert torch.equal(w, q) and torch.equal(sc, s) and w.is_contiguous() and sc.is_contiguous()
+    assert w.data_ptr() == buf.data_ptr() and sc.data_ptr() + sc.nbytes == buf.data_ptr() + buf.numel()
+    if k + scale_dtype.itemsize >= 16:  # Triton's pointer specialization
+        assert (sc.data_ptr() - buf.data_ptr()) % 16 == 0
+    assert buf.numel() // (k + scale_dtype.itemsize) == n  # what a traced call reads N from
