@@ -6,6 +6,9 @@ stand-in, so the guards are the ones a GPU's compiled generate() evaluates once 
 
     python benchmarks/guard_anatomy.py --plan benchmarks/results/2026-12-03-h200/generate-1b/search/plan.json \
         --out benchmarks/results/2026-12-04-cpu/guard-anatomy
+With --device meta (standing in for a GPU: the layout and forward branch a GPU's modules take, no
+numbers; int4 layers are not put on a stand-in) and --synthetic smollm2-135m, SmolLM2's plans; run it
+from two checkouts to compare two layouts on one machine.
 
 Each side's decode step (a static cache of 64 slots holding a 32-token prompt) is compiled by dynamo
 alone (backend "eager"); warm_us is guard_latency.py's (the best of 5 means of 200 evaluations of
@@ -66,6 +69,8 @@ def main() -> None:
     ap.add_argument("--plan", type=Path, required=True, help="a plan.json of the Llama-1B-shaped model")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--synthetic", choices=sorted(SYNTHETIC), default="llama-1b", help="the model --plan was made on")
+    ap.add_argument("--device", choices=("cpu", "meta"), default="cpu")
     args = ap.parse_args()
     import transformers
 
@@ -77,26 +82,31 @@ def main() -> None:
         measured.append((warm_us(root, scope), managers, kinds))
 
     on_each_compile(measure)
-    cpu_stand_in()
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**{**SYNTHETIC["llama-1b"], "vocab_size": 4096})
+    config = transformers.LlamaConfig(**{**SYNTHETIC[args.synthetic], "vocab_size": 4096})
     base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval().requires_grad_(False)
     planned = autoao.apply(copy.deepcopy(base), Plan.load(args.plan))
     units = {id(u): u for u in (m.fused[0].module if m.fused else m for m in planned.modules()
                                  if isinstance(m, Int4WeightOnlyLinear))}
+    if args.device == "meta":
+        base, planned, units = base.to("meta"), planned.to("meta"), {}
+    else:
+        cpu_stand_in()
     for m in [*units.values(), *(m for m in planned.modules() if isinstance(m, Int4WeightOnlyLinear))]:
         m.kernel = "cuda"
     for u in units.values():
         u._pack_mma(torch.device("cpu"))
     links = {k: u.prefetch_next for k, u in units.items()}
-    prompt = torch.randint(0, config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(0, config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1)).to(args.device)
 
     def set_links(on: bool) -> None:
         for k, u in units.items():
             object.__setattr__(u, "prefetch_next", links[k] if on else None)
 
-    sides = {"as it came": (base, True), "plan": (planned, True), "plan, prefetch links cut": (planned, False)}
+    sides = {"as it came": (base, True), "plan": (planned, True)}
+    if units:
+        sides["plan, prefetch links cut"] = (planned, False)
     rows: dict[str, dict] = {name: {"warm_us": [], "managers": None, "leaf_guards": None} for name in sides}
     for name, (model, linked) in [s for _ in range(args.repeats) for s in sides.items()]:
         set_links(linked)
@@ -105,7 +115,8 @@ def main() -> None:
         with torch.no_grad():
             token = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
             torch.compile(model, backend="eager", dynamic=False)(input_ids=token, past_key_values=cache,
-                                                                  use_cache=True, cache_position=torch.tensor([32]))
+                                                                  use_cache=True,
+                                                                  cache_position=torch.tensor([32], device=args.device))
         us, managers, kinds = measured[-1]
         rows[name]["warm_us"].append(us)
         rows[name]["managers"], rows[name]["leaf_guards"] = managers, dict(kinds.most_common())
@@ -114,6 +125,7 @@ def main() -> None:
     result = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
               "transformers": transformers.__version__, "machine": platform.processor() or platform.machine(),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "int4_units": len(units),
+              "model": args.synthetic, "device": args.device, "autoao": str(Path(autoao.__file__).parent),
               "plan": autoao.plan_of(planned).summary(), "sides": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "guard_anatomy.json").write_text(json.dumps(result, indent=1))

@@ -345,3 +345,24 @@ def test_a_packed_buffer_holds_weight_and_scales_and_says_its_rows(n, k, scale_d
     if k + scale_dtype.itemsize >= 16:  # Triton's pointer specialization
         assert (sc.data_ptr() - buf.data_ptr()) % 16 == 0
     assert buf.numel() // (k + scale_dtype.itemsize) == n  # what a traced call reads N from
+
+
+@pytest.mark.parametrize("qdtype,scale_dtype", [(torch.int8, torch.bfloat16), (torch.float8_e4m3fn, torch.float32)],
+                         ids=str)
+def test_packed_views_made_in_a_compiled_graph_give_the_eager_numbers(qdtype, scale_dtype):
+    """What a traced weight-only module off the host does above the GEMV's rows (the views of its
+    packed buffer, the weight dequantized into one matmul), compiled by inductor here."""
+    from autoao.kernels._base import packed_buffer, packed_views, per_channel_weight_only
+
+    torch.manual_seed(0)
+    n, k = 48, 72
+    q = (torch.randn(n, k) * 40).clamp(-127, 127).to(qdtype)
+    buf = packed_buffer(q, torch.rand(n).to(scale_dtype) + 0.01, "cpu")
+    x = torch.randn(16, k, dtype=torch.bfloat16)
+
+    def layer(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        return per_channel_weight_only(x, *packed_views(buf, n, k, qdtype, scale_dtype), False)
+
+    torch._dynamo.reset()
+    eager, compiled = layer(x, buf), torch.compile(layer, fullgraph=True)(x, buf)
+    assert compiled.shape == (16, n) and torch.allclose(compiled.float(), eager.float(), rtol=2e-2, atol=2e-2)

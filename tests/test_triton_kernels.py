@@ -149,6 +149,15 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
         q8, s8 = quantize_int8_per_channel(w)
         f = torch.compile(lambda x: torch.ops.autoao.per_channel_gemv(x, q8, s8), fullgraph=True)
         assert torch.equal(f(x), tg.per_channel_gemv_triton(x, q8, s8))
+        # the weight-only modules' layout off the host: views of one packed buffer, made in the graph
+        from autoao.kernels._base import packed_buffer, packed_views
+        for wq, sc in [(q8, s8.to(torch.bfloat16)), quantize_fp8(w, "row")]:
+            sc = sc.reshape(-1)
+            buf = packed_buffer(wq, sc, "cpu")
+            dtypes = (wq.dtype, sc.dtype)
+            g = torch.compile(lambda x, buf: torch.ops.autoao.per_channel_gemv(x, *packed_views(buf, 8, 512, *dtypes)),
+                              fullgraph=True)
+            assert torch.equal(g(x, buf), tg.per_channel_gemv_triton(x, wq, sc)), dtypes
         # what the kernels refuse, with the reason
         for bad, msg in [(lambda: tg.per_channel_gemv_triton(torch.randn(9, 64), torch.zeros(8, 64, dtype=torch.int8),
                                                       torch.ones(8)), "at most 8 rows"),
