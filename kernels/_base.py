@@ -431,17 +431,31 @@ WEIGHT_ONLY_VIEWS = ("w_q", "w_scale")
 
 def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: torch.dtype) -> None:
     """Lay out a weight-only module's w_q and w_scale (its canonical scales cast to scale_dtype) on
-    `device` (the comment above)."""
+    `device` (the comment above). Canonical tensors on `device` (canonical_on_device) keep one copy
+    of the weight there: the canonical qweight becomes the buffer's weight bytes, and a re-pack
+    finding it there (a fused member wrote its rows through) rewrites only the scales."""
+    q, s = m._canon["qweight"], m._canon["scale"].to(dtype=scale_dtype)
+    held = m._buffers.get("w_packed")
     m.drop_runtime()
     m._scale_dtype = scale_dtype
-    q, s = m._canon["qweight"], m._canon["scale"].to(dtype=scale_dtype)
     if device.type == "cpu":
         m.register_buffer("w_q", q.to(device), persistent=False)  # [N, K]
         m.register_buffer("w_scale", s.to(device), persistent=False)  # [N]
         return
-    buf = packed_buffer(q, s, device)
+    if held is not None and held.device == device and same_storage(held, q) and q.storage_offset() == 0:
+        buf = held
+        buf[_scales_offset(*q.shape, s.element_size()):].copy_(s.contiguous().view(torch.uint8))
+    else:
+        buf = packed_buffer(q, s, device)
     m.register_buffer("w_packed", buf, persistent=False)
     m.w_q, m.w_scale = packed_views(buf, m.out_features, m.in_features, q.dtype, scale_dtype)
+    if q.device == device:
+        m._canon["qweight"] = m.w_q
+
+
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b view one storage (also on "meta", where every data pointer is 0)."""
+    return a.device == b.device and a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
 
 def packed_buffer(q: torch.Tensor, s: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -331,6 +331,30 @@ def test_a_weight_only_module_off_the_host_gives_a_compiled_caller_one_tensor(na
     assert not any(hasattr(layer, t) for t in ("w_q", "w_scale", "w_packed"))
 
 
+@pytest.mark.parametrize("name", sorted(EXTRA_GUARDS_OFF_HOST_AT_MOST))
+def test_canonical_weights_on_the_device_are_the_packed_buffers_bytes(name):
+    """Modules built to be measured (canonical_on_device) hold one copy of a weight off the host; a
+    fused group's members keep viewing the buffer it runs from when it re-packs ("meta" stands in
+    for a GPU: it checks which storage each tensor views, not numbers)."""
+    from autoao.kernels._base import canonical_on_device, same_storage
+    from autoao.kernels.fused import FusedRows
+
+    cand = search_space.get(name)
+    lins = [nn.Linear(64, n, bias=False).to(torch.bfloat16) for n in (32, 16)]
+    with canonical_on_device():
+        alone = cand.build(lins[0]).to("meta")
+        alone.set_canonical(cand.build(lins[0]).canonical())
+        members = [cand.build(lin).to("meta") for lin in lins]
+        group = FusedRows(members)
+    assert same_storage(alone.canonical()["qweight"], alone.w_packed) and same_storage(alone.w_q, alone.w_packed)
+    buf = group.module.w_packed
+    assert all(same_storage(m.canonical()["qweight"], buf) for m in members)
+    group.repack()  # after a member wrote its rows through (load_state_dict)
+    assert group.module.w_packed is buf and same_storage(group.module.w_q, buf)
+    on_host = cand.build(lins[0])  # the host's layout: the canonical weight is the runtime one
+    assert on_host.w_q is on_host.canonical()["qweight"] and not hasattr(on_host, "w_packed")
+
+
 @pytest.mark.parametrize("n,k", [(1, 1), (3, 5), (7, 13), (24, 576), (576, 1536)])
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_a_packed_buffer_holds_weight_and_scales_and_says_its_rows(n, k, scale_dtype):
