@@ -64,6 +64,19 @@ def cpu_stand_in() -> None:
     EAGER["int4_gemv_cuda"], EAGER["int4_dequant_cuda"] = gemv, dequant
 
 
+def int4_on_cuda_branch(planned: torch.nn.Module) -> dict[int, Int4WeightOnlyLinear]:
+    """The plan's int4 layers on their CUDA layout and kernel, computed by cpu_stand_in; returns the
+    modules that hold the runtime tensors (a fused group's module, or the layer), by id."""
+    cpu_stand_in()
+    units = {id(u): u for u in (m.fused[0].module if m.fused else m for m in planned.modules()
+                                 if isinstance(m, Int4WeightOnlyLinear))}
+    for m in [*units.values(), *(m for m in planned.modules() if isinstance(m, Int4WeightOnlyLinear))]:
+        m.kernel = "cuda"
+    for u in units.values():
+        u._pack_mma(torch.device("cpu"))
+    return units
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", type=Path, required=True, help="a plan.json of the Llama-1B-shaped model")
@@ -87,16 +100,10 @@ def main() -> None:
     config = transformers.LlamaConfig(**{**SYNTHETIC[args.synthetic], "vocab_size": 4096})
     base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval().requires_grad_(False)
     planned = autoao.apply(copy.deepcopy(base), Plan.load(args.plan))
-    units = {id(u): u for u in (m.fused[0].module if m.fused else m for m in planned.modules()
-                                 if isinstance(m, Int4WeightOnlyLinear))}
     if args.device == "meta":
         base, planned, units = base.to("meta"), planned.to("meta"), {}
     else:
-        cpu_stand_in()
-    for m in [*units.values(), *(m for m in planned.modules() if isinstance(m, Int4WeightOnlyLinear))]:
-        m.kernel = "cuda"
-    for u in units.values():
-        u._pack_mma(torch.device("cpu"))
+        units = int4_on_cuda_branch(planned)
     links = {k: u.prefetch_next for k, u in units.items()}
     prompt = torch.randint(0, config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1)).to(args.device)
 

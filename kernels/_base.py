@@ -442,11 +442,8 @@ def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: to
         m.register_buffer("w_q", q.to(device), persistent=False)  # [N, K]
         m.register_buffer("w_scale", s.to(device), persistent=False)  # [N]
         return
-    if held is not None and held.device == device and same_storage(held, q) and q.storage_offset() == 0:
-        buf = held
-        buf[_scales_offset(*q.shape, s.element_size()):].copy_(s.contiguous().view(torch.uint8))
-    else:
-        buf = packed_buffer(q, s, device)
+    in_place = held is not None and held.device == device and same_storage(held, q) and q.storage_offset() == 0
+    buf = packed_buffer(q, s, device, into=held if in_place else None)
     m.register_buffer("w_packed", buf, persistent=False)
     m.w_q, m.w_scale = packed_views(buf, m.out_features, m.in_features, q.dtype, scale_dtype)
     if q.device == device:
@@ -458,11 +455,15 @@ def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.device == b.device and a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
 
-def packed_buffer(q: torch.Tensor, s: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """q [N, K] (1-byte dtype) and s [N] packed into one uint8 buffer on `device` (the comment above)."""
+def packed_buffer(q: torch.Tensor, s: torch.Tensor, device: torch.device | str,
+                  into: torch.Tensor | None = None) -> torch.Tensor:
+    """q [N, K] (1-byte dtype) and s [N] packed into one uint8 buffer on `device` (the comment
+    above); `into`: a packed buffer whose weight bytes q already is, where only s is written."""
     at = _scales_offset(*q.shape, s.element_size())
-    buf = torch.empty(at + s.numel() * s.element_size(), dtype=torch.uint8, device=device)
-    buf[:q.numel()].copy_(q.reshape(-1).view(torch.uint8))  # from wherever the canonical tensors are
+    buf = into
+    if buf is None:
+        buf = torch.empty(at + s.numel() * s.element_size(), dtype=torch.uint8, device=device)
+        buf[:q.numel()].copy_(q.reshape(-1).view(torch.uint8))  # from wherever the canonical tensors are
     buf[at:].copy_(s.contiguous().view(torch.uint8))
     return buf
 
