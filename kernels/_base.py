@@ -6,7 +6,8 @@ A `QuantizedLinear` holds its weights twice-named but once-stored where it can:
   they are what `state_dict()` holds, so save/load is bit-exact and a model saved on a GPU loads
   on a CPU;
 - *runtime* tensors (non-persistent buffers on the module's device, in the kernel's layout, e.g.
-  tinygemm's tiled int4 or cuSPARSELt's compressed 2:4): what `forward` reads. Where the layout is
+  tinygemm's tiled int4 or cuSPARSELt's compressed 2:4; the weight-only formats' packed tensor is a
+  parameter left out of state_dict: pack_weight_only): what `forward` reads. Where the layout is
   the canonical one and the canonical tensors are on the module's device, the runtime buffers
   alias them.
 
@@ -152,6 +153,15 @@ class QuantizedLinear(nn.Module):
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
         # siblings: (the group, this layer's index in it). Not a submodule (no state_dict entry).
         self.fused: tuple[Any, int] | None = None
+        # Set by pack_weight_only off the host: the key of PACKED_CALLS' entry holding what
+        # packed_forward needs beside the packed parameter; None elsewhere.
+        self._traced: int | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # forward in each subclass's own namespace: a compiled caller's lookup of it then checks the
+        # module's class only, not every class between it and the one defining forward
+        cls.forward = cls.forward  # type: ignore[method-assign]
 
     def _set_algorithm(self, algorithm: str) -> None:
         """Subclasses taking an `algorithm` parameter call this in __init__ (before
@@ -226,8 +236,13 @@ class QuantizedLinear(nn.Module):
         x / act_scale for input-scaled algorithms: those never fuse).
 
         Compiled callers evaluate guards on every Python value forward reads (per module, each
-        call): the hot path reads `fused`, one buffer entry and `_forward`, and calls module-level
-        helpers rather than methods, whose lookups add a guard per class of the module's MRO."""
+        call), so helpers are module-level functions rather than methods (a method lookup adds a
+        guard per class of the module's MRO). Traced off the host, a module packed into one
+        parameter (`_traced` set) reads `_traced`, that parameter and its bias only:
+        packed_forward."""
+        traced = self._traced
+        if traced is not None and torch.compiler.is_compiling() and not x.is_cpu:
+            return packed_forward(self, x, *PACKED_CALLS[traced])
         if self.fused is not None:
             group, index = self.fused
             return group.take(x, index)
@@ -350,17 +365,20 @@ class QuantizedLinear(nn.Module):
 
     def drop_runtime(self) -> None:
         """Free the runtime tensors (before packing another kernel's layout; a fused layer's
-        kernels run on the group's module): the non-persistent buffers and the views of them held
-        as plain attributes (`runtime_views`)."""
+        kernels run on the group's module): the non-persistent buffers, the packed parameter
+        (PACKED) and the views of them held as plain attributes (`runtime_views`)."""
         for name in list(self._buffers):
             if name != "_device_anchor" and name in self._non_persistent_buffers_set:
                 del self._buffers[name]
                 self._non_persistent_buffers_set.discard(name)
         for name in self.runtime_views:
             self.__dict__.pop(name, None)
+        self._parameters.pop(PACKED, None)
+        self._traced = None
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[override]
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + PACKED, None)  # runtime, rebuilt from the canonical tensors
         for name, t in self._canon.items():
             destination[prefix + name] = t
 
@@ -368,6 +386,7 @@ class QuantizedLinear(nn.Module):
                               unexpected_keys, error_msgs):  # type: ignore[override]
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
+        missing_keys[:] = [k for k in missing_keys if k != prefix + PACKED]
         ours = {prefix + name for name in self.canonical_spec()}
         unexpected_keys[:] = [k for k in unexpected_keys if k not in ours]
         found = {}
@@ -414,40 +433,61 @@ class PerChannelWeights(QuantizedLinear):
 
 
 # Weight-only per-channel formats (int8_wo, fp8_wo): runtime w_q [N, K] in the module's `qdtype` and
-# w_scale [N] in its `_scale_dtype`, laid out by pack_weight_only and read by runtime_weights.
+# w_scale [N] in its scale dtype, laid out by pack_weight_only.
 #
 # On the host they are buffers, w_q aliasing the canonical weight (no second copy of it in host
-# memory). On an accelerator they are views of one uint8 buffer, `w_packed`: the N*K weight bytes,
-# then the scales from the next 16-byte boundary (Triton specializes a kernel on its pointers'
-# 16-byte divisibility), both contiguous. Why one buffer: a compiled caller checks every tensor a
-# module reads on each call, and on a 64-layer compiled stack int8_wo's second tensor cost ~97 ns of
-# the ~173 ns of checks it adds a layer over nn.Linear (benchmarks/results/2026-12-04-cpu/guard-split/),
-# while a compiled decode step of a small model is bound by the host. So traced code reads the one
-# buffer and makes the views inside the graph (a CUDA graph replays them for free), and eager calls
-# read the views, kept as plain attributes (`runtime_views`), paying no view op per call.
+# memory). On an accelerator they are views of one uint8 tensor, `w_packed` (PACKED): the N*K weight
+# bytes, then the scales from the next 16-byte boundary (Triton specializes a kernel on its
+# pointers' 16-byte divisibility), both contiguous. Eager calls read the views, kept as plain
+# attributes (`runtime_views`), paying no view op per call; traced code reads `w_packed` and makes
+# the views inside the graph (a CUDA graph replays them for free): packed_forward.
+#
+# Why: a compiled caller evaluates guards on everything a module's forward reads, on every call, and
+# a compiled decode step of a small model is bound by the host. On a 64-layer compiled stack a
+# second tensor cost ~97 ns of the ~173 ns of checks int8_wo added a layer over nn.Linear
+# (benchmarks/results/2026-12-04-cpu/guard-split/). `w_packed` is a parameter (requires_grad=False,
+# as bitsandbytes' packed weights are, and left out of state_dict: the canonical tensors are the
+# state) because dynamo checks a parameter as it checks nn.Linear's weight, while a buffer of a
+# module that is not torch's own costs a dict check and an aliasing check more.
 # Functions, not a base class: each class in a module's MRO adds a check to every compiled call.
 WEIGHT_ONLY_VIEWS = ("w_q", "w_scale")
+PACKED = "w_packed"
+# What packed_forward takes beside the module: (qdtype, scale dtype, route, GEMV loaded), each
+# distinct tuple once under a small int, which a packed module keeps (`_traced`). A compiled
+# caller then checks one int a module and each tuple once a graph; a tuple attribute costs a type,
+# a length and an equality check a module. Holds the distinct layouts a process packs: a handful.
+PackedCall = tuple[torch.dtype, torch.dtype, Route, bool]
+PACKED_CALLS: dict[int, PackedCall] = {}
+_PACKED_KEYS: dict[PackedCall, int] = {}
+
+
+def packed_call_key(call: PackedCall) -> int:
+    """The key of `call` in PACKED_CALLS (added on first use)."""
+    key = _PACKED_KEYS.setdefault(call, len(_PACKED_KEYS))
+    PACKED_CALLS[key] = call
+    return key
 
 
 def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: torch.dtype) -> None:
     """Lay out a weight-only module's w_q and w_scale (its canonical scales cast to scale_dtype) on
     `device` (the comment above). Canonical tensors on `device` (canonical_on_device) keep one copy
-    of the weight there: the canonical qweight becomes the buffer's weight bytes, and a re-pack
+    of the weight there: the canonical qweight becomes the packed weight bytes, and a re-pack
     finding it there (a fused member wrote its rows through) rewrites only the scales."""
     q, s = m._canon["qweight"], m._canon["scale"].to(dtype=scale_dtype)
-    held = m._buffers.get("w_packed")
+    held = m._parameters.get(PACKED)
     m.drop_runtime()
-    m._scale_dtype = scale_dtype
     if device.type == "cpu":
         m.register_buffer("w_q", q.to(device), persistent=False)  # [N, K]
         m.register_buffer("w_scale", s.to(device), persistent=False)  # [N]
         return
     in_place = held is not None and held.device == device and same_storage(held, q) and q.storage_offset() == 0
     buf = packed_buffer(q, s, device, into=held if in_place else None)
-    m.register_buffer("w_packed", buf, persistent=False)
+    m.register_parameter(PACKED, nn.Parameter(buf, requires_grad=False))
     m.w_q, m.w_scale = packed_views(buf, m.out_features, m.in_features, q.dtype, scale_dtype)
     if q.device == device:
         m._canon["qweight"] = m.w_q
+    if "act_scale" not in m._canon:  # an input-scaled module divides first: its _forward does
+        m._traced = packed_call_key((q.dtype, scale_dtype, m._route, m._gemv))
 
 
 def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -483,19 +523,6 @@ def packed_views(buf: torch.Tensor, n: int, k: int, qdtype: torch.dtype, scale_d
     return buf[:n * k].view(qdtype).view(n, k), buf[at:].view(scale_dtype)
 
 
-def runtime_weights(m: PerChannelWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w_q [N, K], w_scale [N]) of a weight-only module called on x (on the module's device):
-    made from its packed buffer while dynamo traces off the host (the only tensor a compiled caller
-    then checks; x's device is part of x's own check), else its attributes."""
-    if torch.compiler.is_compiling() and not x.is_cpu:
-        buf, k, sdtype = m.w_packed, x.shape[-1], m._scale_dtype
-        # N from the buffer's length (N*K weight bytes padded by under 16, then N scales): the
-        # shapes dynamo checks already, where out_features and in_features would be two checks more
-        n = buf.numel() // (k + sdtype.itemsize)
-        return packed_views(buf, n, k, m.qdtype, sdtype)
-    return m.w_q, m.w_scale
-
-
 def add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y [..., N] + bias [N] in y's dtype; y when there is no bias."""
     return y if bias is None else y + bias.to(y.dtype)
@@ -519,6 +546,20 @@ def per_channel_weight_only(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.
     if gemv and x2.shape[0] <= GEMV_MAX_ROWS:
         return call_op("per_channel_gemv", x2, w_q, w_scale)
     return torch.nn.functional.linear(x2, w_q.to(x2.dtype)) * w_scale.to(x2.dtype)
+
+
+def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, scale_dtype: torch.dtype,
+                   route: Route, gemv: bool) -> torch.Tensor:
+    """A packed weight-only module's forward (x [..., K] -> [..., N]) as traced off the host: reads
+    the module's `w_packed` and bias only, the rest comes as arguments (PACKED_CALLS). N from the
+    buffer's length (N*K weight bytes padded by under 16, then N scales) and K from x: shapes
+    dynamo checks already, where out_features and in_features would be two checks more."""
+    x2 = flatten_tokens(x)
+    buf, k = m.w_packed, x2.shape[-1]
+    n = buf.numel() // (k + scale_dtype.itemsize)
+    w_q, w_scale = packed_views(buf, n, k, qdtype, scale_dtype)
+    y = per_channel_weight_only(x2, w_q, w_scale, gemv and route_kernel(route, x2.shape[0]) == "triton")
+    return unflatten_tokens(add_bias(y, m.bias), x)
 
 
 def pad_rows(x: torch.Tensor, multiple: int, minimum: int = 0) -> torch.Tensor:

@@ -21,7 +21,6 @@ from autoao.kernels._base import (
     flatten_tokens,
     pack_weight_only,
     per_channel_weight_only,
-    runtime_weights,
     unflatten_tokens,
 )
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
@@ -124,7 +123,7 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        y = per_channel_weight_only(x2, *runtime_weights(self, x2), self._gemv)
+        y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)
         return unflatten_tokens(add_bias(y, self.bias), x)
 
     def reference(self, x):

@@ -29,7 +29,6 @@ from autoao.kernels._base import (
     pack_weight_only,
     pad_rows,
     per_channel_weight_only,
-    runtime_weights,
     unflatten_tokens,
 )
 from autoao.kernels.cpu_isa import fbgemm_reduce_range
@@ -174,8 +173,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
         x2 = flatten_tokens(x)
         kern = route_kernel(self._route, x2.shape[0])
         if not x2.is_cpu or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
-            w_q, w_scale = runtime_weights(self, x2)
-            y = per_channel_weight_only(x2, w_q, w_scale, self._gemv and kern == "triton")
+            y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv and kern == "triton")
         elif kern == "dequant":  # [N, K] weight in x's dtype, made per call, then one matmul
             y = torch.nn.functional.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
         else:

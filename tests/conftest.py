@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# `python -m pytest` (and `python -c`, which tests start) put the working directory first on
+# sys.path; from the repository root that makes its kernels/ folder (autoao.kernels' source) the
+# top-level `kernels` package, which transformers >= 5.25 imports as Hugging Face's. The installed
+# autoao does not need the root on sys.path, so neither this process nor those it starts get it.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+os.environ["PYTHONSAFEPATH"] = "1"
 
 
 def _demo_installed() -> bool:

@@ -17,7 +17,7 @@ from autoao.evaluators.sensitivity import heldout_split, layer_errors
 from autoao.kernels import algorithms
 from autoao.kernels.quant import dequantize_int4_groupwise, quantize_int4_groupwise, quantize_int8_per_channel
 from autoao.profile import profile
-from tests.tiny_models import build
+from tiny_models import build
 
 
 def correlated_inputs(rows: int, k: int, seed: int = 0) -> torch.Tensor:

@@ -76,7 +76,7 @@ def test_readme_quickstart_runs(tmp_path, monkeypatch):
     candidates; it writes the report, plan.json and model.safetensors, and the load is bit-exact."""
     if _summary_has_verdict() is False:
         pytest.skip("optimize's summary has no `verdict` yet: the README's quickstart runs once it has")
-    from tests.tiny_models import TinyLM
+    from tiny_models import TinyLM
 
     code = _readme_quickstart()
     assert 'budget="10m"' in code
