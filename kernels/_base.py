@@ -154,8 +154,14 @@ class QuantizedLinear(nn.Module):
         # siblings: (the group, this layer's index in it). Not a submodule (no state_dict entry).
         self.fused: tuple[Any, int] | None = None
         # Set by pack_weight_only off the host: the key of PACKED_CALLS' entry holding what
-        # packed_forward needs beside the packed parameter; None elsewhere.
+        # packed_forward needs beside the packed parameter (that entry is also `_packed_call`, from
+        # which a module unpickled in another process gets its key there); None elsewhere.
         self._traced: int | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if self.__dict__.get("_traced") is not None:  # PACKED_CALLS' keys are per process: re-key
+            self._traced = packed_call_key(self._packed_call)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -487,7 +493,8 @@ def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: to
     if q.device == device:
         m._canon["qweight"] = m.w_q
     if "act_scale" not in m._canon:  # an input-scaled module divides first: its _forward does
-        m._traced = packed_call_key((q.dtype, scale_dtype, m._route, m._gemv))
+        m._packed_call = (q.dtype, scale_dtype, m._route, m._gemv)
+        m._traced = packed_call_key(m._packed_call)
 
 
 def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

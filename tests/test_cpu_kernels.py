@@ -337,6 +337,23 @@ def test_a_weight_only_module_off_the_host_gives_a_compiled_caller_one_tensor(na
     assert not any(hasattr(layer, t) for t in ("w_q", "w_scale", "w_packed"))
 
 
+def test_a_pickled_packed_module_keys_its_constants_where_it_is_loaded(monkeypatch):
+    """A packed module keeps the key of its traced constants, which is only this process's: a module
+    pickled elsewhere gets this process's key for its own constants, not whatever the old key names
+    here. (Restored through __setstate__, as pickle restores it; "meta" tensors do not pickle.)"""
+    from autoao.kernels import _base
+
+    model = _two_linears()
+    off_host = autoao.apply(copy.deepcopy(model), Plan.uniform(model, "fp8_wo")).to("meta")
+    mine = off_host[0]._packed_call
+    other = (torch.int8, torch.bfloat16, (("triton", None),), True)
+    monkeypatch.setattr(_base, "PACKED_CALLS", {off_host[0]._traced: other})
+    monkeypatch.setattr(_base, "_PACKED_KEYS", {other: off_host[0]._traced})
+    loaded = copy.deepcopy(off_host)
+    assert _base.PACKED_CALLS[loaded[0]._traced] == mine != other
+    assert loaded[0]._traced != off_host[0]._traced
+
+
 @pytest.mark.parametrize("name", sorted(EXTRA_GUARDS_OFF_HOST_AT_MOST))
 def test_canonical_weights_on_the_device_are_the_packed_buffers_bytes(name):
     """Modules built to be measured (canonical_on_device) hold one copy of a weight off the host; a
