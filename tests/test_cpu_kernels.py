@@ -346,11 +346,13 @@ def test_a_pickled_packed_module_keys_its_constants_where_it_is_loaded(monkeypat
     model = _two_linears()
     off_host = autoao.apply(copy.deepcopy(model), Plan.uniform(model, "fp8_wo")).to("meta")
     mine = off_host[0]._packed_call
-    other = (torch.int8, torch.bfloat16, (("triton", None),), True)
-    monkeypatch.setattr(_base, "PACKED_CALLS", {off_host[0]._traced: other})
-    monkeypatch.setattr(_base, "_PACKED_KEYS", {other: off_host[0]._traced})
+    # the loading process has packed other layouts, under every key up to this module's
+    others = {key: (torch.int8, torch.bfloat16, (("triton", key + 1), ("dequant", None)), True)
+              for key in range(off_host[0]._traced + 1)}
+    monkeypatch.setattr(_base, "PACKED_CALLS", dict(others))
+    monkeypatch.setattr(_base, "_PACKED_KEYS", {call: key for key, call in others.items()})
     loaded = copy.deepcopy(off_host)
-    assert _base.PACKED_CALLS[loaded[0]._traced] == mine != other
+    assert _base.PACKED_CALLS[loaded[0]._traced] == mine and mine not in others.values()
     assert loaded[0]._traced != off_host[0]._traced
 
 
