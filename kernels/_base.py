@@ -380,6 +380,7 @@ class QuantizedLinear(nn.Module):
         for name in self.runtime_views:
             self.__dict__.pop(name, None)
         self._parameters.pop(PACKED, None)
+        self.__dict__.pop("_packed_call", None)
         self._traced = None
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[override]
@@ -464,6 +465,7 @@ PACKED = "w_packed"
 # distinct tuple once under a small int, which a packed module keeps (`_traced`). A compiled
 # caller then checks one int a module and each tuple once a graph; a tuple attribute costs a type,
 # a length and an equality check a module. Holds the distinct layouts a process packs: a handful.
+# A dict, not a list: dynamo checks a list's length, so a layout packed later would recompile.
 PackedCall = tuple[torch.dtype, torch.dtype, Route, bool]
 PACKED_CALLS: dict[int, PackedCall] = {}
 _PACKED_KEYS: dict[PackedCall, int] = {}
