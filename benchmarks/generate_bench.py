@@ -14,7 +14,8 @@ is applied the same way and timed as one more side.
 with --workload eager|compiled, optimize is also given that generate() as its `workload`, so it
 ships the plan only if faster there, and generate.json keeps what it measured (optimize_workload);
 each --plan (made on the real model's layer names) is applied to it as one more side, and
---no-search leaves only those.
+--no-search leaves only those; --narrow adds the same model NARROW times narrower, as it came and
+with each --plan (narrow_sides: the host's ceiling for any plan).
 For each mode, --rounds rounds, the models alternating (ABC ABC ...), each round one
 greedy `generate()` of --new-tokens tokens (min = max, so both produce the same count) after a
 --prompt-tokens prompt of held-out text, KV cache on:
@@ -165,6 +166,9 @@ SYNTHETIC = {"llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)}
 
 
+NARROW = 4  # --narrow: hidden and intermediate sizes divided by this (SmolLM2: 576 -> 144, head_dim 16)
+
+
 def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float | None]:
     """The built-in --model as it came, with --run's plan ("plan") and with each --plan; held-out text
     prompts; the forward speed-up --run reported (None without --run)."""
@@ -205,9 +209,28 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
         args.search_decisions = [d.describe() for d in res.summary.decisions]  # a refusal's numbers are here
         models["plan"], reported = res.model, res.summary.speedup.measured
     # plans made on the real model's layer names apply to its random-init twin
-    models.update(plan_sides(base, plan_specs(args), lambda: [
-        torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(args.device) for _ in range(4)]))
+    calibration = lambda: [torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(args.device) for _ in range(4)]  # noqa: E731
+    models.update(plan_sides(base, plan_specs(args), calibration))
+    if args.narrow:
+        models.update(narrow_sides(args, config, calibration))
     return models, prompts, reported
+
+
+def narrow_sides(args: argparse.Namespace, config, calibration) -> dict[str, torch.nn.Module]:
+    """--narrow: the same architecture with hidden and intermediate sizes cut NARROW times (the
+    same modules, heads, vocabulary and so the same host work a token: transformers' loop, dynamo's
+    guards, the graph's kernel count), as it came and with each --plan: its linear layers (and
+    attention) cost next to nothing on the device, so its tokens/s over the full model's is a
+    ceiling for what any plan of the linear layers can do to this generate() on this host."""
+    import transformers
+
+    shape = {k: getattr(config, k) // NARROW for k in ("hidden_size", "intermediate_size")}
+    shape["head_dim"] = shape["hidden_size"] // config.num_attention_heads  # else to_dict() keeps the full one
+    with torch.device(args.device):
+        narrow = transformers.LlamaForCausalLM(config.__class__(**{**config.to_dict(), **shape}))
+        narrow = narrow.to(torch.bfloat16).eval()
+    sides = {"narrow, as it came": narrow, **plan_sides(narrow, plan_specs(args), calibration)}
+    return {(k if k.startswith("narrow") else f"narrow, {k}"): m for k, m in sides.items()}
 
 
 def plan_specs(args: argparse.Namespace) -> list[tuple[str, Path]]:
@@ -274,6 +297,8 @@ def main() -> None:
     ap.add_argument("--candidates", default="bf16,int4_wo(group_size=128)", help="--synthetic: its candidates")
     ap.add_argument("--profile", action="store_true", help="after each mode's rounds, one generate() per side "
                     "under torch.profiler: wall and device ms a token, dynamo lookups, graph and kernel launches, syncs")
+    ap.add_argument("--narrow", action="store_true", help=f"--synthetic: more sides, the model {NARROW}x narrower "
+                    "as it came and with each --plan: the host's ceiling for any plan (narrow_sides)")
     ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
                     help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()

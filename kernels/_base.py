@@ -151,8 +151,10 @@ class QuantizedLinear(nn.Module):
         self._route: Route = ()  # the route forward follows on this device (_route_on)
         self.algorithm = "rtn"  # subclasses taking an algorithm set it with _set_algorithm
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
-        # siblings: (the group, this layer's index in it). Not a submodule (no state_dict entry).
+        # siblings: (the group, this layer's index in it), not a submodule (no state_dict entry);
+        # and what forward reads of it, this layer's slot among the group's (fused_take).
         self.fused: tuple[Any, int] | None = None
+        self._fused_slot: int | None = None
         # Set by pack_weight_only off the host: the key of PACKED_CALLS' entry holding what
         # packed_forward needs beside the packed parameter (that entry is also `_packed_call`, from
         # which a module unpickled in another process gets its key there); None elsewhere.
@@ -249,9 +251,9 @@ class QuantizedLinear(nn.Module):
         traced = self._traced
         if traced is not None and torch.compiler.is_compiling() and not x.is_cpu:
             return packed_forward(self, x, *PACKED_CALLS[traced])
-        if self.fused is not None:
-            group, index = self.fused
-            return group.take(x, index)
+        slot = self._fused_slot
+        if slot is not None:
+            return fused_take(self, x, slot)
         scale = self._buffers.get("act_scale_rt")
         return self._forward(x if scale is None else x / scale.to(x.dtype))
 
@@ -476,6 +478,31 @@ def packed_call_key(call: PackedCall) -> int:
     key = _PACKED_KEYS.setdefault(call, len(_PACKED_KEYS))
     PACKED_CALLS[key] = call
     return key
+
+
+# Fused members' outputs owed (kernels/fused.py): a member's slot -> (the input, its output), put
+# by the member called first on that input for its siblings; empty between forwards. Here rather
+# than on the group so that under torch.compile only the member called first reaches the group
+# object: members reaching one object by two paths cost a compiled caller a Python aliasing check.
+FUSED_CALLS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def fused_take(m: QuantizedLinear, x: torch.Tensor, slot: int) -> torch.Tensor:
+    """Fused member m's output for x [..., K]: [..., N_m], its view of the group's output, which
+    the first member called on x computes for all. A member takes its output only if put for the
+    input it was given, so members called on another tensor, or copies of a model (which share
+    slots), recompute and never mix."""
+    owed = FUSED_CALLS.pop(slot, None)
+    if owed is not None and owed[0] is x:
+        return owed[1]
+    group = m.fused[0]  # type: ignore[index]
+    mine = x
+    for s, y in zip(group.slots, group.module(x).split(group.splits, dim=-1)):
+        if s == slot:
+            mine = y
+        else:
+            FUSED_CALLS[s] = (x, y)
+    return mine
 
 
 def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: torch.dtype) -> None:

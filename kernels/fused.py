@@ -19,18 +19,21 @@ fused module's (one host copy) and drop their runtime tensors (one device copy).
 Contract with the caller: the members are called, each once, on the same input tensor object
 between two uses of the group (what autoao.profile's sibling detection checks on the example
 inputs). A member called on another tensor, or again, recomputes the group's output: still right,
-only slower. Works under torch.compile(fullgraph=True): the per-call state lives on this Python
-object, which dynamo traces as side effects, and is cleared after the last member's call, so
-nothing is held between forwards.
+only slower. Works under torch.compile(fullgraph=True): the per-call state lives in one dict
+(kernels/_base.py FUSED_CALLS: what the first member called owes its siblings), which dynamo
+traces as side effects, and each member takes its own, so nothing is held between forwards.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 from autoao.kernels._base import QuantizedLinear
+
+_SLOTS = itertools.count()
 
 
 class FusedRows:
@@ -57,28 +60,14 @@ class FusedRows:
                                             for m in members]))
         self.module = fused
         self.members = list(members)
+        self.slots = tuple(next(_SLOTS) for _ in members)  # the members' in FUSED_CALLS; copies share them
         start = 0
         for i, m in enumerate(members):
             stop = start + m.out_features
             m._canon = {name: t[start:stop] for name, t in fused._canon.items()}  # [N_i, ...] row views
             m.drop_runtime()
-            m.fused = (self, i)
+            m.fused, m._fused_slot = (self, i), self.slots[i]
             start = stop
-        self._input: torch.Tensor | None = None
-        self._outputs: tuple[torch.Tensor, ...] | None = None
-        self._pending = 0
-
-    def take(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """Member `index`'s output for x [..., K]: [..., N_index], a view of the group's output."""
-        if self._input is not x:  # the first sibling called on this input: one kernel for all
-            self._input = x
-            self._outputs = self.module(x).split(self.splits, dim=-1)
-            self._pending = len(self.splits)
-        out = self._outputs[index]  # type: ignore[index]
-        self._pending -= 1
-        if self._pending == 0:  # every sibling has its output: hold nothing until the next input
-            self._input = self._outputs = None
-        return out
 
     def set_kernel(self, kernel: str) -> None:
         """Switch the group's CUDA kernel (every member reports it)."""

@@ -11,7 +11,7 @@ from torch import nn
 
 import autoao
 from autoao import search_space
-from autoao.kernels import FusedRows, QuantizedLinear, fuse_problem
+from autoao.kernels import FusedRows, QuantizedLinear, _base, fuse_problem
 from autoao.plan import Plan, PlanError, plan_of
 from autoao.profile import profile
 
@@ -105,7 +105,7 @@ def test_fused_siblings_compute_the_same_numbers(cand, bias):
         group = FusedRows([model.get_submodule(f) for f in QKV])
         after = model(x)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
-    assert group._input is None  # nothing held after the forward
+    assert not set(group.slots) & set(_base.FUSED_CALLS)  # nothing held after the forward
     # the state dict is the members' own, unchanged: save/load and plan_of see per-layer tensors
     now = model.state_dict()
     assert now.keys() == state.keys() and all(torch.equal(now[k], state[k]) for k in state)
@@ -148,12 +148,32 @@ def test_members_called_on_another_input_recompute():
         q1 = model.q_proj(x)
         k2 = model.k_proj(x + 1)  # not the input q saw: the group runs again
         v2 = model.v_proj(x + 1)
-    assert group._outputs is not None  # q's call on x + 1 is still owed
+    # each `x + 1` is a new tensor, so v ran the group again too: q's and k's outputs for v's input are owed
+    assert set(group.slots) & set(_base.FUSED_CALLS) == set(group.slots[:2])
     with torch.no_grad():
         alone, _ = quantized("int8_wo")
         torch.testing.assert_close(q1, alone.q_proj(x), rtol=0, atol=0)
         torch.testing.assert_close(k2, alone.k_proj(x + 1), rtol=0, atol=0)
         torch.testing.assert_close(v2, alone.v_proj(x + 1), rtol=0, atol=0)
+
+
+def test_a_fused_group_costs_a_compiled_caller_no_aliasing_check():
+    """Only the member called first reads the group (kernels/_base.py fused_take): members reaching
+    one object by two paths would cost every compiled call a Python aliasing check a group. Off the
+    host ("meta" stands in for a GPU) the group gives the caller one packed weight for three."""
+    def guards(model: nn.Module) -> list[tuple[str, str]]:
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(torch.randn(1, 1, 64, dtype=torch.bfloat16, device="meta"))
+        return [(g.name, g.create_fn_name()) for g in explained.out_guards]
+
+    unfused, _ = quantized("fp8_wo")
+    fused, _ = quantized("fp8_wo")
+    FusedRows([fused.get_submodule(f) for f in QKV])
+    alone, grouped = guards(unfused.to("meta")), guards(fused.to("meta"))
+    assert not [name for name, kind in grouped if kind == "DUPLICATE_INPUT" and ".fused" in name]
+    assert not [name for name, _ in grouped if any(f"['{f}'].fused" in name for f in QKV[1:])]
+    tensors = [[name for name, kind in g if kind == "TENSOR_MATCH" and "_proj" in name] for g in (alone, grouped)]
+    assert len(tensors[0]) == 4 and len(tensors[1]) == 2  # q, k, v, o: the group's one and o's
 
 
 def test_fuse_problem_names_what_differs():
