@@ -15,7 +15,7 @@ with --workload eager|compiled, optimize is also given that generate() as its `w
 ships the plan only if faster there, and generate.json keeps what it measured (optimize_workload);
 each --plan (made on the real model's layer names) is applied to it as one more side, and
 --no-search leaves only those; --narrow adds the same model NARROW times narrower, as it came and
-with each --plan (narrow_sides: the host's ceiling for any plan).
+with each --plan (narrow_sides: how much of a token is the device's work on this host).
 For each mode, --rounds rounds, the models alternating (ABC ABC ...), each round one
 greedy `generate()` of --new-tokens tokens (min = max, so both produce the same count) after a
 --prompt-tokens prompt of held-out text, KV cache on:
@@ -218,10 +218,12 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
 
 def narrow_sides(args: argparse.Namespace, config, calibration) -> dict[str, torch.nn.Module]:
     """--narrow: the same architecture with hidden and intermediate sizes cut NARROW times (the
-    same modules, heads, vocabulary and so the same host work a token: transformers' loop, dynamo's
-    guards, the graph's kernel count), as it came and with each --plan: its linear layers (and
-    attention) cost next to nothing on the device, so its tokens/s over the full model's is a
-    ceiling for what any plan of the linear layers can do to this generate() on this host."""
+    same modules, heads, vocabulary, kernel count and so the same host work a token: transformers'
+    loop, dynamo's guards, the graph's launch), as it came and with each --plan. Its linear layers
+    and attention cost next to nothing on the device, so its tokens/s over the full model's says how
+    much of a token is the device's work on this host: where "narrow, as it came" runs about as
+    fast as the full model, the host sets the pace and no plan that keeps the kernel count can make
+    the token much faster (a fused plan launches fewer kernels, so it can exceed that)."""
     import transformers
 
     shape = {k: getattr(config, k) // NARROW for k in ("hidden_size", "intermediate_size")}
@@ -298,7 +300,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="after each mode's rounds, one generate() per side "
                     "under torch.profiler: wall and device ms a token, dynamo lookups, graph and kernel launches, syncs")
     ap.add_argument("--narrow", action="store_true", help=f"--synthetic: more sides, the model {NARROW}x narrower "
-                    "as it came and with each --plan: the host's ceiling for any plan (narrow_sides)")
+                    "as it came and with each --plan: how much of a token is the device's work (narrow_sides)")
     ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
                     help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()

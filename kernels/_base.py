@@ -152,9 +152,11 @@ class QuantizedLinear(nn.Module):
         self.algorithm = "rtn"  # subclasses taking an algorithm set it with _set_algorithm
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
         # siblings: (the group, this layer's index in it), not a submodule (no state_dict entry);
-        # and what forward reads of it, this layer's slot among the group's (fused_take).
+        # What forward reads of it (fused_take): this layer's slot, and the group's module as a plain
+        # attribute (not a submodule: state_dict, modules() and .to() see the members only).
         self.fused: tuple[Any, int] | None = None
         self._fused_slot: int | None = None
+        self._fused_unit: QuantizedLinear | None = None
         # Set by pack_weight_only off the host: the key of PACKED_CALLS' entry holding what
         # packed_forward needs beside the packed parameter (that entry is also `_packed_call`, from
         # which a module unpickled in another process gets its key there); None elsewhere.
@@ -482,8 +484,8 @@ def packed_call_key(call: PackedCall) -> int:
 
 # Fused members' outputs owed (kernels/fused.py): a member's slot -> (the input, its output), put
 # by the member called first on that input for its siblings; empty between forwards. Here rather
-# than on the group so that under torch.compile only the member called first reaches the group
-# object: members reaching one object by two paths cost a compiled caller a Python aliasing check.
+# than on the group so that under torch.compile only the member called first reaches the group's
+# module: members reaching one object by two paths cost a compiled caller a Python aliasing check.
 FUSED_CALLS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -495,9 +497,10 @@ def fused_take(m: QuantizedLinear, x: torch.Tensor, slot: int) -> torch.Tensor:
     owed = FUSED_CALLS.pop(slot, None)
     if owed is not None and owed[0] is x:
         return owed[1]
-    group = m.fused[0]  # type: ignore[index]
+    unit = m._fused_unit
+    slots, splits = unit.fused_parts  # type: ignore[union-attr]
     mine = x
-    for s, y in zip(group.slots, group.module(x).split(group.splits, dim=-1)):
+    for s, y in zip(slots, unit(x).split(splits, dim=-1)):  # type: ignore[misc]
         if s == slot:
             mine = y
         else:

@@ -61,12 +61,14 @@ class FusedRows:
         self.module = fused
         self.members = list(members)
         self.slots = tuple(next(_SLOTS) for _ in members)  # the members' in FUSED_CALLS; copies share them
+        fused.fused_parts = (self.slots, self.splits)  # one tuple: what the member called first reads
         start = 0
         for i, m in enumerate(members):
             stop = start + m.out_features
             m._canon = {name: t[start:stop] for name, t in fused._canon.items()}  # [N_i, ...] row views
             m.drop_runtime()
             m.fused, m._fused_slot = (self, i), self.slots[i]
+            m.__dict__["_fused_unit"] = fused  # not a submodule (nn.Module.__setattr__ would register it)
             start = stop
 
     def set_kernel(self, kernel: str) -> None:

@@ -5,6 +5,8 @@ and plans that carry fusions (JSON, validation, apply, save/load)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -155,6 +157,21 @@ def test_members_called_on_another_input_recompute():
         torch.testing.assert_close(q1, alone.q_proj(x), rtol=0, atol=0)
         torch.testing.assert_close(k2, alone.k_proj(x + 1), rtol=0, atol=0)
         torch.testing.assert_close(v2, alone.v_proj(x + 1), rtol=0, atol=0)
+
+
+def test_copies_of_a_fused_model_share_slots_but_never_mix_outputs():
+    model, x = quantized("int8_wo")
+    FusedRows([model.get_submodule(f) for f in QKV])
+    twin = copy.deepcopy(model)
+    assert twin.k_proj._fused_slot == model.k_proj._fused_slot  # copies share slots...
+    alone, _ = quantized("int8_wo")
+    y = x.flip(0)
+    with torch.no_grad():  # ...and their calls interleave: each member checks the input it was owed for
+        q, k_twin = model.q_proj(x), twin.k_proj(y)  # k's slot holds the output for x, not y
+        k, q_twin, v, v_twin = model.k_proj(x), twin.q_proj(y), model.v_proj(x), twin.v_proj(y)
+        for got, f, inp in [(q, "q_proj", x), (k, "k_proj", x), (v, "v_proj", x), (q_twin, "q_proj", y),
+                            (k_twin, "k_proj", y), (v_twin, "v_proj", y)]:
+            torch.testing.assert_close(got, alone.get_submodule(f)(inp), rtol=0, atol=0)
 
 
 def test_a_fused_group_costs_a_compiled_caller_no_aliasing_check():
