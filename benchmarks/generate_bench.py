@@ -299,8 +299,7 @@ def main() -> None:
     ap.add_argument("--candidates", default="bf16,int4_wo(group_size=128)", help="--synthetic: its candidates")
     ap.add_argument("--profile", action="store_true", help="after each mode's rounds, one generate() per side "
                     "under torch.profiler: wall and device ms a token, dynamo lookups, graph and kernel launches, syncs")
-    ap.add_argument("--narrow", action="store_true", help=f"--synthetic: more sides, the model {NARROW}x narrower "
-                    "as it came and with each --plan: how much of a token is the device's work (narrow_sides)")
+    ap.add_argument("--narrow", action="store_true", help=f"--synthetic: also {NARROW}x narrower sides (narrow_sides)")
     ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
                     help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()

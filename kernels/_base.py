@@ -45,6 +45,7 @@ from autoao.kernels.routes import (
     route_problem,
     route_text,
 )
+from autoao.kernels.tensors import add_bias, flatten_tokens, same_storage, unflatten_tokens
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # Rows (tokens) up to which the weight-only "triton" kernels run autoao's GEMV (triton_gemv.py;
@@ -531,11 +532,6 @@ def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: to
         m._traced = packed_call_key(m._packed_call)
 
 
-def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a and b view one storage (also on "meta", where every data pointer is 0)."""
-    return a.device == b.device and a.untyped_storage()._cdata == b.untyped_storage()._cdata
-
-
 def packed_buffer(q: torch.Tensor, s: torch.Tensor, device: torch.device | str,
                   into: torch.Tensor | None = None) -> torch.Tensor:
     """q [N, K] (1-byte dtype) and s [N] packed into one uint8 buffer on `device` (the comment
@@ -564,21 +560,6 @@ def packed_views(buf: torch.Tensor, n: int, k: int, qdtype: torch.dtype, scale_d
     return buf[:n * k].view(qdtype).view(n, k), buf[at:].view(scale_dtype)
 
 
-def add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """y [..., N] + bias [N] in y's dtype; y when there is no bias."""
-    return y if bias is None else y + bias.to(y.dtype)
-
-
-def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] -> [M, K] (a view when possible)."""
-    return x.reshape(-1, x.shape[-1])
-
-
-def unflatten_tokens(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """y [M, N] -> [..., N] with x's leading dims."""
-    return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
 def per_channel_weight_only(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, gemv: bool) -> torch.Tensor:
     """x2 [M, K] @ (w_q * w_scale[:, None])^T in x2.dtype, for int8 or fp8 per-channel weights w_q
     [N, K] and scales w_scale [N]: autoao's Triton GEMV (torch.ops.autoao.per_channel_gemv, loaded
@@ -601,15 +582,3 @@ def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, sca
     w_q, w_scale = packed_views(buf, n, k, qdtype, scale_dtype)
     y = per_channel_weight_only(x2, w_q, w_scale, gemv and route_kernel(route, x2.shape[0]) == "triton")
     return unflatten_tokens(add_bias(y, m.bias), x)
-
-
-def pad_rows(x: torch.Tensor, multiple: int, minimum: int = 0) -> torch.Tensor:
-    """Zero-pad x [M, K] to at least `minimum` rows and a multiple of `multiple` rows.
-
-    Some kernels (torch._int_mm on CUDA: M > 16; cuSPARSELt: M % 16 == 0) refuse small or odd M;
-    decode has M = 1. The padded rows are sliced off the output by the caller.
-    """
-    m = x.shape[0]
-    target = max(m, minimum)
-    target = cdiv(target, multiple) * multiple
-    return x if target == m else torch.nn.functional.pad(x, (0, 0, 0, target - m))

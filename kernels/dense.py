@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, add_bias
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear
 from autoao.kernels.routes import KernelInfo, route_kernel
+from autoao.kernels.tensors import add_bias
 
 
 class Bf16Linear(QuantizedLinear):

@@ -17,14 +17,12 @@ from autoao.kernels._base import (
     CanonicalSpec,
     PerChannelWeights,
     QuantizedLinear,
-    add_bias,
-    flatten_tokens,
     pack_weight_only,
     per_channel_weight_only,
-    unflatten_tokens,
 )
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
 from autoao.kernels.routes import KernelInfo
+from autoao.kernels.tensors import add_bias, flatten_tokens, unflatten_tokens
 
 GRANULARITIES = ("row", "tensor")
 

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, add_bias, flatten_tokens, unflatten_tokens
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear
 from autoao.kernels.gguf_k import quantize_q6_k, quantize_q8_k, unpack_q6_k
+from autoao.kernels.tensors import add_bias, flatten_tokens, unflatten_tokens
 
 BLOCK = 32  # inputs per block, every type here
 

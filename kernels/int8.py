@@ -24,12 +24,8 @@ from autoao.kernels._base import (
     GEMV_MAX_ROWS,
     WEIGHT_ONLY_VIEWS,
     PerChannelWeights,
-    add_bias,
-    flatten_tokens,
     pack_weight_only,
-    pad_rows,
     per_channel_weight_only,
-    unflatten_tokens,
 )
 from autoao.kernels.cpu_isa import fbgemm_reduce_range
 from autoao.kernels.algorithms import quantize_int8
@@ -40,6 +36,7 @@ from autoao.kernels.quant import (
     quantize_per_token,
 )
 from autoao.kernels.routes import KernelInfo, route_kernel
+from autoao.kernels.tensors import add_bias, flatten_tokens, pad_rows, unflatten_tokens
 
 # torch._int_mm on CUDA needs M > 16 (cuBLASLt int8 heuristics); decode rows are padded up to this.
 _INT_MM_MIN_ROWS_CUDA = 17

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 
 from autoao.calibration import LayerStats
 from autoao.clock import fastest
-from autoao.kernels._base import CanonicalSpec, QuantizedLinear, add_bias, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear
 from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
 from autoao.kernels.ops import EAGER, call_op
 from autoao.kernels.quant import FP8_DTYPE, dequantize_output, prune_24_mask, quantize_per_token
+from autoao.kernels.tensors import add_bias, flatten_tokens, pad_rows, unflatten_tokens
 
 # cuSPARSELt's dense operand needs its row count (our M) aligned: 16 covers bf16/fp16, int8, fp8.
 _CSLT_ROW_MULTIPLE = 16

@@ -361,7 +361,8 @@ def test_canonical_weights_on_the_device_are_the_packed_buffers_bytes(name):
     """Modules built to be measured (canonical_on_device) hold one copy of a weight off the host; a
     fused group's members keep viewing the buffer it runs from when it re-packs ("meta" stands in
     for a GPU: it checks which storage each tensor views, not numbers)."""
-    from autoao.kernels._base import canonical_on_device, same_storage
+    from autoao.kernels._base import canonical_on_device
+    from autoao.kernels.tensors import same_storage
     from autoao.kernels.fused import FusedRows
 
     cand = search_space.get(name)
