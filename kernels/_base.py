@@ -152,7 +152,7 @@ class QuantizedLinear(nn.Module):
         self._route: Route = ()  # the route forward follows on this device (_route_on)
         self.algorithm = "rtn"  # subclasses taking an algorithm set it with _set_algorithm
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
-        # siblings: (the group, this layer's index in it), not a submodule (no state_dict entry);
+        # siblings: (the group, this layer's index in it), not a submodule (no state_dict entry).
         # What forward reads of it (fused_take): this layer's slot, and the group's module as a plain
         # attribute (not a submodule: state_dict, modules() and .to() see the members only).
         self.fused: tuple[Any, int] | None = None
@@ -500,12 +500,10 @@ def fused_take(m: QuantizedLinear, x: torch.Tensor, slot: int) -> torch.Tensor:
         return owed[1]
     unit = m._fused_unit
     slots, splits = unit.fused_parts  # type: ignore[union-attr]
-    mine = x
-    for s, y in zip(slots, unit(x).split(splits, dim=-1)):  # type: ignore[misc]
-        if s == slot:
-            mine = y
-        else:
-            FUSED_CALLS[s] = (x, y)
+    outputs = dict(zip(slots, unit(x).split(splits, dim=-1)))  # type: ignore[misc]
+    mine = outputs.pop(slot)
+    for s, y in outputs.items():
+        FUSED_CALLS[s] = (x, y)
     return mine
 
 

@@ -27,11 +27,12 @@ traces as side effects, and each member takes its own, so nothing is held betwee
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any
 
 import torch
 
-from autoao.kernels._base import QuantizedLinear
+from autoao.kernels._base import FUSED_CALLS, QuantizedLinear
 
 _SLOTS = itertools.count()
 
@@ -62,6 +63,8 @@ class FusedRows:
         self.members = list(members)
         self.slots = tuple(next(_SLOTS) for _ in members)  # the members' in FUSED_CALLS; copies share them
         fused.fused_parts = (self.slots, self.splits)  # one tuple: what the member called first reads
+        # outputs still owed when the group goes (a forward interrupted between members) go with it
+        weakref.finalize(fused, _forget, self.slots)
         start = 0
         for i, m in enumerate(members):
             stop = start + m.out_features
@@ -80,6 +83,11 @@ class FusedRows:
     def repack(self) -> None:
         """Rebuild the runtime tensors after a member wrote new canonical rows (load_state_dict)."""
         self.module._repack(self.module.device)
+
+
+def _forget(slots: tuple[int, ...]) -> None:
+    for slot in slots:
+        FUSED_CALLS.pop(slot, None)
 
 
 def fuse_problem(members: list[Any]) -> str | None:

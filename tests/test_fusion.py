@@ -6,6 +6,7 @@ and plans that carry fusions (JSON, validation, apply, save/load)."""
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -157,6 +158,10 @@ def test_members_called_on_another_input_recompute():
         torch.testing.assert_close(q1, alone.q_proj(x), rtol=0, atol=0)
         torch.testing.assert_close(k2, alone.k_proj(x + 1), rtol=0, atol=0)
         torch.testing.assert_close(v2, alone.v_proj(x + 1), rtol=0, atol=0)
+    slots = group.slots
+    del model, group
+    gc.collect()
+    assert not set(slots) & set(_base.FUSED_CALLS)  # what was still owed goes with the group
 
 
 def test_copies_of_a_fused_model_share_slots_but_never_mix_outputs():
