@@ -209,7 +209,9 @@ def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], l
         args.search_decisions = [d.describe() for d in res.summary.decisions]  # a refusal's numbers are here
         models["plan"], reported = res.model, res.summary.speedup.measured
     # plans made on the real model's layer names apply to its random-init twin
-    calibration = lambda: [torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(args.device) for _ in range(4)]  # noqa: E731
+    def calibration() -> list[torch.Tensor]:
+        return [torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(args.device) for _ in range(4)]
+
     models.update(plan_sides(base, plan_specs(args), calibration))
     if args.narrow:
         models.update(narrow_sides(args, config, calibration))

@@ -574,9 +574,15 @@ def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, sca
     the module's `w_packed` and bias only, the rest comes as arguments (PACKED_CALLS). N from the
     buffer's length (N*K weight bytes padded by under 16, then N scales) and K from x: shapes
     dynamo checks already, where out_features and in_features would be two checks more."""
-    x2 = flatten_tokens(x)
-    buf, k = m.w_packed, x2.shape[-1]
+    buf, k = m.w_packed, x.shape[-1]
     n = buf.numel() // (k + scale_dtype.itemsize)
-    w_q, w_scale = packed_views(buf, n, k, qdtype, scale_dtype)
+    return weight_only_forward(x, *packed_views(buf, n, k, qdtype, scale_dtype), m.bias, route, gemv)
+
+
+def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                        route: Route, gemv: bool) -> torch.Tensor:
+    """x [..., K] -> [..., N]: per_channel_weight_only on x's rows (the GEMV where `gemv` and the
+    route's kernel for that many rows is "triton"), bias added."""
+    x2 = flatten_tokens(x)
     y = per_channel_weight_only(x2, w_q, w_scale, gemv and route_kernel(route, x2.shape[0]) == "triton")
-    return unflatten_tokens(add_bias(y, m.bias), x)
+    return unflatten_tokens(add_bias(y, bias), x)

@@ -18,7 +18,7 @@ from autoao.kernels._base import (
     PerChannelWeights,
     QuantizedLinear,
     pack_weight_only,
-    per_channel_weight_only,
+    weight_only_forward,
 )
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
 from autoao.kernels.routes import KernelInfo
@@ -120,9 +120,7 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
         pack_weight_only(self, device, torch.float32)
 
     def _forward(self, x):
-        x2 = flatten_tokens(x)
-        y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv)
-        return unflatten_tokens(add_bias(y, self.bias), x)
+        return weight_only_forward(x, self.w_q, self.w_scale, self.bias, self._route, self._gemv)
 
     def reference(self, x):
         w = self._canon["qweight"].float() * self._canon["scale"][:, None]

@@ -46,9 +46,9 @@ class FusedRows:
             raise ValueError(f"cannot fuse these layers: {problem}")
         first = members[0]
         cls = type(first)
-        # a tuple: a compiled caller guards it as one value (a list, element by element)
-        self.splits = tuple(m.out_features for m in members)
-        n = sum(self.splits)
+        # tuples: a compiled caller guards each as one value (a list, element by element)
+        splits = tuple(m.out_features for m in members)
+        n = sum(splits)
         bias = any(m.bias is not None for m in members)
         fused = cls(first.in_features, n, bias, first.dtype, first.device, **first.params())
         fused.kernel = first.kernel  # before the canonical tensors arrive: pack once, for this kernel
@@ -61,8 +61,9 @@ class FusedRows:
                                             for m in members]))
         self.module = fused
         self.members = list(members)
-        self.slots = tuple(next(_SLOTS) for _ in members)  # the members' in FUSED_CALLS; copies share them
-        fused.fused_parts = (self.slots, self.splits)  # one tuple: what the member called first reads
+        # the members' slots in FUSED_CALLS (copies of a model share them) and output sizes: one
+        # tuple on the module, what the member called first reads
+        fused.fused_parts = (tuple(next(_SLOTS) for _ in members), splits)
         # outputs still owed when the group goes (a forward interrupted between members) go with it
         weakref.finalize(fused, _forget, self.slots)
         start = 0
@@ -73,6 +74,14 @@ class FusedRows:
             m.fused, m._fused_slot = (self, i), self.slots[i]
             m.__dict__["_fused_unit"] = fused  # not a submodule (nn.Module.__setattr__ would register it)
             start = stop
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return self.module.fused_parts[0]
+
+    @property
+    def splits(self) -> tuple[int, ...]:
+        return self.module.fused_parts[1]
 
     def set_kernel(self, kernel: str) -> None:
         """Switch the group's CUDA kernel (every member reports it)."""

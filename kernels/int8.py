@@ -172,7 +172,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
         if not x2.is_cpu or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
             y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv and kern == "triton")
         elif kern == "dequant":  # [N, K] weight in x's dtype, made per call, then one matmul
-            y = torch.nn.functional.linear(x2, self.w_q.to(x2.dtype)) * self.w_scale.to(x2.dtype)
+            y = per_channel_weight_only(x2, self.w_q, self.w_scale, False)
         else:
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, self.w_scale.to(x.dtype))
         return unflatten_tokens(add_bias(y, self.bias), x)

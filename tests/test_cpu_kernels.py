@@ -362,8 +362,8 @@ def test_canonical_weights_on_the_device_are_the_packed_buffers_bytes(name):
     fused group's members keep viewing the buffer it runs from when it re-packs ("meta" stands in
     for a GPU: it checks which storage each tensor views, not numbers)."""
     from autoao.kernels._base import canonical_on_device
-    from autoao.kernels.tensors import same_storage
     from autoao.kernels.fused import FusedRows
+    from autoao.kernels.tensors import same_storage
 
     cand = search_space.get(name)
     lins = [nn.Linear(64, n, bias=False).to(torch.bfloat16) for n in (32, 16)]
