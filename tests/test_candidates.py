@@ -326,6 +326,34 @@ def test_weight_only_modules_compiled_on_cuda_compute_what_they_compute_eagerly(
                 assert all(sqnr(a, b) >= KERNEL_VS_REFERENCE_DB for a, b in zip(eager, got)), (rows, mode)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["int8_wo", "fp8_wo"])
+def test_weight_only_modules_launch_one_kernel_for_a_prompts_rows(name):
+    """Called eagerly on a prompt's rows (generate()'s uncompiled prefill), a weight-only module
+    launches what nn.Linear does: one kernel (autoao's tensor-core Triton kernel) up to
+    DOT_MAX_ROWS bf16 rows; above them, three (the weight dequantized, the GEMM, the columns
+    scaled). Each launch is host time in every prefill."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from autoao.kernels._base import DOT_MAX_ROWS
+
+    def launches(f, x):
+        f(x)  # tunes the Triton kernel's configuration on first use
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            f(x)
+        return sum(e.count for e in prof.key_averages() if e.key in ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel"))
+
+    lin = make_linear(576, 192, False, torch.bfloat16).cuda()
+    m = search_space.get(name).build(lin).set_kernel("triton")
+    with torch.no_grad():
+        for rows, expected in ((16, 1), (DOT_MAX_ROWS, 1), (DOT_MAX_ROWS + 16, 3)):
+            x = torch.randn(1, rows, 576, dtype=torch.bfloat16, device="cuda")
+            assert launches(lin, x) == 1
+            assert launches(m, x) == expected, rows
+            assert sqnr(m.reference(x), m(x)) >= KERNEL_VS_REFERENCE_DB, rows
+
+
 def test_the_baseline_is_every_layer_as_it_came():
     """`bf16` is the unchanged model whatever its dtype, so its timing cells time what the unchanged
     model runs (an fp32 model's baseline timed in bf16 made its plans look 1.1x where they measured

@@ -1,0 +1,148 @@
+"""What one eager call of a plan's weight-only module costs the host at a prompt's rows (above the
+GEMV's), next to nn.Linear: transformers' generate() runs its prefill uncompiled, so there each
+module's Python and each kernel launch is host time the compiled decode steps never see.
+
+    python benchmarks/prefill_host.py --device cuda --out $OUT/prefill-host
+
+Sides, interleaved in each round, on SmolLM2-135M's shapes (576 -> 576, the q/k/v group 576 -> 960
+as three fused members, 576 -> 49152 for the LM head) at --rows rows: nn.Linear in bf16; fp8_wo's
+module; the same module's ops written out (its kernels without its Python). Per call: host us
+(the loop's time before the closing synchronize: the device runs behind) and wall us. Then the
+module's calls under cProfile: where its host time goes. With --plan: eager generate() of one
+new token (the prefill alone) on the random-init SmolLM2 twin, as it came and with the plan, each
+under cProfile (where the Python time goes) and torch.profiler (aten ops by host time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import platform
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from generate_bench import SYNTHETIC, generate, plan_sides  # noqa: E402
+
+from autoao import search_space  # noqa: E402
+from autoao.kernels.fused import FusedRows  # noqa: E402
+
+
+def per_call(fn, device: torch.device, n: int) -> tuple[float, float]:
+    """(host us, wall us) per call of fn over n calls after n // 10 warm ones."""
+    for _ in range(n // 10):
+        fn()
+    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
+def sides(device: torch.device, rows: int) -> dict[str, object]:
+    """name -> a zero-argument call."""
+    torch.manual_seed(0)
+    fp8 = search_space.get("fp8_wo")
+    out: dict[str, object] = {}
+    x = torch.randn(1, rows, 576, dtype=torch.bfloat16, device=device)
+    for n_out, tag in ((576, "576x576"), (49152, "lm_head 49152x576")):
+        lin = nn.Linear(576, n_out, bias=False).to(device, torch.bfloat16)
+        mod = fp8.build(lin)
+        w_q, w_s = mod.w_q, mod.w_scale
+        out[f"{tag}: nn.Linear"] = lambda lin=lin: lin(x)
+        out[f"{tag}: fp8_wo module"] = lambda mod=mod: mod(x)
+        out[f"{tag}: fp8_wo ops only"] = lambda w_q=w_q, w_s=w_s: nn.functional.linear(
+            x.reshape(-1, 576), w_q.to(x.dtype)).mul_(w_s).reshape(1, rows, -1)
+    lins = [nn.Linear(576, n, bias=False).to(device, torch.bfloat16) for n in (576, 192, 192)]
+    members = [fp8.build(lin) for lin in lins]
+    FusedRows(members)
+    out["q/k/v: three nn.Linear"] = lambda: [lin(x) for lin in lins]
+    out["q/k/v: three fused fp8_wo members"] = lambda: [m(x) for m in members]
+    return out
+
+
+def generate_profiles(plan: Path, device: torch.device, calls: int) -> list[str]:
+    """Markdown: per side, `calls` eager one-token generate()s under cProfile (top 25 by own time)
+    and one under torch.profiler (top 25 ops by host time)."""
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**SYNTHETIC["smollm2-135m"])
+    with torch.device(device):
+        base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, config.vocab_size, (1, 32), generator=gen).to(device)
+    models = {"as it came": base, **plan_sides(base, [("the plan", plan)], lambda: [
+        torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(device) for _ in range(4)])}
+    lines = []
+    for name, m in models.items():
+        for _ in range(3):
+            generate(m, ids, 1, "eager")
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.runcall(lambda: [generate(m, ids, 1, "eager") for _ in range(calls)])
+        ms = (time.perf_counter() - t0) / calls * 1e3
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+            generate(m, ids, 1, "eager")
+        table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        lines += [f"## {name}: {ms:.1f} ms a generate() under cProfile", "", "```", text.getvalue().strip(), "```",
+                  "", "```", table.strip(), "```", ""]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rows", type=int, default=32, help="the prompt's tokens")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=2000, help="calls a side per round")
+    ap.add_argument("--plan", type=Path, help="also profile eager one-token generate() with this plan.json")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    calls = sides(device, args.rows)
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
+    with torch.no_grad():
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                got[name].append(per_call(fn, device, args.calls))
+        prof = cProfile.Profile()
+        module = calls["576x576: fp8_wo module"]
+        prof.runcall(lambda: [module() for _ in range(args.calls)])
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+    rows = {name: {"host_us": statistics.median(h for h, _ in v), "wall_us": statistics.median(w for _, w in v),
+                   "host_us_range": [min(h for h, _ in v), max(h for h, _ in v)]} for name, v in got.items()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": " ".join(["python benchmarks/prefill_host.py", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__, "host": platform.processor(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()}
+    (args.out / "prefill_host.json").write_text(json.dumps({**meta, "rows": args.rows, "sides": rows}, indent=1))
+    lines = [f"# Eager calls at {args.rows} rows: host and wall us per call (median of {args.rounds} rounds "
+             f"of {args.calls})", "", f"`{meta['command']}`; {meta['date']}; {meta['device']}; torch {meta['torch']}",
+             "", "| side | host us | host us range | wall us |", "|---|---|---|---|"]
+    lines += [f"| {n} | {r['host_us']:.1f} | {r['host_us_range'][0]:.1f}-{r['host_us_range'][1]:.1f} | "
+              f"{r['wall_us']:.1f} |" for n, r in rows.items()]
+    lines += ["", "fp8_wo's 576x576 module under cProfile:", "", "```", text.getvalue().strip(), "```"]
+    if args.plan:
+        lines += ["", *generate_profiles(args.plan, device, max(1, args.calls // 100))]
+    (args.out / "prefill_host.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:6 + len(rows)]))
+
+
+if __name__ == "__main__":
+    main()
