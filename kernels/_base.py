@@ -52,9 +52,6 @@ CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # int4's tensor-core kernel takes up to 16 where it fits: triton_gemv.int4_max_rows); beyond it they
 # fall back to a dequantized weight in one bf16 GEMM.
 GEMV_MAX_ROWS = 8
-# int8 / fp8 per-channel weights, bf16 inputs: up to this many rows (a prompt's) a Triton tensor-core
-# kernel takes the weights as stored: one launch, where dequantizing takes three (cast, GEMM, scale).
-DOT_MAX_ROWS = 64
 
 _CANONICAL_ON_DEVICE = contextvars.ContextVar("autoao_canonical_on_device", default=False)
 
@@ -561,21 +558,18 @@ def packed_views(buf: torch.Tensor, n: int, k: int, qdtype: torch.dtype, scale_d
     return buf[:n * k].view(qdtype).view(n, k), buf[at:].view(scale_dtype)
 
 
-def per_channel_rows(dtype: torch.dtype) -> int:
-    """The most rows of `dtype` that autoao's per-channel Triton kernels take (per_channel_gemv)."""
-    return DOT_MAX_ROWS if dtype == torch.bfloat16 else GEMV_MAX_ROWS
-
-
 def per_channel_weight_only(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, gemv: bool) -> torch.Tensor:
-    """x2 [M, K] @ (w_q * w_scale[:, None])^T in x2.dtype (w_q [N, K] int8 / fp8 per channel, w_scale
-    [N]): autoao's Triton kernels (torch.ops.autoao.per_channel_gemv, loaded by the module's _pack)
-    where `gemv` and M <= per_channel_rows(x2.dtype), else the weight dequantized into one F.linear."""
-    if gemv and x2.shape[0] <= per_channel_rows(x2.dtype):
+    """x2 [M, K] @ (w_q * w_scale[:, None])^T in x2.dtype, for int8 or fp8 per-channel weights w_q
+    [N, K] and scales w_scale [N]: autoao's Triton GEMV (torch.ops.autoao.per_channel_gemv, loaded
+    by the module's _pack) when `gemv` and M <= GEMV_MAX_ROWS, else the weight dequantized to
+    x2.dtype inside one F.linear, then scaled per column."""
+    if gemv and x2.shape[0] <= GEMV_MAX_ROWS:
         return call_op("per_channel_gemv", x2, w_q, w_scale)
     y = torch.nn.functional.linear(x2, w_q.to(x2.dtype))
     if y.is_cuda:
-        # one launch: the scales read as stored (fp32), one rounding. The CPU's mixed-dtype multiply
-        # is ~20x slower than a cast and a bf16 one (y [256, 49152]: 31 against 1.5 ms, 2 EPYC cores)
+        # One launch, not two: the scales read as stored (fp32), one rounding. Eagerly (generate()'s
+        # uncompiled prefill) each launch is host time. The CPU's mixed-dtype multiply is ~20x
+        # slower than a cast and a bf16 one (y [256, 49152]: 31 against 1.5 ms, 2 EPYC cores).
         return y.mul_(w_scale)
     return y * w_scale.to(x2.dtype)
 

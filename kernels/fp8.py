@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from autoao.kernels._base import (
-    DOT_MAX_ROWS,
+    GEMV_MAX_ROWS,
     WEIGHT_ONLY_VIEWS,
     CanonicalSpec,
     PerChannelWeights,
@@ -98,9 +98,8 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
     1 byte per weight like int8_wo, with e4m3's relative precision instead of a uniform grid).
 
     Canonical: qweight [N, K] float8_e4m3fn, scale [N] float32. CUDA: autoao's Triton GEMV for
-    M <= 8 rows (the hardware converts e4m3 pairs), its tensor-core kernel for up to 64 bf16 rows
-    (a prompt's), a dequantized weight into F.linear for more. The CPU has only the dequantizing
-    path: emulated.
+    M <= 8 rows (the hardware converts e4m3 pairs), a dequantized bf16 weight into F.linear for more
+    rows. The CPU has only the dequantizing path: emulated.
     """
 
     emulated_on = frozenset({"cpu"})
@@ -130,6 +129,6 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
 
 
 def _gemv_one_op(m: int, n: int, k: int) -> bool:
-    """Whether the CUDA "triton" kernel runs M rows (bf16, as timing builds layers) as one op
-    (KernelInfo.single_op): autoao's Triton kernels."""
-    return m <= DOT_MAX_ROWS and load_triton_ops()
+    """Whether the CUDA "triton" kernel runs M rows as one op (KernelInfo.single_op): autoao's
+    Triton GEMV."""
+    return m <= GEMV_MAX_ROWS and load_triton_ops()

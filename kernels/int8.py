@@ -6,8 +6,8 @@ fused in one Triton kernel on CUDA. With one activation scale per call (act="ten
 it is torch's prepacked dynamic linear, the kernel quantize_dynamic uses: "fbgemm" or "onednn"
 (kernels/cpu_int8.py), one packed layout each.
 Int8WeightOnlyLinear: y = x @ (q_w * s_w)^T. CUDA has two kernels (timing picks per layer):
-"triton", autoao's Triton GEMV for M <= 8 rows (1 byte per weight, kernels/triton_gemv.py), its
-tensor-core kernel for up to 64 bf16 rows and the "dequant" path for more, and "dequant", which casts the weight inside F.linear (gpt-fast's
+"triton", autoao's Triton GEMV for M <= 8 rows (1 byte per weight, kernels/triton_gemv.py) and the
+"dequant" path for more rows, and "dequant", which casts the weight inside F.linear (gpt-fast's
 one-liner, 5 bytes moved per weight unless max-autotune fuses the cast). The CPU has two:
 "int8pack", torch._weight_int8pack_mm (fastest for a few rows: ~1 byte read per weight), and
 "dequant", the weight cast to the activation dtype for one bf16 matmul (AMX-BF16 where the CPU has
@@ -21,7 +21,7 @@ import torch
 
 from autoao.kernels import cpu_int8
 from autoao.kernels._base import (
-    DOT_MAX_ROWS,
+    GEMV_MAX_ROWS,
     WEIGHT_ONLY_VIEWS,
     PerChannelWeights,
     pack_weight_only,
@@ -186,12 +186,11 @@ class Int8WeightOnlyLinear(_Int8Weights):
 ##### timing hints (KernelInfo): functions of a call's rows M and the layer's N x K ###############
 
 def _gemv_one_op(m: int, n: int, k: int) -> bool:
-    """Whether the CUDA "triton" kernel runs M rows (bf16, as timing builds layers) as one op:
-    autoao's Triton kernels."""
-    return m <= DOT_MAX_ROWS and load_triton_ops()
+    """Whether the CUDA "triton" kernel runs M rows as one op: autoao's Triton GEMV."""
+    return m <= GEMV_MAX_ROWS and load_triton_ops()
 
 
 def _dequant_code(m: int, n: int, k: int) -> str | None:
-    """The CUDA "dequant" kernel is the F.linear that "triton" runs above DOT_MAX_ROWS rows (bf16),
-    or at every M where the Triton ops cannot load."""
-    return "triton" if m > DOT_MAX_ROWS or not load_triton_ops() else None
+    """The CUDA "dequant" kernel is the F.linear that "triton" runs above GEMV_MAX_ROWS rows, or at
+    every M where the Triton ops cannot load."""
+    return "triton" if m > GEMV_MAX_ROWS or not load_triton_ops() else None

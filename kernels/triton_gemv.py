@@ -1,5 +1,4 @@
-"""Weight-only GEMV / skinny GEMM (M <= 8 rows; int8 / fp8 with bf16 inputs up to 64) in Triton:
-int4 group-wise, int8 and fp8 per-channel.
+"""Weight-only GEMV / skinny GEMM (M <= 8 rows) in Triton: int4 group-wise, int8 and fp8 per-channel.
 
 Why: at decode (M = 1) a linear layer's only job is to stream its weights once; torch's kernels
 do not: tinygemm reaches ~45% of the H200's bandwidth roofline at M=1, and int8 weight-only through
@@ -20,9 +19,7 @@ to whole int32 words with 3-D/4-D register shapes; the shuffles made it 2-6x slo
 A third int4 kernel (`_int4_mma_kernel`, Marlin's idea) multiplies on tensor cores instead: per
 group one tl.dot of the nibbles as bf16 128 + q (made 2 at a time by inline PTX) with x padded to
 16 rows: the ALUs only convert (0.12-0.15 warp-instructions per weight byte against the byte
-kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does. The per-channel kernels
-have a tensor-core variant too (`_per_channel_dot_kernel`) for a prompt's rows (9-64, bf16 inputs):
-int8 and e4m3 weights are exact in bf16, so a tile converts as loaded and one tl.dot multiplies it.
+kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does.
 Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
 it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed and cast by a
 second small kernel, for layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them
@@ -46,7 +43,6 @@ import triton.language as tl
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
 from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
-from autoao.kernels._base import per_channel_rows
 from autoao.kernels.ops import EAGER, cdiv, next_pow2
 
 MMA_MAX_ROWS = 16  # the tensor-core int4 kernel pads x to 16 rows: up to 16 cost what 1 does
@@ -293,36 +289,6 @@ def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_w
     _store_rows(y_ptr, acc * s[None, :], pid_k, M, N, offs_n, BLOCK_M)
 
 
-@triton.jit
-def _per_channel_dot_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            SPLIT_K: tl.constexpr, IS_INT8: tl.constexpr):
-    # Same contract as _per_channel_kernel for more rows, x rounded to bf16 (the callers pass bf16):
-    # y^T [BN, MP] += W [BN, BK] @ x^T on tensor cores, the weight tile converted to bf16 as loaded
-    # (exact: int8 and e4m3 values fit bf16's 8 significant bits), MP = max(16, BLOCK_M) (tl.dot's
-    # minimum; rows of x past M are zeros). IS_INT8 needs no branch: .to converts either type.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # weight rows past N are clamped onto the last one: they only reach outputs that are never stored
-    n64 = tl.minimum(offs_n, N - 1).to(tl.int64)
-    MP: tl.constexpr = 16 if BLOCK_M < 16 else BLOCK_M
-    rows = tl.arange(0, MP)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, MP], dtype=tl.float32)
-    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
-        k = k0 + offs_k
-        w = tl.load(w_ptr + n64[:, None] * stride_wn + k[None, :], mask=(k < K)[None, :], other=0.0)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows < M)[:, None] & (k < K)[None, :],
-                    other=0.0)  # [MP, BK]
-        if _INTERPRET:  # its int8 / fp8 -> bf16 conversions are not exact (see _dot_bf16): in fp32
-            acc += tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)))
-        else:
-            acc += tl.dot(w.to(tl.bfloat16), tl.trans(x.to(tl.bfloat16)))  # [BN, MP]
-    s = tl.load(s_ptr + n64).to(tl.float32)
-    _store_rows(y_ptr, tl.trans(acc * s[:, None]), pid_k, M, N, offs_n, MP)
-
-
 ##### launch configurations #####################################################################
 
 @dataclass(frozen=True)
@@ -343,11 +309,6 @@ class Config:
 CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, sk, w in [
     (16, 1024, 1, 8), (16, 2048, 1, 8), (32, 256, 4, 4), (16, 512, 1, 4), (32, 256, 1, 4), (16, 256, 4, 4),
     (16, 1024, 4, 8), (8, 512, 4, 4), (32, 256, 2, 4), (4, 512, 1, 2)])
-# The per-channel tensor-core kernel (rows above MAX_ROWS): tiles of 16-128 weight rows by 64-256
-# columns, split-K for layers too narrow to fill the SMs with their column blocks.
-DOT_CONFIGS = tuple(Config(bn, bk, sk, w, "dot") for bn, bk, sk, w in [
-    (16, 256, 1, 4), (32, 128, 1, 4), (32, 256, 1, 4), (64, 128, 1, 4), (64, 64, 1, 4), (128, 128, 1, 8),
-    (32, 128, 4, 4), (64, 128, 4, 4)])
 # int4: the byte kernel on the tiles that won its H200 sweep (gemv_v3), the words kernel (22-33%
 # fewer SASS instructions per byte, benchmarks/sass_stats.py) on its leanest tiles, and the
 # tensor-core kernel on the tiles that won H200 sweeps (64 wide for the 4096/14336 layers, 128 wide
@@ -385,10 +346,9 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
                                    GROUP=group, **meta)
         else:
             _int4_kernel[grid](x, q, s, z, y, m, n, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, **meta)
-    else:  # int8, fp8: the same kernels, the element type comes with the pointer
+    else:  # int8, fp8: the same kernel, the element type comes with the pointer
         w, s = tensors
-        kernel = _per_channel_dot_kernel if cfg.variant == "dot" else _per_channel_kernel
-        kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), IS_INT8=kind == "int8", **meta)
+        _per_channel_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), IS_INT8=kind == "int8", **meta)
     return y
 
 
@@ -402,11 +362,9 @@ def _fits(cfg: Config, k: int, group: int) -> bool:
 
 def _candidates(kind: str, k: int, group: int, m: int) -> list[Config]:
     """The configs that can run (kind, K, group) at M rows: above MAX_ROWS only the tensor-core
-    kernels (their x tile is 16+ rows whatever M is; the others unroll a loop over the rows). The
-    per-channel GEMV alone up to MAX_ROWS, where it was tuned (tuner_table.py)."""
-    if kind == "int4":
-        return [c for c in INT4_CONFIGS if _fits(c, k, group) and (m <= MAX_ROWS or c.variant == "mma")]
-    return [c for c in (DOT_CONFIGS if m > MAX_ROWS else CONFIGS) if _fits(c, k, group)]
+    int4 kernel (its x tile is 16 rows whatever M is; the others unroll a loop over the rows)."""
+    configs = INT4_CONFIGS if kind == "int4" else CONFIGS
+    return [c for c in configs if _fits(c, k, group) and (m <= MAX_ROWS or c.variant == "mma")]
 
 
 def int4_max_rows(k: int, group: int) -> int:
@@ -473,14 +431,13 @@ def int4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 
 
 def per_channel_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> [M, N] = x @ (weight * scale[:, None])^T in x.dtype; weight [N, K] int8 or
-    float8_e4m3fn (per-output-channel symmetric), scale [N]; M <= per_channel_rows(x.dtype) (8, or
-    64 for bf16: the tensor-core kernel above 8)."""
+    """x [M <= 8, K] -> [M, N] = x @ (weight * scale[:, None])^T in x.dtype; weight [N, K] int8 or
+    float8_e4m3fn (per-output-channel symmetric), scale [N]."""
     kinds = {torch.int8: "int8", torch.float8_e4m3fn: "fp8"}
     if weight.dtype not in kinds:
         raise ValueError(f"per_channel_gemv: weight dtype {weight.dtype}, expected torch.int8 or torch.float8_e4m3fn")
     n, k = weight.shape
-    x = _check_rows(x, k, "per_channel_gemv", per_channel_rows(x.dtype))
+    x = _check_rows(x, k, "per_channel_gemv", MAX_ROWS)
     if scale.shape != (n,):
         raise ValueError(f"per_channel_gemv: scale {tuple(scale.shape)}, expected ({n},)")
     kind, tensors = kinds[weight.dtype], (weight.contiguous(), scale)

@@ -267,7 +267,7 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
     # int4's tinygemm_dequant is tinygemm's GEMV up to 8 rows and the Triton kernel's dequantize +
     # F.linear above the rows Triton's GEMV takes: it reuses their numbers at those M, and is timed
     # itself only in between (here M=16, which Triton's tensor-core GEMV takes on K=4096, g=128).
-    # int8_wo's "dequant" is "triton" above 64 rows (its Triton kernels' bf16 rows).
+    # int8_wo's "dequant" is "triton" above 8 rows.
     from autoao.kernels import int4 as int4_mod
     from autoao.kernels import triton_gemv
 
@@ -287,7 +287,6 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
     monkeypatch.setattr(int8_mod, "load_triton_ops", lambda: True)
     i8 = cuda_kernel("int8_wo", "dequant")
     assert i8.same_code(2048, 64, 64) == "triton" and i8.same_code(8, 64, 64) is None
-    assert i8.same_code(64, 64, 64) is None and i8.same_code(65, 64, 64) == "triton"  # the tensor-core kernel
     assert cuda_kernel("int8_wo", "triton").same_code(2048, 64, 64) is None
     assert all(k.same_code(2048, 64, 64) is None for k in search_space.get("int8_wo").kernels("cpu"))
     monkeypatch.setattr(int8_mod, "load_triton_ops", lambda: False)  # then "triton" is the F.linear at every M
@@ -368,9 +367,7 @@ def test_single_op_kernels_are_named_per_m(monkeypatch):
     assert cuda_kernel(i4, "triton").single_op(2048, 1024, 4096)
     for mod, cand in ((int8_mod, "int8_wo"), (fp8_mod, "fp8_wo")):
         monkeypatch.setattr(mod, "load_triton_ops", lambda: True)
-        # the GEMV up to 8 rows, the tensor-core kernel up to 64, dequantize + F.linear above
-        assert [cuda_kernel(cand, "triton").single_op(m, 64, 64) for m in (1, 8, 9, 64, 65, 2048)] == \
-            [True] * 4 + [False] * 2
+        assert [cuda_kernel(cand, "triton").single_op(m, 64, 64) for m in (1, 8, 9, 2048)] == [True, True, False, False]
         monkeypatch.setattr(mod, "load_triton_ops", lambda: False)  # then the dequantize + F.linear
         assert not cuda_kernel(cand, "triton").single_op(1, 64, 64)
     assert not cuda_kernel("int8_wo", "dequant").single_op(1, 64, 64)
