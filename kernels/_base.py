@@ -558,20 +558,21 @@ def packed_views(buf: torch.Tensor, n: int, k: int, qdtype: torch.dtype, scale_d
     return buf[:n * k].view(qdtype).view(n, k), buf[at:].view(scale_dtype)
 
 
-def per_channel_weight_only(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, gemv: bool) -> torch.Tensor:
-    """x2 [M, K] @ (w_q * w_scale[:, None])^T in x2.dtype, for int8 or fp8 per-channel weights w_q
+def per_channel_weight_only(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, gemv: bool) -> torch.Tensor:
+    """x [..., K] @ (w_q * w_scale[:, None])^T in x.dtype, for int8 or fp8 per-channel weights w_q
     [N, K] and scales w_scale [N]: autoao's Triton GEMV (torch.ops.autoao.per_channel_gemv, loaded
-    by the module's _pack) when `gemv` and M <= GEMV_MAX_ROWS, else the weight dequantized to
-    x2.dtype inside one F.linear, then scaled per column."""
-    if gemv and x2.shape[0] <= GEMV_MAX_ROWS:
-        return call_op("per_channel_gemv", x2, w_q, w_scale)
-    y = torch.nn.functional.linear(x2, w_q.to(x2.dtype))
+    by the module's _pack) when `gemv` and x has at most GEMV_MAX_ROWS rows, else the weight
+    dequantized to x.dtype inside one F.linear, then scaled per column."""
+    if gemv and x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:
+        return unflatten_tokens(call_op("per_channel_gemv", flatten_tokens(x), w_q, w_scale), x)
+    # F.linear takes x's leading dims as they are: eagerly (generate()'s uncompiled prefill) a
+    # reshape there and back would be two more ops of host time
+    y = torch.nn.functional.linear(x, w_q.to(x.dtype))
     if y.is_cuda:
-        # One launch, not two: the scales read as stored (fp32), one rounding. Eagerly (generate()'s
-        # uncompiled prefill) each launch is host time. The CPU's mixed-dtype multiply is ~20x
-        # slower than a cast and a bf16 one (y [256, 49152]: 31 against 1.5 ms, 2 EPYC cores).
+        # One launch, not two: the scales read as stored (fp32), one rounding. The CPU's mixed-dtype
+        # multiply is ~20x slower than a cast and a bf16 one (y [256, 49152]: 31 against 1.5 ms).
         return y.mul_(w_scale)
-    return y * w_scale.to(x2.dtype)
+    return y * w_scale.to(x.dtype)
 
 
 def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, scale_dtype: torch.dtype,
@@ -587,8 +588,8 @@ def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, sca
 
 def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                         route: Route, gemv: bool) -> torch.Tensor:
-    """x [..., K] -> [..., N]: per_channel_weight_only on x's rows (the GEMV where `gemv` and the
-    route's kernel for that many rows is "triton"), bias added."""
-    x2 = flatten_tokens(x)
-    y = per_channel_weight_only(x2, w_q, w_scale, gemv and route_kernel(route, x2.shape[0]) == "triton")
-    return unflatten_tokens(add_bias(y, bias), x)
+    """x [..., K] -> [..., N]: per_channel_weight_only (the GEMV where `gemv` and the route's kernel
+    for x's rows is "triton"), bias added."""
+    rows = x.numel() // x.shape[-1]
+    gemv = gemv and rows <= GEMV_MAX_ROWS and route_kernel(route, rows) == "triton"
+    return add_bias(per_channel_weight_only(x, w_q, w_scale, gemv), bias)
