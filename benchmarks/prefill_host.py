@@ -8,7 +8,8 @@ Sides, interleaved in each round, on SmolLM2-135M's shapes (576 -> 576, the q/k/
 as three fused members, 576 -> 49152 for the LM head) at --rows rows: nn.Linear in bf16; fp8_wo's
 module; the same module's ops written out (its kernels without its Python). Per call: host us
 (the loop's time before the closing synchronize: the device runs behind) and wall us. Then the
-module's calls under cProfile: where its host time goes. With --plan: eager generate() of one
+module's calls under cProfile: where its host time goes. With --launch-paths: one-row calls of
+modules whose kernels launch through aten, Triton and ctypes. With --plan: eager generate() of one
 new token (the prefill alone) on the random-init SmolLM2 twin, as it came and with the plan, each
 under cProfile (where the Python time goes) and torch.profiler (aten ops by host time).
 """
@@ -71,6 +72,22 @@ def sides(device: torch.device, rows: int) -> dict[str, object]:
     return out
 
 
+def launch_sides(device: torch.device) -> dict[str, object]:
+    """--launch-paths: one row (a decode step's), eagerly, on 576x576: what each way of launching a
+    kernel costs the host: aten's (nn.Linear), Triton's Python launcher (fp8_wo's and int4_wo's
+    GEMVs) and a compiled kernel called through ctypes (int4_wo's "cuda" kernel, built with nvcc;
+    CUDA only)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(576, 576, bias=False).to(device, torch.bfloat16)
+    x = torch.randn(1, 1, 576, dtype=torch.bfloat16, device=device)
+    mods = {"fp8_wo (Triton GEMV)": search_space.get("fp8_wo").build(lin)}
+    if device.type == "cuda":
+        int4 = search_space.get("int4_wo", group_size=128)
+        mods["int4_wo g128 (Triton GEMV)"] = int4.build(lin).set_kernel("triton")
+        mods["int4_wo g128 (CUDA kernel through ctypes)"] = int4.build(lin).set_kernel("cuda")
+    return {"1 row: nn.Linear": lambda: lin(x), **{f"1 row: {k}": (lambda m=m: m(x)) for k, m in mods.items()}}
+
+
 def generate_profiles(plan: Path, device: torch.device, calls: int) -> list[str]:
     """Markdown: per side, `calls` eager one-token generate()s under cProfile (top 25 by own time)
     and one under torch.profiler (top 25 ops by host time)."""
@@ -110,10 +127,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=2000, help="calls a side per round")
     ap.add_argument("--plan", type=Path, help="also profile eager one-token generate() with this plan.json")
+    ap.add_argument("--launch-paths", action="store_true", help="also one-row calls: aten, Triton and ctypes launches")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = torch.device(args.device)
-    calls = sides(device, args.rows)
+    calls = {**sides(device, args.rows), **(launch_sides(device) if args.launch_paths else {})}
     got: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
     with torch.no_grad():
         for _ in range(args.rounds):
