@@ -561,9 +561,9 @@ def packed_views(buf: torch.Tensor, n: int, k: int, qdtype: torch.dtype, scale_d
 def per_channel_weight_only(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, gemv: bool) -> torch.Tensor:
     """x [..., K] @ (w_q * w_scale[:, None])^T in x.dtype, for int8 or fp8 per-channel weights w_q
     [N, K] and scales w_scale [N]: autoao's Triton GEMV (torch.ops.autoao.per_channel_gemv, loaded
-    by the module's _pack) when `gemv` and x has at most GEMV_MAX_ROWS rows, else the weight
-    dequantized to x.dtype inside one F.linear, then scaled per column."""
-    if gemv and x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:
+    by the module's _pack; x at most GEMV_MAX_ROWS rows) when `gemv`, else the weight dequantized
+    to x.dtype inside one F.linear, then scaled per column."""
+    if gemv:
         return unflatten_tokens(call_op("per_channel_gemv", flatten_tokens(x), w_q, w_scale), x)
     # F.linear takes x's leading dims as they are: eagerly (generate()'s uncompiled prefill) a
     # reshape there and back would be two more ops of host time

@@ -25,7 +25,7 @@ from autoao.kernels._base import (
     WEIGHT_ONLY_VIEWS,
     PerChannelWeights,
     pack_weight_only,
-    per_channel_weight_only,
+    weight_only_forward,
 )
 from autoao.kernels.cpu_isa import fbgemm_reduce_range
 from autoao.kernels.algorithms import quantize_int8
@@ -167,15 +167,14 @@ class Int8WeightOnlyLinear(_Int8Weights):
         pack_weight_only(self, device, self.dtype)  # both kernels take the scales in the activation dtype
 
     def _forward(self, x):
-        x2 = flatten_tokens(x)
-        kern = route_kernel(self._route, x2.shape[0])
-        if not x2.is_cpu or self._gemv:  # (_gemv is set for CUDA; tests set it to run the GEMV interpreted)
-            y = per_channel_weight_only(x2, self.w_q, self.w_scale, self._gemv and kern == "triton")
-        elif kern == "dequant":  # [N, K] weight in x's dtype, made per call, then one matmul
-            y = per_channel_weight_only(x2, self.w_q, self.w_scale, False)
-        else:
+        # the CPU's "int8pack" takes rows; every other kernel is weight_only_forward's (the GEMV
+        # where the route says "triton" and _gemv is set, on CUDA or in tests run interpreted; else
+        # the weight dequantized per call into one matmul)
+        if x.is_cpu and route_kernel(self._route, x.numel() // x.shape[-1]) == "int8pack":
+            x2 = flatten_tokens(x)
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, self.w_scale.to(x.dtype))
-        return unflatten_tokens(add_bias(y, self.bias), x)
+            return unflatten_tokens(add_bias(y, self.bias), x)
+        return weight_only_forward(x, self.w_q, self.w_scale, self.bias, self._route, self._gemv)
 
     def reference(self, x):
         w = self._canon["qweight"].float() * self._canon["scale"].to(self.dtype).float()[:, None]
