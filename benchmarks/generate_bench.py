@@ -182,16 +182,21 @@ def from_run(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list
     return {BASE: base, **sides}, prompts, reported
 
 
+def synthetic_model(name: str, device: str | torch.device) -> torch.nn.Module:
+    """The random-init SYNTHETIC[name] Llama in bf16, eval mode, seeded: the same weights each call."""
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SYNTHETIC[name])).to(torch.bfloat16).eval()
+
+
 def from_search(args: argparse.Namespace) -> tuple[dict[str, torch.nn.Module], list[torch.Tensor], float | None]:
     """A random-init --synthetic Llama (bf16) as it came, as `autoao.optimize` returns it (unless
     --no-search; searched on one decode step with --candidates for --budget, a speed search: random
     weights carry no accuracy, so max_accuracy_drop=1.0) and with each --plan applied; random prompts."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**SYNTHETIC[args.synthetic])
-    with torch.device(args.device):
-        base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    base = synthetic_model(args.synthetic, args.device)
+    config = base.config
     one = torch.tensor([[17]], device=args.device)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, config.vocab_size, (1, args.prompt_tokens), generator=gen).to(args.device)

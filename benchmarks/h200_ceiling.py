@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from generate_bench import SYNTHETIC, generate  # noqa: E402  random-init Llamas of real models' shapes
+from generate_bench import SYNTHETIC, generate, synthetic_model  # noqa: E402  random-init Llamas of real models' shapes
 from h200_rows import DEMO_TASK, environment, keep_small, search_record  # noqa: E402
 
 import autoao  # noqa: E402
@@ -134,12 +134,8 @@ def load_model(args: argparse.Namespace, device: torch.device) -> tuple[nn.Modul
     LM's input is a prompt [1, context] and its accuracy lm-eval's task; an encoder's input is its
     batch of 32 sentences and its accuracy the bundled retrieval task (a callable); --synthetic: none."""
     if args.synthetic:
-        import transformers
-
-        torch.manual_seed(0)
-        config = transformers.LlamaConfig(**SYNTHETIC[args.synthetic])
-        with torch.device(device):
-            model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = synthetic_model(args.synthetic, device)
+        config = model.config
         gen = torch.Generator().manual_seed(3)
         prompt = torch.randint(0, config.vocab_size, (1, args.context), generator=gen).to(device)
         held = [torch.randint(0, config.vocab_size, (1, 256), generator=gen).to(device) for _ in range(2)]

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from generate_bench import SYNTHETIC, generate, plan_sides  # noqa: E402
+from generate_bench import generate, plan_sides, synthetic_model  # noqa: E402
 
 from autoao import search_space  # noqa: E402
 from autoao.kernels.fused import FusedRows  # noqa: E402
@@ -91,13 +91,10 @@ def launch_sides(device: torch.device) -> dict[str, object]:
 def generate_profiles(plan: Path, device: torch.device, calls: int) -> list[str]:
     """Markdown: per side, `calls` eager one-token generate()s under cProfile (top 25 by own time)
     and one under torch.profiler (top 25 ops by host time)."""
-    import transformers
     from torch.profiler import ProfilerActivity, profile
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**SYNTHETIC["smollm2-135m"])
-    with torch.device(device):
-        base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    base = synthetic_model("smollm2-135m", device)
+    config = base.config
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, config.vocab_size, (1, 32), generator=gen).to(device)
     models = {"as it came": base, **plan_sides(base, [("the plan", plan)], lambda: [
