@@ -5,13 +5,15 @@ module's Python and each kernel launch is host time the compiled decode steps ne
     python benchmarks/prefill_host.py --device cuda --out $OUT/prefill-host
 
 Sides, interleaved in each round, on SmolLM2-135M's shapes (576 -> 576, the q/k/v group 576 -> 960
-as three fused members, 576 -> 49152 for the LM head) at --rows rows: nn.Linear in bf16; fp8_wo's
-module; the same module's ops written out (its kernels without its Python). Per call: host us
+as three fused members, 576 -> 49152 for the LM head) and a Llama-1B MLP's 2048 -> 8192 at --rows
+rows: nn.Linear in bf16; fp8_wo's module (eagerly up to 64 rows: kernels/cuda_rows.py's kernel);
+its dequantizing path's three ops written out; the rows kernel called alone. Per call: host us
 (the loop's time before the closing synchronize: the device runs behind) and wall us. Then the
 module's calls under cProfile: where its host time goes. With --launch-paths: one-row calls of
-modules whose kernels launch through aten, Triton and ctypes. With --plan: eager generate() of one
-new token (the prefill alone) on the random-init SmolLM2 twin, as it came and with the plan, each
-under cProfile (where the Python time goes) and torch.profiler (aten ops by host time).
+modules whose kernels launch through aten, Triton and ctypes (int4's CUDA kernel, the rows
+kernel). With --plan: eager generate() of one new token (the prefill alone) on the random-init
+SmolLM2 twin, as it came and with the plan, each under cProfile (where the Python time goes) and
+torch.profiler (aten ops by host time).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from generate_bench import generate, plan_sides, synthetic_model  # noqa: E402
 
 from autoao import search_space  # noqa: E402
+from autoao.kernels import cuda_rows  # noqa: E402
 from autoao.kernels.fused import FusedRows  # noqa: E402
 
 
@@ -56,14 +59,18 @@ def sides(device: torch.device, rows: int) -> dict[str, object]:
     torch.manual_seed(0)
     fp8 = search_space.get("fp8_wo")
     out: dict[str, object] = {}
-    x = torch.randn(1, rows, 576, dtype=torch.bfloat16, device=device)
-    for n_out, tag in ((576, "576x576"), (49152, "lm_head 49152x576")):
-        lin = nn.Linear(576, n_out, bias=False).to(device, torch.bfloat16)
+    for k, n_out, tag in ((576, 576, "576x576"), (576, 49152, "lm_head 49152x576"), (2048, 8192, "1B gate 8192x2048")):
+        x = torch.randn(1, rows, k, dtype=torch.bfloat16, device=device)
+        lin = nn.Linear(k, n_out, bias=False).to(device, torch.bfloat16)
         mod = fp8.build(lin)
         w_q, w_s = mod.w_q, mod.w_scale
-        out[f"{tag}: nn.Linear"] = lambda lin=lin: lin(x)
-        out[f"{tag}: fp8_wo module"] = lambda mod=mod: mod(x)
-        out[f"{tag}: fp8_wo ops only"] = lambda w_q=w_q, w_s=w_s: nn.functional.linear(x, w_q.to(x.dtype)).mul_(w_s)
+        out[f"{tag}: nn.Linear"] = lambda lin=lin, x=x: lin(x)
+        out[f"{tag}: fp8_wo module"] = lambda mod=mod, x=x: mod(x)
+        out[f"{tag}: fp8_wo dequantizing ops"] = \
+            lambda w_q=w_q, w_s=w_s, x=x: nn.functional.linear(x, w_q.to(x.dtype)).mul_(w_s)
+        if device.type == "cuda":
+            out[f"{tag}: the rows kernel alone"] = lambda w_q=w_q, w_s=w_s, x=x: cuda_rows.rows_linear(x, w_q, w_s)
+    x = torch.randn(1, rows, 576, dtype=torch.bfloat16, device=device)
     lins = [nn.Linear(576, n, bias=False).to(device, torch.bfloat16) for n in (576, 192, 192)]
     members = [fp8.build(lin) for lin in lins]
     FusedRows(members)
@@ -85,7 +92,11 @@ def launch_sides(device: torch.device) -> dict[str, object]:
         int4 = search_space.get("int4_wo", group_size=128)
         mods["int4_wo g128 (Triton GEMV)"] = int4.build(lin).set_kernel("triton")
         mods["int4_wo g128 (CUDA kernel through ctypes)"] = int4.build(lin).set_kernel("cuda")
-    return {"1 row: nn.Linear": lambda: lin(x), **{f"1 row: {k}": (lambda m=m: m(x)) for k, m in mods.items()}}
+    out = {"1 row: nn.Linear": lambda: lin(x), **{f"1 row: {k}": (lambda m=m: m(x)) for k, m in mods.items()}}
+    if device.type == "cuda":
+        w_q, w_s = mods["fp8_wo (Triton GEMV)"].w_q, mods["fp8_wo (Triton GEMV)"].w_scale
+        out["1 row: fp8 rows kernel alone (ctypes)"] = lambda: cuda_rows.rows_linear(x, w_q, w_s)
+    return out
 
 
 def generate_profiles(plan: Path, device: torch.device, calls: int) -> list[str]:

@@ -33,6 +33,7 @@ from torch import nn
 
 from autoao.calibration import LayerStats
 from autoao.common import is_conv1d  # noqa: F401  (re-exported)
+from autoao.kernels import cuda_rows
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
 from autoao.kernels.ops import call_op, cdiv
 from autoao.kernels.routes import (
@@ -521,6 +522,8 @@ def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: to
         return
     in_place = held is not None and held.device == device and same_storage(held, q) and q.storage_offset() == 0
     buf = packed_buffer(q, s, device, into=held if in_place else None)
+    if m._gemv:  # built on the first packing, never while a CUDA graph records
+        cuda_rows.prepare(device)
     m.register_parameter(PACKED, nn.Parameter(buf, requires_grad=False))
     m.w_q, m.w_scale = packed_views(buf, m.out_features, m.in_features, q.dtype, scale_dtype)
     if q.device == device:
@@ -559,15 +562,12 @@ def packed_views(buf: torch.Tensor, n: int, k: int, qdtype: torch.dtype, scale_d
 
 
 def per_channel_weight_only(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, gemv: bool) -> torch.Tensor:
-    """x [..., K] @ (w_q * w_scale[:, None])^T in x.dtype, for int8 or fp8 per-channel weights w_q
-    [N, K] and scales w_scale [N]: autoao's Triton GEMV (torch.ops.autoao.per_channel_gemv, loaded
-    by the module's _pack; x at most GEMV_MAX_ROWS rows) when `gemv`, else the weight dequantized
-    to x.dtype inside one F.linear, then scaled per column."""
+    """x [..., K] @ (w_q * w_scale[:, None])^T in x.dtype for int8 or fp8 weights w_q [N, K] and
+    scales w_scale [N]: autoao's Triton GEMV (torch.ops.autoao.per_channel_gemv; x at most
+    GEMV_MAX_ROWS rows) when `gemv`, else the weight dequantized inside one F.linear, then scaled."""
     if gemv:
         return unflatten_tokens(call_op("per_channel_gemv", flatten_tokens(x), w_q, w_scale), x)
-    # F.linear takes x's leading dims as they are: eagerly (generate()'s uncompiled prefill) a
-    # reshape there and back would be two more ops of host time
-    y = torch.nn.functional.linear(x, w_q.to(x.dtype))
+    y = torch.nn.functional.linear(x, w_q.to(x.dtype))  # x's leading dims as they are: no reshapes
     if y.is_cuda:
         # One launch, not two: the scales read as stored (fp32), one rounding. The CPU's mixed-dtype
         # multiply is ~20x slower than a cast and a bf16 one (y [256, 49152]: 31 against 1.5 ms).
@@ -588,8 +588,13 @@ def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, sca
 
 def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                         route: Route, gemv: bool) -> torch.Tensor:
-    """x [..., K] -> [..., N]: per_channel_weight_only (the GEMV where `gemv` and the route's kernel
-    for x's rows is "triton"), bias added."""
+    """x [..., K] -> [..., N], bias added. Where `gemv` and the route's kernel for x's rows is
+    "triton": the Triton GEMV up to GEMV_MAX_ROWS rows, then eagerly cuda_rows' kernel up to its
+    MAX_ROWS where it runs; else the weight dequantized (per_channel_weight_only)."""
     rows = x.numel() // x.shape[-1]
-    gemv = gemv and rows <= GEMV_MAX_ROWS and route_kernel(route, rows) == "triton"
-    return add_bias(per_channel_weight_only(x, w_q, w_scale, gemv), bias)
+    triton = gemv and route_kernel(route, rows) == "triton"
+    if triton and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS and not torch.compiler.is_compiling():
+        y = cuda_rows.rows_linear(x, w_q, w_scale)
+        if y is not None:
+            return add_bias(y, bias)
+    return add_bias(per_channel_weight_only(x, w_q, w_scale, triton and rows <= GEMV_MAX_ROWS), bias)

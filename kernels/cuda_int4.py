@@ -47,11 +47,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -59,7 +55,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
-from autoao.common import cache_dir
+from autoao.kernels import cuda_build
 from autoao.kernels.ops import EAGER
 
 MAX_ROWS = 8  # tokens per call: the mma's B operand has 8 columns
@@ -135,42 +131,13 @@ def dequantize_mma(qw: torch.Tensor, sz: torch.Tensor, group_size: int, dtype: t
 
 ##### build and load ###########################################################################
 
-_TOOLKIT_DEFAULT = "/usr/local/cuda"
-
-
-def _nvcc() -> str:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), _TOOLKIT_DEFAULT):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    raise RuntimeError("the CUDA int4 kernel needs nvcc (the CUDA toolkit) to build on first use: none on PATH, "
-                       "$CUDA_HOME, $CUDA_PATH or /usr/local/cuda. Install the toolkit matching your driver, or "
-                       "use int4's 'triton' or 'tinygemm' kernel.")
-
-
+_WHAT, _INSTEAD = "the CUDA int4 kernel", "use int4's 'triton' or 'tinygemm' kernel"
 _LIBS: dict[tuple[int, int | None], ctypes.CDLL] = {}  # (group size, device index) -> loaded library
 
 
 def _build(group_size: int, arch: str) -> Path:
-    """The shared library for `group_size` on sm_`arch`, compiled by nvcc unless already on disk
-    (keyed by the source's and the flags' hash); raises RuntimeError with nvcc's message."""
-    flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-             f"-DAUTOAO_GROUP={group_size}"]
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    out = cache_dir() / "cuda" / f"int4_mma_g{group_size}_sm{arch}_{digest}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        cmd = [_nvcc(), *flags, "-o", tmp, str(_SOURCE)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            os.unlink(tmp)
-            raise RuntimeError(f"building the CUDA int4 kernel failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
-        os.replace(tmp, out)  # atomic: concurrent builders each write their own temporary file
-    return out
+    """The shared library for `group_size` on sm_`arch` (cuda_build.build)."""
+    return cuda_build.build(_SOURCE, [f"-DAUTOAO_GROUP={group_size}"], f"int4_mma_g{group_size}", arch, _WHAT, _INSTEAD)
 
 
 def library(group_size: int, device: torch.device | str | None = None) -> ctypes.CDLL:
@@ -188,7 +155,7 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
     if major < 8:
         raise RuntimeError(f"the CUDA int4 kernel needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
     arch = f"{major}{minor}"
-    _nvcc()  # a missing toolkit is one clear error, not one per thread
+    cuda_build.nvcc(_WHAT, _INSTEAD)  # a missing toolkit is one clear error, not one per thread
     others = [g for g in GROUP_SIZES if g != group_size]
     with concurrent.futures.ThreadPoolExecutor(len(GROUP_SIZES)) as pool:  # nvcc runs in subprocesses
         builds = [pool.submit(_build, g, arch) for g in [group_size, *others]]

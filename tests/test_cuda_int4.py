@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autoao import search_space
-from autoao.kernels import cuda_int4
+from autoao.kernels import cuda_build, cuda_int4
 from autoao.kernels.ops import EAGER
 from autoao.kernels.quant import dequantize_int4_groupwise, quantize_int4_groupwise
 
@@ -61,12 +61,12 @@ def test_unsupported_shapes_are_named():
 
 
 def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(cuda_int4.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cuda_build.shutil, "which", lambda name: None)
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(cuda_int4, "_TOOLKIT_DEFAULT", str(tmp_path))
-    with pytest.raises(RuntimeError, match="needs nvcc"):
-        cuda_int4._nvcc()
+    monkeypatch.setattr(cuda_build, "TOOLKIT_DEFAULT", str(tmp_path))
+    with pytest.raises(RuntimeError, match="the CUDA int4 kernel needs nvcc.*'tinygemm'"):
+        cuda_build.nvcc(cuda_int4._WHAT, cuda_int4._INSTEAD)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
