@@ -80,22 +80,25 @@ def sides(device: torch.device, rows: int) -> dict[str, object]:
 
 
 def launch_sides(device: torch.device) -> dict[str, object]:
-    """--launch-paths: one row (a decode step's), eagerly, on 576x576: what each way of launching a
-    kernel costs the host: aten's (nn.Linear), Triton's Python launcher (fp8_wo's and int4_wo's
-    GEMVs) and a compiled kernel called through ctypes (int4_wo's "cuda" kernel, built with nvcc;
+    """--launch-paths: one row (a decode step's), eagerly, on 576x576 and the LM head's 49152x576:
+    what each way of launching a kernel costs the host, and (wall us, the LM head) the device:
+    aten's (nn.Linear), Triton's Python launcher (fp8_wo's and int4_wo's GEMVs) and a compiled
+    kernel called through ctypes (int4_wo's "cuda" kernel and the rows kernel, built with nvcc;
     CUDA only)."""
     torch.manual_seed(0)
-    lin = nn.Linear(576, 576, bias=False).to(device, torch.bfloat16)
-    x = torch.randn(1, 1, 576, dtype=torch.bfloat16, device=device)
-    mods = {"fp8_wo (Triton GEMV)": search_space.get("fp8_wo").build(lin)}
-    if device.type == "cuda":
-        int4 = search_space.get("int4_wo", group_size=128)
-        mods["int4_wo g128 (Triton GEMV)"] = int4.build(lin).set_kernel("triton")
-        mods["int4_wo g128 (CUDA kernel through ctypes)"] = int4.build(lin).set_kernel("cuda")
-    out = {"1 row: nn.Linear": lambda: lin(x), **{f"1 row: {k}": (lambda m=m: m(x)) for k, m in mods.items()}}
-    if device.type == "cuda":
-        w_q, w_s = mods["fp8_wo (Triton GEMV)"].w_q, mods["fp8_wo (Triton GEMV)"].w_scale
-        out["1 row: fp8 rows kernel alone (ctypes)"] = lambda: cuda_rows.rows_linear(x, w_q, w_s)
+    out: dict[str, object] = {}
+    for n_out, tag in ((576, "576x576"), (49152, "lm_head")):
+        lin = nn.Linear(576, n_out, bias=False).to(device, torch.bfloat16)
+        x = torch.randn(1, 1, 576, dtype=torch.bfloat16, device=device)
+        fp8 = search_space.get("fp8_wo").build(lin)
+        mods = {"nn.Linear": lin, "fp8_wo (Triton GEMV)": fp8}
+        if device.type == "cuda":
+            int4 = search_space.get("int4_wo", group_size=64)  # K = 576: 9 groups of 64
+            mods["int4_wo g64 (Triton GEMV)"] = int4.build(lin).set_kernel("triton")
+            mods["int4_wo g64 (CUDA kernel through ctypes)"] = int4.build(lin).set_kernel("cuda")
+            out[f"1 row, {tag}: fp8 rows kernel alone (ctypes)"] = \
+                lambda x=x, w_q=fp8.w_q, w_s=fp8.w_scale: cuda_rows.rows_linear(x, w_q, w_s)
+        out.update({f"1 row, {tag}: {k}": (lambda m=m, x=x: m(x)) for k, m in mods.items()})
     return out
 
 
