@@ -29,13 +29,20 @@ import autoao.kernels.triton_gemv as tg
 from autoao import search_space
 
 
-def per_call_us(fn, n: int = 20000) -> float:
+def per_call_us(fn, n: int = 20000, sync=None) -> tuple[float, float]:
+    """(host us, wall us) per call of fn over n calls after n // 10 warm ones: host, the loop's time
+    before `sync` (e.g. torch.cuda.synchronize: the device runs behind); wall, with it."""
     for _ in range(n // 10):
         fn()
+    if sync is not None:
+        sync()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
-    return (time.perf_counter() - t0) / n * 1e6
+    t1 = time.perf_counter()
+    if sync is not None:
+        sync()
+    return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
 
 
 class _Stub:
@@ -64,12 +71,12 @@ def main() -> None:
             for _ in range(args.rounds):  # interleaved: one call series per variant, in turn
                 for name, (cdiv, pow2) in variants.items():
                     tg.cdiv, tg.next_pow2 = cdiv, pow2
-                    rows.setdefault(f"{n}x576", {}).setdefault(name, []).append(per_call_us(lambda: m(x)))
+                    rows.setdefault(f"{n}x576", {}).setdefault(name, []).append(per_call_us(lambda: m(x))[0])
     tg.cdiv, tg.next_pow2 = variants["plain ints"]
-    helpers = {"triton.cdiv": per_call_us(lambda: triton.cdiv(576, 16), 200000),
-               "triton.next_power_of_2": per_call_us(lambda: triton.next_power_of_2(1), 200000),
-               "ops.cdiv": per_call_us(lambda: tg.cdiv(576, 16), 200000),
-               "ops.next_pow2": per_call_us(lambda: tg.next_pow2(1), 200000)}
+    helpers = {"triton.cdiv": per_call_us(lambda: triton.cdiv(576, 16), 200000)[0],
+               "triton.next_power_of_2": per_call_us(lambda: triton.next_power_of_2(1), 200000)[0],
+               "ops.cdiv": per_call_us(lambda: tg.cdiv(576, 16), 200000)[0],
+               "ops.next_pow2": per_call_us(lambda: tg.next_pow2(1), 200000)[0]}
     result = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__, "triton": triton.__version__,
               "machine": platform.processor() or platform.machine(), "threads": 1, "helpers_us": helpers,
               "module_call_us": {shape: {k: {"median": statistics.median(v), "rounds": v} for k, v in by.items()}

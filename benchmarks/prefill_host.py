@@ -34,24 +34,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from generate_bench import generate, plan_sides, synthetic_model  # noqa: E402
+from host_overhead import per_call_us  # noqa: E402
 
 from autoao import search_space  # noqa: E402
 from autoao.kernels import cuda_rows  # noqa: E402
 from autoao.kernels.fused import FusedRows  # noqa: E402
-
-
-def per_call(fn, device: torch.device, n: int) -> tuple[float, float]:
-    """(host us, wall us) per call of fn over n calls after n // 10 warm ones."""
-    for _ in range(n // 10):
-        fn()
-    torch.cuda.synchronize(device) if device.type == "cuda" else None
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize(device) if device.type == "cuda" else None
-    t2 = time.perf_counter()
-    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
 
 
 def sides(device: torch.device, rows: int) -> dict[str, object]:
@@ -144,10 +131,11 @@ def main() -> None:
     device = torch.device(args.device)
     calls = {**sides(device, args.rows), **(launch_sides(device) if args.launch_paths else {})}
     got: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     with torch.no_grad():
         for _ in range(args.rounds):
             for name, fn in calls.items():
-                got[name].append(per_call(fn, device, args.calls))
+                got[name].append(per_call_us(fn, args.calls, sync))
         prof = cProfile.Profile()
         module = calls["576x576: fp8_wo module"]
         prof.runcall(lambda: [module() for _ in range(args.calls)])
