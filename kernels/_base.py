@@ -522,7 +522,7 @@ def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: to
         return
     in_place = held is not None and held.device == device and same_storage(held, q) and q.storage_offset() == 0
     buf = packed_buffer(q, s, device, into=held if in_place else None)
-    if m._gemv:  # built on the first packing, never while a CUDA graph records
+    if m._gemv:  # the kernel of eager calls on a prompt's rows, built once a device
         cuda_rows.prepare(device)
     m.register_parameter(PACKED, nn.Parameter(buf, requires_grad=False))
     m.w_q, m.w_scale = packed_views(buf, m.out_features, m.in_features, q.dtype, scale_dtype)

@@ -28,7 +28,7 @@ from autoao.kernels import cuda_build
 
 MAX_ROWS = 64  # 8 blocks of the mma's 8 columns
 _SOURCE = Path(__file__).with_name("cuda") / "wo_rows.cu"
-_WHAT, _INSTEAD = "the CUDA weight-only rows kernel", "compile the model (its prefill then needs no kernel of its own)"
+_WHAT, _INSTEAD = "the CUDA weight-only rows kernel", "do without it"
 _LIBS: dict[int, ctypes.CDLL] = {}  # device index -> the loaded library
 _MISSING: dict[int, str] = {}  # device index -> why there is none
 _SCALES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's scale_bf16 flag
@@ -48,7 +48,7 @@ def prepare(device: torch.device) -> str | None:
         lib = ctypes.CDLL(str(cuda_build.build(_SOURCE, [], "wo_rows", f"{major}{minor}", _WHAT, _INSTEAD)))
     except (RuntimeError, OSError) as e:
         _MISSING[index] = str(e)
-        warnings.warn(f"{e}. int8_wo and fp8_wo run calls of 9-{MAX_ROWS} rows eagerly on their dequantizing "
+        warnings.warn(f"{str(e).rstrip('.')}. int8_wo and fp8_wo run calls of 9-{MAX_ROWS} rows eagerly on their dequantizing "
                       "path instead (3 launches a call).", stacklevel=2)
         return _MISSING[index]
     lib.autoao_wo_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 3 + \
