@@ -593,7 +593,7 @@ def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tenso
     MAX_ROWS where it runs; else the weight dequantized (per_channel_weight_only)."""
     rows = x.numel() // x.shape[-1]
     triton = gemv and route_kernel(route, rows) == "triton"
-    if triton and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS and not torch.compiler.is_compiling():
+    if triton and not torch.compiler.is_compiling() and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
         y = cuda_rows.rows_linear(x, w_q, w_scale)
         if y is not None:
             return add_bias(y, bias)

@@ -65,6 +65,23 @@ def test_eager_calls_of_9_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypa
     assert run(16) == []  # traced: the dequantizing path, which the compiler fuses
 
 
+def test_a_compiled_caller_over_prompt_lengths_is_not_recompiled_at_the_rows_kernels_bound():
+    """Traced, the forward asks whether it is compiling before it compares the rows with the rows
+    kernel's bound: with dynamic shapes, calls on both sides of 64 rows share one graph."""
+    from torch._dynamo.testing import CompileCounter
+
+    w_q, w_scale = int8_weights(48, 128)
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: _base.weight_only_forward(x, w_q, w_scale, None, (("triton", None),), True),
+                      backend=counter, dynamic=True)
+    for rows in (16, 40, 70, 100):
+        x = torch.randn(rows, 128).to(torch.bfloat16)
+        ref = dequantized(x, w_q, w_scale)
+        assert ((f(x).float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert counter.frame_count == 1
+
+
 def test_a_gpu_without_the_kernel_keeps_the_dequantizing_path_and_says_why_once(monkeypatch):
     monkeypatch.setattr(cuda_rows, "_MISSING", {})
     monkeypatch.setattr(cuda_rows, "_LIBS", {})
