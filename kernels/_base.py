@@ -577,10 +577,9 @@ def per_channel_weight_only(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.T
 
 def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, scale_dtype: torch.dtype,
                    route: Route, gemv: bool) -> torch.Tensor:
-    """A packed weight-only module's forward (x [..., K] -> [..., N]) as traced off the host: reads
-    the module's `w_packed` and bias only, the rest comes as arguments (PACKED_CALLS). N from the
-    buffer's length (N*K weight bytes padded by under 16, then N scales) and K from x: shapes
-    dynamo checks already, where out_features and in_features would be two checks more."""
+    """A packed weight-only module's forward (x [..., K] -> [..., N]) traced off the host: reads its
+    `w_packed` and bias only, the rest are arguments (PACKED_CALLS). N from the buffer's length, K
+    from x: shapes dynamo checks already (out_features and in_features would be two checks more)."""
     buf, k = m.w_packed, x.shape[-1]
     n = buf.numel() // (k + scale_dtype.itemsize)
     return weight_only_forward(x, *packed_views(buf, n, k, qdtype, scale_dtype), m.bias, route, gemv)
@@ -590,10 +589,11 @@ def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tenso
                         route: Route, gemv: bool) -> torch.Tensor:
     """x [..., K] -> [..., N], bias added. Where `gemv` and the route's kernel for x's rows is
     "triton": the Triton GEMV up to GEMV_MAX_ROWS rows, then eagerly cuda_rows' kernel up to its
-    MAX_ROWS where it runs; else the weight dequantized (per_channel_weight_only)."""
+    MAX_ROWS where it runs (x not requiring grad: it has no backward); else the weight dequantized."""
     rows = x.numel() // x.shape[-1]
     triton = gemv and route_kernel(route, rows) == "triton"
-    if triton and not torch.compiler.is_compiling() and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
+    if triton and not (torch.compiler.is_compiling() or x.requires_grad) and \
+            GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
         y = cuda_rows.rows_linear(x, w_q, w_scale)
         if y is not None:
             return add_bias(y, bias)
