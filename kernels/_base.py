@@ -589,11 +589,11 @@ def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tenso
                         route: Route, gemv: bool) -> torch.Tensor:
     """x [..., K] -> [..., N], bias added. Where `gemv` and the route's kernel for x's rows is
     "triton": the Triton GEMV up to GEMV_MAX_ROWS rows, then eagerly cuda_rows' kernel up to its
-    MAX_ROWS where it runs (x not requiring grad: it has no backward); else the weight dequantized."""
+    MAX_ROWS where it runs; else, and for an x that requires grad (they have no backward), the weight
+    dequantized, whose F.linear carries x's gradient."""
     rows = x.numel() // x.shape[-1]
-    triton = gemv and route_kernel(route, rows) == "triton"
-    if triton and not (torch.compiler.is_compiling() or x.requires_grad) and \
-            GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
+    triton = gemv and not x.requires_grad and route_kernel(route, rows) == "triton"
+    if triton and not torch.compiler.is_compiling() and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
         y = cuda_rows.rows_linear(x, w_q, w_scale)
         if y is not None:
             return add_bias(y, bias)

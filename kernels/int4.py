@@ -212,7 +212,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        small = x2.shape[0] <= self._gemv_rows
+        small = x2.shape[0] <= self._gemv_rows and not x.requires_grad  # the GEMVs have no backward
         if "qweight_mma" in self._buffers:
             if small:
                 # the next GEMV's CUDA layouts, if it has them: our kernel prefetches them into L2
