@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from autoao.kernels._base import (
-    GEMV_MAX_ROWS,
-    WEIGHT_ONLY_VIEWS,
-    CanonicalSpec,
-    PerChannelWeights,
-    QuantizedLinear,
-    pack_weight_only,
-    weight_only_forward,
-)
+from autoao.kernels._base import CanonicalSpec, PerChannelWeights, QuantizedLinear
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
 from autoao.kernels.routes import KernelInfo
 from autoao.kernels.tensors import add_bias, flatten_tokens, unflatten_tokens
+from autoao.kernels.weight_only import GEMV_MAX_ROWS, WEIGHT_ONLY_VIEWS, pack_weight_only, weight_only_forward
 
 GRANULARITIES = ("row", "tensor")
 

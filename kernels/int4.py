@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from autoao.kernels import cuda_int4
 from autoao.kernels.algorithms import quantize_int4
-from autoao.kernels._base import GEMV_MAX_ROWS, CanonicalSpec, QuantizedLinear
+from autoao.kernels._base import CanonicalSpec, QuantizedLinear
 from autoao.kernels.quant import (
     dequantize_int4_groupwise,
     load_triton_ops,
@@ -38,6 +38,7 @@ from autoao.kernels.quant import (
 from autoao.kernels.ops import call_op
 from autoao.kernels.routes import KernelInfo, route_kernel
 from autoao.kernels.tensors import add_bias, flatten_tokens, unflatten_tokens
+from autoao.kernels.weight_only import GEMV_MAX_ROWS
 
 GROUP_SIZES = (32, 64, 128)
 

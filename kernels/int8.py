@@ -21,13 +21,7 @@ from __future__ import annotations
 import torch
 
 from autoao.kernels import cpu_int8
-from autoao.kernels._base import (
-    GEMV_MAX_ROWS,
-    WEIGHT_ONLY_VIEWS,
-    PerChannelWeights,
-    pack_weight_only,
-    weight_only_forward,
-)
+from autoao.kernels._base import PerChannelWeights
 from autoao.kernels.cpu_isa import fbgemm_reduce_range
 from autoao.kernels.algorithms import quantize_int8
 from autoao.kernels.quant import (
@@ -38,6 +32,7 @@ from autoao.kernels.quant import (
 )
 from autoao.kernels.routes import KernelInfo, route_kernel
 from autoao.kernels.tensors import add_bias, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels.weight_only import GEMV_MAX_ROWS, WEIGHT_ONLY_VIEWS, pack_weight_only, weight_only_forward
 
 # torch._int_mm on CUDA needs M > 16 (cuBLASLt int8 heuristics); decode rows are padded up to this.
 _INT_MM_MIN_ROWS_CUDA = 17

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
-from autoao.kernels._base import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
+from autoao.kernels.weight_only import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
 from autoao.kernels.ops import EAGER, cdiv, next_pow2
 
 MMA_MAX_ROWS = 16  # the tensor-core int4 kernel pads x to 16 rows: up to 16 cost what 1 does

@@ -297,7 +297,7 @@ def test_modules_built_with_canonical_on_device_compute_and_save_the_same(cand):
 @pytest.mark.parametrize("name", ["int8_wo", "fp8_wo"])
 def test_weight_only_modules_compiled_on_cuda_compute_what_they_compute_eagerly(name):
     """Traced, the weight-only formats read one packed parameter and make their views in the graph
-    (kernels/_base.py, packed_forward): the GEMV rows and the dequantized rows, compiled plainly
+    (kernels/weight_only.py, packed_forward): the GEMV rows and the dequantized rows, compiled plainly
     and replayed as CUDA graphs, give the eager numbers (up to the compiler's rounding); a fused
     group's too."""
     cand = search_space.get(name)

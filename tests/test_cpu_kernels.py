@@ -286,7 +286,7 @@ EXTRA_GUARDS_AT_MOST = {"int8_wo": 11, "fp8_wo": 8}
 
 
 # the same off the host ("meta" stands in for a GPU): the weight-only formats' one packed parameter,
-# checked as nn.Linear's weight is, and the key of its constants (kernels/_base.py, packed_forward)
+# checked as nn.Linear's weight is, and the key of its constants (kernels/weight_only.py, packed_forward)
 EXTRA_GUARDS_OFF_HOST_AT_MOST = {"int8_wo": 2, "fp8_wo": 2}
 
 
@@ -341,7 +341,7 @@ def test_a_pickled_packed_module_keys_its_constants_where_it_is_loaded(monkeypat
     """A packed module keeps the key of its traced constants, which is only this process's: a module
     pickled elsewhere gets this process's key for its own constants, not whatever the old key names
     here. (Restored through __setstate__, as pickle restores it; "meta" tensors do not pickle.)"""
-    from autoao.kernels import _base
+    from autoao.kernels import weight_only
 
     model = _two_linears()
     off_host = autoao.apply(copy.deepcopy(model), Plan.uniform(model, "fp8_wo")).to("meta")
@@ -349,10 +349,10 @@ def test_a_pickled_packed_module_keys_its_constants_where_it_is_loaded(monkeypat
     # the loading process has packed other layouts, under every key up to this module's
     others = {key: (torch.int8, torch.bfloat16, (("triton", key + 1), ("dequant", None)), True)
               for key in range(off_host[0]._traced + 1)}
-    monkeypatch.setattr(_base, "PACKED_CALLS", dict(others))
-    monkeypatch.setattr(_base, "_PACKED_KEYS", {call: key for key, call in others.items()})
+    monkeypatch.setattr(weight_only, "PACKED_CALLS", dict(others))
+    monkeypatch.setattr(weight_only, "_PACKED_KEYS", {call: key for key, call in others.items()})
     loaded = copy.deepcopy(off_host)
-    assert _base.PACKED_CALLS[loaded[0]._traced] == mine and mine not in others.values()
+    assert weight_only.PACKED_CALLS[loaded[0]._traced] == mine and mine not in others.values()
     assert loaded[0]._traced != off_host[0]._traced
 
 
@@ -384,7 +384,7 @@ def test_canonical_weights_on_the_device_are_the_packed_buffers_bytes(name):
 @pytest.mark.parametrize("n,k", [(1, 1), (3, 5), (7, 13), (24, 576), (576, 1536)])
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_a_packed_buffer_holds_weight_and_scales_and_says_its_rows(n, k, scale_dtype):
-    from autoao.kernels._base import packed_buffer, packed_views
+    from autoao.kernels.weight_only import packed_buffer, packed_views
 
     q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
     s = torch.rand(n).to(scale_dtype)
@@ -402,7 +402,7 @@ def test_a_packed_buffer_holds_weight_and_scales_and_says_its_rows(n, k, scale_d
 def test_packed_views_made_in_a_compiled_graph_give_the_eager_numbers(qdtype, scale_dtype):
     """What a traced weight-only module off the host does above the GEMV's rows (the views of its
     packed buffer, the weight dequantized into one matmul), compiled by inductor here."""
-    from autoao.kernels._base import packed_buffer, packed_views, per_channel_weight_only
+    from autoao.kernels.weight_only import packed_buffer, packed_views, per_channel_weight_only
 
     torch.manual_seed(0)
     n, k = 48, 72

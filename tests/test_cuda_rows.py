@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autoao import search_space
-from autoao.kernels import _base, cuda_rows
+from autoao.kernels import cuda_rows, weight_only
 from autoao.kernels.quant import FP8_DTYPE
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -42,14 +42,14 @@ def test_eager_calls_of_9_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypa
         return dequantized(x, w_q, w_scale).to(x.dtype)
 
     monkeypatch.setattr(cuda_rows, "rows_linear", fake_rows)
-    monkeypatch.setattr(_base, "call_op", fake_op)
+    monkeypatch.setattr(weight_only, "call_op", fake_op)
     w_q, w_scale = int8_weights(48, 128)
     triton, split = (("triton", None),), (("triton", 16), ("dequant", None))
 
     def run(rows, route=triton, gemv=True):
         calls.clear()
         x = torch.randn(1, rows, 128).to(torch.bfloat16)
-        y = _base.weight_only_forward(x, w_q, w_scale, None, route, gemv)
+        y = weight_only.weight_only_forward(x, w_q, w_scale, None, route, gemv)
         ref = dequantized(x, w_q, w_scale)
         assert y.shape == (1, rows, 48) and ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
         return list(calls)
@@ -64,7 +64,7 @@ def test_eager_calls_of_9_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypa
     for rows in (1, 16):  # autoao's kernels have no backward: x's gradient comes through the dequantized weight
         calls.clear()
         x = torch.randn(rows, 128).to(torch.bfloat16).requires_grad_()
-        _base.weight_only_forward(x, w_q, w_scale, None, triton, True).float().sum().backward()
+        weight_only.weight_only_forward(x, w_q, w_scale, None, triton, True).float().sum().backward()
         want = (w_q.float() * w_scale.float()[:, None]).sum(0).expand(rows, -1)  # d(sum y)/dx: W's rows summed
         assert calls == [] and ((x.grad.float() - want).norm() / want.norm()).item() < 1e-2
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
@@ -79,7 +79,7 @@ def test_a_compiled_caller_over_prompt_lengths_is_not_recompiled_at_the_rows_ker
     w_q, w_scale = int8_weights(48, 128)
     counter = CompileCounter()
     torch._dynamo.reset()
-    f = torch.compile(lambda x: _base.weight_only_forward(x, w_q, w_scale, None, (("triton", None),), True),
+    f = torch.compile(lambda x: weight_only.weight_only_forward(x, w_q, w_scale, None, (("triton", None),), True),
                       backend=counter, dynamic=True)
     for rows in (16, 40, 70, 100):
         x = torch.randn(rows, 128).to(torch.bfloat16)

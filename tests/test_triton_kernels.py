@@ -150,7 +150,7 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
         f = torch.compile(lambda x: torch.ops.autoao.per_channel_gemv(x, q8, s8), fullgraph=True)
         assert torch.equal(f(x), tg.per_channel_gemv_triton(x, q8, s8))
         # the weight-only modules' layout off the host: views of one packed buffer, made in the graph
-        from autoao.kernels._base import packed_buffer, packed_views
+        from autoao.kernels.weight_only import packed_buffer, packed_views
         for wq, sc in [(q8, s8.to(torch.bfloat16)), quantize_fp8(w, "row")]:
             sc = sc.reshape(-1)
             buf = packed_buffer(wq, sc, "cpu")
