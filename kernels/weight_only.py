@@ -86,8 +86,8 @@ def pack_weight_only(m: PerChannelWeights, device: torch.device, scale_dtype: to
 
 def packed_buffer(q: torch.Tensor, s: torch.Tensor, device: torch.device | str,
                   into: torch.Tensor | None = None) -> torch.Tensor:
-    """q [N, K] (1-byte dtype) and s [N] packed into one uint8 buffer on `device` (the comment
-    above); `into`: a packed buffer whose weight bytes q already is, where only s is written."""
+    """q [N, K] (1-byte dtype) and s [N] packed into one uint8 buffer on `device` (the module
+    docstring); `into`: a packed buffer whose weight bytes q already is, where only s is written."""
     at = _scales_offset(*q.shape, s.element_size())
     buf = into
     if buf is None:
