@@ -18,9 +18,20 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from autoao.common import cache_dir
 
 TOOLKIT_DEFAULT = "/usr/local/cuda"
+
+
+def mma_arch(device: torch.device | str | int | None, what: str) -> str:
+    """The GPU's architecture as nvcc names it ("90" for sm_90); RuntimeError naming `what` on a GPU
+    before sm_80, which has no bf16 mma."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise RuntimeError(f"{what} needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
+    return f"{major}{minor}"
 
 
 def nvcc(what: str, instead: str) -> str:

@@ -151,10 +151,7 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
         return lib
     if not torch.cuda.is_available():
         raise RuntimeError("the CUDA int4 kernel needs a CUDA device")
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        raise RuntimeError(f"the CUDA int4 kernel needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
-    arch = f"{major}{minor}"
+    arch = cuda_build.mma_arch(device, _WHAT)
     cuda_build.nvcc(_WHAT, _INSTEAD)  # a missing toolkit is one clear error, not one per thread
     others = [g for g in GROUP_SIZES if g != group_size]
     with concurrent.futures.ThreadPoolExecutor(len(GROUP_SIZES)) as pool:  # nvcc runs in subprocesses
@@ -168,7 +165,7 @@ def library(group_size: int, device: torch.device | str | None = None) -> ctypes
     lib.autoao_int4_mma_gemv.restype = ctypes.c_int
     lib.autoao_int4_mma_dequant.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.autoao_int4_mma_dequant.restype = ctypes.c_int
-    lib.sm90 = major >= 9  # griddepcontrol and bulk prefetches exist from sm_90
+    lib.sm90 = int(arch) >= 90  # griddepcontrol and bulk prefetches exist from sm_90
     _LIBS[key] = lib
     return lib
 

@@ -41,11 +41,9 @@ def prepare(device: torch.device) -> str | None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index in _LIBS or index in _MISSING:
         return _MISSING.get(index)
-    major, minor = torch.cuda.get_device_capability(index)
     try:
-        if major < 8:
-            raise RuntimeError(f"{_WHAT} needs sm_80 or newer (bf16 mma); this GPU is sm_{major}{minor}")
-        lib = ctypes.CDLL(str(cuda_build.build(_SOURCE, [], "wo_rows", f"{major}{minor}", _WHAT, _INSTEAD)))
+        arch = cuda_build.mma_arch(index, _WHAT)
+        lib = ctypes.CDLL(str(cuda_build.build(_SOURCE, [], "wo_rows", arch, _WHAT, _INSTEAD)))
     except (RuntimeError, OSError) as e:
         _MISSING[index] = str(e)
         warnings.warn(f"{str(e).rstrip('.')}. int8_wo and fp8_wo run calls of 9-{MAX_ROWS} rows eagerly on their dequantizing "
@@ -65,7 +63,8 @@ def rows_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     in one launch; None where it cannot run this call (no kernel for x's device, other dtypes,
     sizes or alignment): the caller then takes its own path. `out`: the result's tensor (tests pass
     one filled with NaN), else a new one."""
-    lib = _LIBS.get(x.get_device())
+    index = x.get_device()  # -1 on the CPU: no library
+    lib = _LIBS.get(index)
     n, k = w_q.shape
     fp8, scale_bf16 = _QDTYPES.get(w_q.dtype), _SCALES.get(w_scale.dtype)
     if (lib is None or fp8 is None or scale_bf16 is None or x.dtype != torch.bfloat16 or n % 16 or k % 64
@@ -73,7 +72,7 @@ def rows_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         return None
     y = x.new_empty((*x.shape[:-1], n)) if out is None else out
     err = lib.autoao_wo_rows(x.data_ptr(), w_q.data_ptr(), w_scale.data_ptr(), scale_bf16, y.data_ptr(),
-                             x.numel() // k, n, k, k, fp8, torch._C._cuda_getCurrentRawStream(x.get_device()))
+                             x.numel() // k, n, k, k, fp8, torch._C._cuda_getCurrentRawStream(index))
     if err:
         raise RuntimeError(f"{_WHAT}: launch on x {tuple(x.shape)}, weight {n}x{k} failed with "
                            + ("unsupported sizes" if err < 0 else f"CUDA error {err}"))

@@ -163,9 +163,9 @@ class Int8WeightOnlyLinear(_Int8Weights):
         pack_weight_only(self, device, self.dtype)  # both kernels take the scales in the activation dtype
 
     def _forward(self, x):
-        # the CPU's "int8pack" takes rows; every other kernel is weight_only_forward's (the GEMV
-        # where the route says "triton" and _gemv is set, on CUDA or in tests run interpreted; else
-        # the weight dequantized per call into one matmul)
+        # the CPU's "int8pack" takes rows; every other kernel is weight_only_forward's (where the
+        # route says "triton" and _gemv is set, on CUDA or in tests run interpreted: the GEMV, or
+        # eagerly the rows kernel; else the weight dequantized per call into one matmul)
         if x.is_cpu and route_kernel(self._route, x.numel() // x.shape[-1]) == "int8pack":
             x2 = flatten_tokens(x)
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, self.w_scale.to(x.dtype))
