@@ -7,7 +7,7 @@ module's Python and each kernel launch is host time the compiled decode steps ne
 Sides, interleaved in each round, on SmolLM2-135M's shapes (576 -> 576, the q/k/v group 576 -> 960
 as three fused members, 576 -> 49152 for the LM head) and a Llama-1B MLP's 2048 -> 8192 at --rows
 rows: nn.Linear in bf16; fp8_wo's module (eagerly up to 64 rows: kernels/cuda_rows.py's kernel);
-its dequantizing path's three ops written out; the rows kernel called alone. Per call: host us
+its dequantizing path's three ops (per_channel_weight_only, no module); the rows kernel alone. Per call: host us
 (the loop's time before the closing synchronize: the device runs behind) and wall us. Then the
 module's calls under cProfile: where its host time goes. With --launch-paths: one-row calls of
 modules whose kernels launch through aten, Triton and ctypes (int4's CUDA kernel, the rows
@@ -39,6 +39,7 @@ from host_overhead import per_call_us  # noqa: E402
 from autoao import search_space  # noqa: E402
 from autoao.kernels import cuda_rows  # noqa: E402
 from autoao.kernels.fused import FusedRows  # noqa: E402
+from autoao.kernels.weight_only import per_channel_weight_only  # noqa: E402
 
 
 def sides(device: torch.device, rows: int) -> dict[str, object]:
@@ -54,7 +55,7 @@ def sides(device: torch.device, rows: int) -> dict[str, object]:
         out[f"{tag}: nn.Linear"] = lambda lin=lin, x=x: lin(x)
         out[f"{tag}: fp8_wo module"] = lambda mod=mod, x=x: mod(x)
         out[f"{tag}: fp8_wo dequantizing ops"] = \
-            lambda w_q=w_q, w_s=w_s, x=x: nn.functional.linear(x, w_q.to(x.dtype)).mul_(w_s)
+            lambda w_q=w_q, w_s=w_s, x=x: per_channel_weight_only(x, w_q, w_s, False)
         if device.type == "cuda":
             out[f"{tag}: the rows kernel alone"] = lambda w_q=w_q, w_s=w_s, x=x: cuda_rows.rows_linear(x, w_q, w_s)
     x = torch.randn(1, rows, 576, dtype=torch.bfloat16, device=device)
