@@ -122,6 +122,11 @@ class QuantizedLinear(nn.Module):
     # (per-channel / group-wise scales, 2:4 within a row): sibling layers can then run as one module
     # on their row-concatenated canonical tensors with the same numbers (kernels/fused.py).
     rows_independent: bool = False
+    # True where an input that requires grad gets its true gradient (the weight dequantized into
+    # F.linear, whose backward autograd knows). False where the kernels quantize the activations
+    # or have no backward: the module then runs its kernels without recording, and a backward
+    # through it raises (inference_only) rather than hand back a gradient that is silently wrong.
+    differentiable: bool = False
 
     def __init__(
         self,
@@ -245,7 +250,10 @@ class QuantizedLinear(nn.Module):
         call), so helpers are module-level functions rather than methods (a method lookup adds a
         guard per class of the module's MRO). Traced off the host, a module packed into one
         parameter (`_traced` set) reads `_traced`, that parameter and its bias only:
-        packed_forward."""
+        packed_forward. An input that requires grad, where the module is not `differentiable`:
+        inference_only."""
+        if x.requires_grad and not self.differentiable and torch.is_grad_enabled():
+            return inference_only(self, x)
         traced = self._traced
         if traced is not None and torch.compiler.is_compiling() and not x.is_cpu:
             return packed_forward(self, x, *PACKED_CALLS[traced])
@@ -437,6 +445,32 @@ class PerChannelWeights(QuantizedLinear):
     def canonical_spec(self) -> CanonicalSpec:
         n, k = self.out_features, self.in_features
         return {"qweight": ((n, k), self.qdtype), "scale": ((n,), torch.float32), **self._input_scale_spec()}
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """y = m.forward(x) by m's own kernels (grad mode is off inside forward); a backward raises."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, m: QuantizedLinear) -> torch.Tensor:
+        ctx.module = m
+        return m.forward(x)  # not m(x): its hooks ran for the call that brought us here
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        m = ctx.module
+        raise RuntimeError(
+            f"autoao's {type(m).__name__}({m.extra_repr()}) has no backward: its kernels quantize the "
+            "activations, and a gradient through that rounding would be wrong. autoao's modules are for "
+            "inference: train the model before optimizing it, or give this layer a candidate that "
+            "passes x's gradient (bf16, bf16_compute, the weight-only int8_wo / int4_wo / int4_sym / "
+            "fp8_wo, sparse24).")
+
+
+def inference_only(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """m(x) for an x that requires grad, where m is not `differentiable`: the output joins x's
+    graph, as a real gradient's would, so that a backward through it raises (naming m) instead of
+    skipping the layer or returning the gradient of a rounding. torch.compile traces it too."""
+    return _InferenceOnly.apply(x, m)
 
 
 # Fused members' outputs owed (kernels/fused.py): a member's slot -> (the input, its output), put

@@ -25,6 +25,7 @@ class Bf16Linear(QuantizedLinear):
     """Canonical: weight [N, K] bf16. forward casts x to bf16 and the result back to x.dtype."""
 
     rows_independent = True
+    differentiable = True  # F.linear
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -52,6 +53,7 @@ class Fp32ComputeLinear(QuantizedLinear):
     runtime (twice the bf16 bytes) wherever the route uses it."""
 
     rows_independent = True
+    differentiable = True  # F.linear
 
     @classmethod
     def declared_kernels(cls, **params) -> tuple[KernelInfo, ...]:

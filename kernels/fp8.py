@@ -99,6 +99,7 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
     emulated_on = frozenset({"cpu"})
     qdtype = FP8_DTYPE
     runtime_views = WEIGHT_ONLY_VIEWS  # pack_weight_only's layout
+    differentiable = True  # an x that requires grad takes the dequantizing path
 
     def quantize(self, weight, stats=None):
         q, s = quantize_fp8(weight, "row")

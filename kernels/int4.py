@@ -122,6 +122,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     algorithms = ("rtn", "awq", "gptq", "hqq")
     rows_independent = True  # scales and zeros per (row, group)
+    differentiable = True  # an x that requires grad takes a dequantizing path
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, group_size: int = 128,
                  algorithm: str = "rtn"):
@@ -213,7 +214,8 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        small = x2.shape[0] <= self._gemv_rows and not x.requires_grad  # the GEMVs have no backward
+        grad = x.requires_grad  # the GEMVs and tinygemm have no backward: dequantize instead
+        small = x2.shape[0] <= self._gemv_rows and not grad
         if "qweight_mma" in self._buffers:
             if small:
                 # the next GEMV's CUDA layouts, if it has them: our kernel prefetches them into L2
@@ -230,13 +232,13 @@ class Int4WeightOnlyLinear(QuantizedLinear):
             else:  # [N, K] bf16 weight made on the fly, then one bf16 GEMM
                 w = dequantize_int4_groupwise(unpack_int4(self.qweight_rt), self.scales_rt, self.zeros_rt)
                 y = F.linear(xb, w.to(torch.bfloat16))
+        elif grad or (x2.is_cpu and route_kernel(self._route, x2.shape[0]) == "dequant"):
+            c = self._canon  # [N, K] bf16 weight made per call, one bf16 matmul
+            w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
+            y = F.linear(x2.to(torch.bfloat16), w.to(x2.device, torch.bfloat16))
         elif x2.is_cuda:
             y = torch._weight_int4pack_mm(x2.to(torch.bfloat16).contiguous(), self.w_packed,
                                           self.group_size, self.scales_and_zeros)
-        elif route_kernel(self._route, x2.shape[0]) == "dequant":  # [N, K] bf16 weight made per call, one bf16 matmul
-            c = self._canon
-            w = dequantize_int4_groupwise(unpack_int4(c["qweight"]), c["scales"], c["zeros"])
-            y = F.linear(x2.to(torch.bfloat16), w.to(torch.bfloat16))
         else:
             y = torch._weight_int4pack_mm_for_cpu(x2.contiguous(), self.w_packed, self.group_size,
                                                   self.scales_and_zeros.to(x2.dtype))

@@ -149,6 +149,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
 
     algorithms = ("rtn", "gptq")
     runtime_views = WEIGHT_ONLY_VIEWS  # pack_weight_only's layout
+    differentiable = True  # an x that requires grad takes the dequantizing path
 
     @classmethod
     def declared_kernels(cls, **params) -> tuple[KernelInfo, ...]:
@@ -163,10 +164,11 @@ class Int8WeightOnlyLinear(_Int8Weights):
         pack_weight_only(self, device, self.dtype)  # both kernels take the scales in the activation dtype
 
     def _forward(self, x):
-        # the CPU's "int8pack" takes rows; every other kernel is weight_only_forward's (where the
-        # route says "triton" and _gemv is set, on CUDA or in tests run interpreted: the GEMV, or
-        # eagerly the rows kernel; else the weight dequantized per call into one matmul)
-        if x.is_cpu and route_kernel(self._route, x.numel() // x.shape[-1]) == "int8pack":
+        # the CPU's "int8pack" takes rows (no backward: not for an x that requires grad); every other
+        # kernel is weight_only_forward's (where the route says "triton" and _gemv is set, on CUDA or
+        # in tests run interpreted: the GEMV, or eagerly the rows kernel; else the weight
+        # dequantized per call into one matmul)
+        if x.is_cpu and not x.requires_grad and route_kernel(self._route, x.numel() // x.shape[-1]) == "int8pack":
             x2 = flatten_tokens(x)
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, self.w_scale.to(x.dtype))
             return unflatten_tokens(add_bias(y, self.bias), x)

@@ -130,6 +130,7 @@ class Sparse24Linear(QuantizedLinear):
     emulated_on = frozenset({"cpu"})
     calibration_uses = frozenset({"act_norm"})  # Wanda
     rows_independent = True  # 2:4 chosen within each row
+    differentiable = True  # an x that requires grad takes the pruned weight's F.linear
 
     def __init__(self, in_features, out_features, bias, dtype, device=None):
         super().__init__(in_features, out_features, bias, dtype, device)
@@ -156,10 +157,12 @@ class Sparse24Linear(QuantizedLinear):
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        if x2.is_cuda:
-            y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None, self.out_features)
-        else:
+        if x2.is_cpu:
             y = F.linear(x2, self.w_c.to(x2.dtype))
+        elif x.requires_grad:  # cuSPARSELt has no backward: the pruned weight, dense
+            y = F.linear(x2, self._canon["weight"].to(x2.device, x2.dtype))
+        else:
+            y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None, self.out_features)
         return unflatten_tokens(add_bias(y.to(x.dtype), self.bias), x)
 
     def reference(self, x):

@@ -163,6 +163,56 @@ def test_compiles_fullgraph_on_cpu(cand):
     assert sqnr(eager, compiled) >= KERNEL_VS_REFERENCE_DB
 
 
+# The families whose modules hand an input that requires grad its gradient (their activations are not
+# quantized: the weight as the module holds it, into F.linear); the others raise at backward.
+DIFFERENTIABLE = {"bf16_compute", "fp32_compute", "int8_wo", "int4_wo", "int4_sym", "fp8_wo", "sparse24"}
+
+
+def grad_case(cand) -> tuple[nn.Module, torch.Tensor]:
+    """cand's module on a 256 -> 128 layer with a bias (bf16, or fp32 where it takes only other
+    dtypes), and an input [3, 5, 256] of its dtype."""
+    dtype = next(d for d in (torch.bfloat16, torch.float32)
+                 if cand.supports(LayerSpec("layer", 256, 128, True, d), torch.device("cpu")) is None)
+    m = cand.build(make_linear(256, 128, True, dtype), LayerStats(act_norm=torch.rand(256)), fqn="layer")
+    return m, torch.randn(3, 5, 256, dtype=dtype)
+
+
+@pytest.mark.parametrize("cand", [c for c in CANDIDATES if c.family != "bf16"] + [search_space.get("gguf")], ids=str)
+def test_an_input_that_requires_grad_gets_its_gradient_or_a_backward_that_raises(cand):
+    m, x = grad_case(cand)
+    with torch.no_grad():
+        want = m(x)
+    xg = x.clone().requires_grad_()
+    calls = []
+    m.register_forward_hook(lambda *args: calls.append(1))
+    y = m(xg)
+    assert y.requires_grad and calls == [1]  # joined to x's graph either way; its hooks run once
+    assert sqnr(want, y.detach()) >= KERNEL_VS_REFERENCE_DB
+    g = torch.randn_like(y)
+    if cand.family in DIFFERENTIABLE:
+        y.backward(g)
+        xr = x.float().requires_grad_()
+        m.reference(xr).backward(g.float())  # the gradient of the function the module computes
+        assert ((xg.grad.float() - xr.grad).norm() / xr.grad.norm()).item() < 2e-2
+    else:
+        with pytest.raises(RuntimeError, match=f"{type(m).__name__}\\(.*has no backward"):
+            y.backward(g)
+
+
+@pytest.mark.parametrize("family", ["int8_dyn", "int8_wo"])
+def test_a_compiled_module_keeps_the_gradient_contract(family):
+    m, x = grad_case(search_space.get(family))
+    model = nn.Sequential(nn.Linear(256, 256).to(x.dtype), m)
+    torch._dynamo.reset()
+    y = torch.compile(model)(x)
+    if family in DIFFERENTIABLE:
+        y.float().sum().backward()
+        assert model[0].weight.grad is not None and model[0].weight.grad.abs().sum() > 0
+    else:
+        with pytest.raises(RuntimeError, match="has no backward"):
+            y.float().sum().backward()
+
+
 @pytest.mark.parametrize("cand", CANDIDATES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_save_load_round_trip_is_bit_exact(cand, dtype, tmp_path):

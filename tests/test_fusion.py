@@ -120,6 +120,28 @@ def test_fused_siblings_compute_the_same_numbers(cand, bias):
             assert t.untyped_storage().data_ptr() == fused_canon[name].untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("cand", ["int8_dyn", "int8_wo", "sparse24_fp8", "sparse24"])
+def test_fused_siblings_keep_the_gradient_contract(cand):
+    # int8_wo and sparse24 pass x's gradient (fused or not, the same); the others raise at backward
+    model, x = quantized(cand)
+    FusedRows([model.get_submodule(f) for f in QKV])
+    with torch.no_grad():
+        want = model(x)
+    xg = x.clone().requires_grad_()
+    y = model(xg)
+    torch.testing.assert_close(y.detach(), want, rtol=2e-2, atol=2e-2)
+    if cand in ("int8_wo", "sparse24"):
+        y.float().sum().backward()
+        unfused, _ = quantized(cand)
+        xr = x.clone().requires_grad_()
+        unfused(xr).float().sum().backward()
+        torch.testing.assert_close(xg.grad, xr.grad, rtol=2e-2, atol=2e-2)
+    else:
+        with pytest.raises(RuntimeError, match="has no backward"):
+            y.float().sum().backward()
+    assert not _base.FUSED_CALLS  # nothing owed after the forward
+
+
 def test_fused_model_compiles_to_one_matmul_per_group():
     # int8_dyn runs torch._int_mm on the CPU: count them in the graph dynamo captures
     model, x = quantized("int8_dyn")
