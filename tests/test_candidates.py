@@ -168,18 +168,25 @@ def test_compiles_fullgraph_on_cpu(cand):
 DIFFERENTIABLE = {"bf16_compute", "fp32_compute", "int8_wo", "int4_wo", "int4_sym", "fp8_wo", "sparse24"}
 
 
-def grad_case(cand) -> tuple[nn.Module, torch.Tensor]:
+def grad_case(cand, device: str = "cpu") -> tuple[nn.Module, torch.Tensor]:
     """cand's module on a 256 -> 128 layer with a bias (bf16, or fp32 where it takes only other
-    dtypes), and an input [3, 5, 256] of its dtype."""
-    dtype = next(d for d in (torch.bfloat16, torch.float32)
-                 if cand.supports(LayerSpec("layer", 256, 128, True, d), torch.device("cpu")) is None)
-    m = cand.build(make_linear(256, 128, True, dtype), LayerStats(act_norm=torch.rand(256)), fqn="layer")
-    return m, torch.randn(3, 5, 256, dtype=dtype)
+    dtypes) on `device`, and an input [3, 5, 256] of its dtype; skips where cand cannot run there."""
+    dtype = next((d for d in (torch.bfloat16, torch.float32)
+                  if cand.supports(LayerSpec("layer", 256, 128, True, d), torch.device(device)) is None), None)
+    if dtype is None:
+        pytest.skip(f"{cand} does not run on this {device}")
+    lin = make_linear(256, 128, True, dtype).to(device)
+    m = cand.build(lin, LayerStats(act_norm=torch.rand(256, device=device)), fqn="layer")
+    return m, torch.randn(3, 5, 256, dtype=dtype, device=device)
 
 
+ON_CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("cand", [c for c in CANDIDATES if c.family != "bf16"] + [search_space.get("gguf")], ids=str)
-def test_an_input_that_requires_grad_gets_its_gradient_or_a_backward_that_raises(cand):
-    m, x = grad_case(cand)
+def test_an_input_that_requires_grad_gets_its_gradient_or_a_backward_that_raises(cand, device):
+    m, x = grad_case(cand, device)
     with torch.no_grad():
         want = m(x)
     xg = x.clone().requires_grad_()
