@@ -329,7 +329,9 @@ def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
     ValueError (one line, naming the spec) for a name or factory that cannot be loaded."""
     if ":" not in spec:
         if spec not in available():
-            raise ValueError(f"unknown --model {spec!r}: give a built-in name ({', '.join(available())}) "
+            close = difflib.get_close_matches(spec, available(), n=2, cutoff=0.5)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ValueError(f"unknown --model {spec!r}{hint}: give a built-in name ({', '.join(available())}) "
                              "or module:factory (e.g. mymodels.py:build)")
         model, tok = load(spec, device=device)
         out = {"model": model, "tokenizer": tok, "name": spec}

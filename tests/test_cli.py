@@ -28,6 +28,7 @@ def _cache(tmp_path, monkeypatch):
     (["search", "--model", "missing_file.py:build"], "does not exist"),
     (["search", "--model", TINY.replace(":build", ":broken")], "broken() failed"),
     (["search", "--model", "smollm3"], "unknown --model 'smollm3'"),
+    (["search", "--model", "minilm-l7"], "unknown --model 'minilm-l7' (did you mean minilm-l6?)"),
     (["apply", "--model", TINY, "--plan", "nope.json", "--save", "x"], "does not exist"),
     (["search", "--tasks", "autoao_fact"], "did you mean: autoao_facts?"),
     (["search", "--storage", "postgresql://nobody@127.0.0.1:9/none"], "--storage: storage"),
