@@ -4,6 +4,13 @@ geometry computed by triton.cdiv / triton.next_power_of_2 (ConstexprFunctions) a
 arithmetic (kernels/ops.cdiv, next_pow2), the two variants interleaved.
 
     python benchmarks/host_overhead.py --out benchmarks/results/2026-12-03-cpu/host-overhead
+    python benchmarks/host_overhead.py --paths --out benchmarks/results/2026-12-04-cpu/host-paths
+
+--paths: the eager dispatch paths a one-row call can take instead, interleaved: the Triton GEMV's
+(its `[grid]` launch stubbed) against the rows kernel's (kernels/cuda_rows.py, its C function and
+the CUDA stream lookup stubbed; the module's lower bound GEMV_MAX_ROWS set to 0 for that side, as
+taking eager decode to the rows kernel would), with nn.Linear on a 16x16 layer beside them (its
+dispatch and a matmul next to free on the CPU).
 
 Runs on the CPU: the Triton kernel's launch is replaced by a stub and the launch config is put in
 the tuner's cache as a CUDA run leaves it, so every other line of the CUDA path runs as it does
@@ -52,13 +59,40 @@ class _Stub:
         return lambda *args, **meta: None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    tg._per_channel_kernel, tg._sum_splits_kernel = _Stub(), _Stub()
+class _Lib:
+    """Stands for the rows kernel's loaded library: its C function launches nothing."""
+
+    def autoao_wo_rows(self, *args) -> int:
+        return 0
+
+
+def paths(rounds: int) -> dict[str, dict[str, list[float]]]:
+    """{shape: {path: [us a call, a round each]}} for one-row eager int8_wo calls, the paths
+    interleaved round by round."""
+    import autoao.kernels.cuda_rows as cuda_rows
+    import autoao.kernels.weight_only as weight_only
+
+    cuda_rows._LIBS[-1] = _Lib()  # x.get_device() is -1 on the CPU
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+    x = torch.randn(1, 1, 576, dtype=torch.bfloat16)
+    rows: dict[str, dict[str, list[float]]] = {}
+    with torch.no_grad():
+        for n in (576, 1536):
+            m = search_space.get("int8_wo").build(nn.Linear(576, n, bias=False).to(torch.bfloat16))
+            m._gemv, m._route = True, (("triton", None),)
+            tg._TUNED[("int8", n, 576, 1, 0, torch.bfloat16, None)] = tg._DEFAULT
+            lin, x16 = nn.Linear(16, 16, bias=False).to(torch.bfloat16), x[..., :16]  # its dispatch, a tiny matmul
+            for _ in range(rounds):
+                for path, bound in (("Triton GEMV", tg.MAX_ROWS), ("rows kernel", 0)):
+                    weight_only.GEMV_MAX_ROWS = bound
+                    rows.setdefault(f"{n}x576", {}).setdefault(path, []).append(per_call_us(lambda: m(x))[0])
+                rows[f"{n}x576"].setdefault("nn.Linear 16x16", []).append(per_call_us(lambda: lin(x16))[0])
+    return rows
+
+
+def geometry(rounds: int) -> dict[str, dict[str, list[float]]]:
+    """{shape: {variant: [us a call, a round each]}}: the GEMV path with the launch geometry from
+    triton's ConstexprFunctions against plain ints, interleaved."""
     x = torch.randn(1, 1, 576, dtype=torch.bfloat16)
     variants = {"triton's ConstexprFunctions": (triton.cdiv, triton.next_power_of_2), "plain ints": (tg.cdiv, tg.next_pow2)}
     rows: dict[str, dict[str, list[float]]] = {}
@@ -68,11 +102,23 @@ def main() -> None:
             m._gemv, m._route = True, (("triton", None),)  # the CUDA route at M = 1
             key = ("int8", n, 576, 1, 0, torch.bfloat16, None)  # as _tune caches it after a CUDA sweep
             tg._TUNED[key] = tg._DEFAULT
-            for _ in range(args.rounds):  # interleaved: one call series per variant, in turn
+            for _ in range(rounds):  # interleaved: one call series per variant, in turn
                 for name, (cdiv, pow2) in variants.items():
                     tg.cdiv, tg.next_pow2 = cdiv, pow2
                     rows.setdefault(f"{n}x576", {}).setdefault(name, []).append(per_call_us(lambda: m(x))[0])
     tg.cdiv, tg.next_pow2 = variants["plain ints"]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--paths", action="store_true", help="the GEMV's and the rows kernel's eager paths, nn.Linear beside")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tg._per_channel_kernel, tg._sum_splits_kernel = _Stub(), _Stub()
+    rows = paths(args.rounds) if args.paths else geometry(args.rounds)
     helpers = {"triton.cdiv": per_call_us(lambda: triton.cdiv(576, 16), 200000)[0],
                "triton.next_power_of_2": per_call_us(lambda: triton.next_power_of_2(1), 200000)[0],
                "ops.cdiv": per_call_us(lambda: tg.cdiv(576, 16), 200000)[0],
@@ -82,7 +128,7 @@ def main() -> None:
               "module_call_us": {shape: {k: {"median": statistics.median(v), "rounds": v} for k, v in by.items()}
                                  for shape, by in rows.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "host_overhead.json").write_text(json.dumps(result, indent=1))
+    (args.out / ("host_paths.json" if args.paths else "host_overhead.json")).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "module_call_us"}, indent=1))
     for shape, by in result["module_call_us"].items():
         print(shape, {k: round(v["median"], 2) for k, v in by.items()})
