@@ -44,6 +44,7 @@ from autoao.kernels.routes import (
     route_problem,
     route_text,
 )
+from autoao.kernels.tensors import needs_grad
 from autoao.kernels.weight_only import PACKED, PACKED_CALLS, packed_call_key, packed_forward
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -252,7 +253,7 @@ class QuantizedLinear(nn.Module):
         parameter (`_traced` set) reads `_traced`, that parameter and its bias only:
         packed_forward. An input that requires grad, where the module is not `differentiable`:
         inference_only."""
-        if x.requires_grad and not self.differentiable and torch.is_grad_enabled():
+        if needs_grad(x) and not self.differentiable:
             return inference_only(self, x)
         traced = self._traced
         if traced is not None and torch.compiler.is_compiling() and not x.is_cpu:

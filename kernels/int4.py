@@ -37,7 +37,7 @@ from autoao.kernels.quant import (
 )
 from autoao.kernels.ops import call_op
 from autoao.kernels.routes import KernelInfo, route_kernel
-from autoao.kernels.tensors import add_bias, flatten_tokens, unflatten_tokens
+from autoao.kernels.tensors import add_bias, flatten_tokens, needs_grad, unflatten_tokens
 from autoao.kernels.weight_only import GEMV_MAX_ROWS
 
 GROUP_SIZES = (32, 64, 128)
@@ -214,7 +214,7 @@ class Int4WeightOnlyLinear(QuantizedLinear):
 
     def _forward(self, x):
         x2 = flatten_tokens(x)
-        grad = x.requires_grad  # the GEMVs and tinygemm have no backward: dequantize instead
+        grad = needs_grad(x)  # the GEMVs and tinygemm have no backward: dequantize instead
         small = x2.shape[0] <= self._gemv_rows and not grad
         if "qweight_mma" in self._buffers:
             if small:

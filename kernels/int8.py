@@ -31,7 +31,7 @@ from autoao.kernels.quant import (
     quantize_per_token,
 )
 from autoao.kernels.routes import KernelInfo, route_kernel
-from autoao.kernels.tensors import add_bias, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels.tensors import add_bias, flatten_tokens, needs_grad, pad_rows, unflatten_tokens
 from autoao.kernels.weight_only import GEMV_MAX_ROWS, WEIGHT_ONLY_VIEWS, pack_weight_only, weight_only_forward
 
 # torch._int_mm on CUDA needs M > 16 (cuBLASLt int8 heuristics); decode rows are padded up to this.
@@ -168,7 +168,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
         # kernel is weight_only_forward's (where the route says "triton" and _gemv is set, on CUDA or
         # in tests run interpreted: the GEMV, or eagerly the rows kernel; else the weight
         # dequantized per call into one matmul)
-        if x.is_cpu and not x.requires_grad and route_kernel(self._route, x.numel() // x.shape[-1]) == "int8pack":
+        if x.is_cpu and not needs_grad(x) and route_kernel(self._route, x.numel() // x.shape[-1]) == "int8pack":
             x2 = flatten_tokens(x)
             y = torch._weight_int8pack_mm(x2.contiguous(), self.w_q, self.w_scale.to(x.dtype))
             return unflatten_tokens(add_bias(y, self.bias), x)

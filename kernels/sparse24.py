@@ -22,7 +22,7 @@ from autoao.kernels.fp8 import Fp8DynLinear
 from autoao.kernels.int8 import Int8DynLinear
 from autoao.kernels.ops import EAGER, call_op
 from autoao.kernels.quant import FP8_DTYPE, dequantize_output, prune_24_mask, quantize_per_token
-from autoao.kernels.tensors import add_bias, flatten_tokens, pad_rows, unflatten_tokens
+from autoao.kernels.tensors import add_bias, flatten_tokens, needs_grad, pad_rows, unflatten_tokens
 
 # cuSPARSELt's dense operand needs its row count (our M) aligned: 16 covers bf16/fp16, int8, fp8.
 _CSLT_ROW_MULTIPLE = 16
@@ -159,7 +159,7 @@ class Sparse24Linear(QuantizedLinear):
         x2 = flatten_tokens(x)
         if x2.is_cpu:
             y = F.linear(x2, self.w_c.to(x2.dtype))
-        elif x.requires_grad:  # cuSPARSELt has no backward: the pruned weight, dense
+        elif needs_grad(x):  # cuSPARSELt has no backward: the pruned weight, dense
             y = F.linear(x2, self._canon["weight"].to(x2.device, x2.dtype))
         else:
             y = _cslt_linear(self.w_c, x2.to(self._cuda_dtype), None, None, self.out_features)

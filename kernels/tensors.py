@@ -17,6 +17,12 @@ def unflatten_tokens(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def needs_grad(x: torch.Tensor) -> bool:
+    """Whether autograd records what is computed from x here: x requires grad and grad mode is on
+    (under no_grad or inference_mode it records nothing, and the kernels without a backward serve)."""
+    return x.requires_grad and torch.is_grad_enabled()
+
+
 def add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y [..., N] + bias [N] in y's dtype; y when there is no bias."""
     return y if bias is None else y + bias.to(y.dtype)

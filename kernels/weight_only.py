@@ -30,7 +30,7 @@ from torch import nn
 from autoao.kernels import cuda_rows
 from autoao.kernels.ops import call_op, cdiv
 from autoao.kernels.routes import Route, route_kernel
-from autoao.kernels.tensors import add_bias, flatten_tokens, same_storage, unflatten_tokens
+from autoao.kernels.tensors import add_bias, flatten_tokens, needs_grad, same_storage, unflatten_tokens
 
 if TYPE_CHECKING:
     from autoao.kernels._base import PerChannelWeights, QuantizedLinear
@@ -143,7 +143,7 @@ def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tenso
     MAX_ROWS where it runs; else, and for an x that requires grad (they have no backward), the weight
     dequantized, whose F.linear carries x's gradient."""
     rows = x.numel() // x.shape[-1]
-    triton = gemv and not x.requires_grad and route_kernel(route, rows) == "triton"
+    triton = gemv and not needs_grad(x) and route_kernel(route, rows) == "triton"
     if triton and not torch.compiler.is_compiling() and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
         y = cuda_rows.rows_linear(x, w_q, w_scale)
         if y is not None:

@@ -107,6 +107,10 @@ def test_module_takes_the_gemv_up_to_8_rows_and_the_dequantized_weight_above(mon
     mod._forward(x).float().sum().backward()  # the GEMV has no backward: the dequantized weight carries x's gradient
     want = mod.reference(torch.eye(256)).sum(1) - mod.reference(torch.zeros(1, 256)).sum()  # each k's column sum of W
     assert calls == ["dequant"] and ((x.grad[0].float() - want).norm() / want.norm()).item() < 1e-2
+    calls.clear()
+    with torch.no_grad():  # nothing recorded: such an x takes the GEMV
+        mod._forward(x)
+    assert calls == [1]
 
 
 def test_each_int4_gemv_is_told_the_next_one_to_prefetch(monkeypatch):

@@ -67,6 +67,11 @@ def test_eager_calls_of_9_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypa
         weight_only.weight_only_forward(x, w_q, w_scale, None, triton, True).float().sum().backward()
         want = (w_q.float() * w_scale.float()[:, None]).sum(0).expand(rows, -1)  # d(sum y)/dx: W's rows summed
         assert calls == [] and ((x.grad.float() - want).norm() / want.norm()).item() < 1e-2
+    with torch.no_grad():  # nothing recorded: such an x takes the kernels
+        calls.clear()
+        weight_only.weight_only_forward(torch.randn(16, 128).to(torch.bfloat16).requires_grad_(), w_q, w_scale,
+                                        None, triton, True)
+        assert calls == [("rows", 16)]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert run(16) == []  # traced: the dequantizing path, which the compiler fuses
 
