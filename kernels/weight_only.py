@@ -140,8 +140,8 @@ def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tenso
                         route: Route, gemv: bool) -> torch.Tensor:
     """x [..., K] -> [..., N], bias added. Where `gemv` and the route's kernel for x's rows is
     "triton": the Triton GEMV up to GEMV_MAX_ROWS rows, then eagerly cuda_rows' kernel up to its
-    MAX_ROWS where it runs; else, and for an x that requires grad (they have no backward), the weight
-    dequantized, whose F.linear carries x's gradient."""
+    MAX_ROWS where it runs; else, and where autograd records x (needs_grad: they have no backward),
+    the weight dequantized, whose F.linear carries x's gradient."""
     rows = x.numel() // x.shape[-1]
     triton = gemv and not needs_grad(x) and route_kernel(route, rows) == "triton"
     if triton and not torch.compiler.is_compiling() and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
