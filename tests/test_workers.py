@@ -140,9 +140,9 @@ def test_a_killed_workers_trial_fails_and_its_retry_completes(pg, runs):
 def test_the_shared_search_starts_as_one_process_does_and_its_front_holds_every_processs_trials(pg, runs):
     """The shared study begins with one process's warm start, and the coordinator's Pareto front and
     best plan are the study's, whoever ran each trial. (How good a plan 16 trials find is not
-    compared: at equal trials three processes sample with fewer finished trials in view, and one
-    shared run's best ranked 17th-21st of 20 one-process seeds' in four runs; workers are for
-    more trials in the same time.)"""
+    compared: at equal trials three processes sample with fewer finished trials in view, and in
+    four runs one shared run's best ranked 17th to 21st of 21 beside 20 one-process seeds' bests;
+    workers are for more trials in the same time.)"""
     dist, single, _ = runs
     study = _study(pg)
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
