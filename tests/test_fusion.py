@@ -140,6 +140,18 @@ def test_fused_siblings_keep_the_gradient_contract(cand):
         with pytest.raises(RuntimeError, match="has no backward"):
             y.float().sum().backward()
     assert not _base.FUSED_CALLS  # nothing owed after the forward
+    # each member's output may be changed in place while autograd records (`q *= scale`), fused or not
+    h, grads = x.clone().requires_grad_(), []
+    for model in (quantized(cand)[0], model):
+        h.grad = None
+        q, k, v = (model.get_submodule(f)(h) for f in QKV)
+        q.mul_(2)
+        k.add_(1)
+        if cand in ("int8_wo", "sparse24"):
+            (q.float().sum() + k.float().sum() + v.float().sum()).backward()
+            grads.append(h.grad.clone())
+    if grads:
+        torch.testing.assert_close(grads[1], grads[0], rtol=2e-2, atol=2e-2)
 
 
 def test_fused_model_compiles_to_one_matmul_per_group():
