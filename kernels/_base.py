@@ -472,7 +472,7 @@ class _InferenceOnly(torch.autograd.Function):
 def inference_only(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     """m(x) for an x that requires grad, where m is not `differentiable`: the output joins x's
     graph, as a real gradient's would, so that a backward through it raises (naming m) instead of
-    skipping the layer or returning the gradient of a rounding. torch.compile traces it too."""
+    skipping the layer or returning the gradient of a rounding; compiled callers too."""
     return _InferenceOnly.apply(x, m)
 
 
@@ -505,7 +505,7 @@ def fused_take(m: QuantizedLinear, x: torch.Tensor, slot: int) -> torch.Tensor:
 def _narrows(y: torch.Tensor, splits: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
     """What y.split(splits, dim=-1) gives, as one narrow each: autograd forbids in-place ops on the
     views one split makes (a caller's `q *= scale` while it records) and allows them on a narrow's.
-    Only where autograd records: three narrows cost a fused q/k/v's eager call ~2 us more than a
-    split on the CPU."""
+    Only where autograd records: three narrows cost a fused q/k/v's eager call about 1-2 us more
+    than one split on the CPU (20.1-20.2 against 21.3-22.1 us, best of 5 x 20000 calls)."""
     starts = [sum(splits[:i]) for i in range(len(splits))]
     return tuple(y.narrow(-1, at, n) for at, n in zip(starts, splits))
