@@ -212,6 +212,9 @@ def test_a_compiled_module_keeps_the_gradient_contract(family):
     m, x = grad_case(search_space.get(family))
     model = nn.Sequential(nn.Linear(256, 256).to(x.dtype), m)
     torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x)  # a compiled caller that records stays one graph
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
     y = torch.compile(model)(x)
     if family in DIFFERENTIABLE:
         y.float().sum().backward()
