@@ -66,6 +66,15 @@ class _Lib:
         return 0
 
 
+def _gemv_module(n: int) -> nn.Module:
+    """An int8_wo module of 576 -> n on the CUDA route at M = 1, its tuner's entry as a CUDA sweep
+    leaves it: every line of the eager GEMV path runs here but the stubbed launch."""
+    m = search_space.get("int8_wo").build(nn.Linear(576, n, bias=False).to(torch.bfloat16))
+    m._gemv, m._route = True, (("triton", None),)
+    tg._TUNED[("int8", n, 576, 1, 0, torch.bfloat16, None)] = tg._DEFAULT
+    return m
+
+
 def paths(rounds: int) -> dict[str, dict[str, list[float]]]:
     """{shape: {path: [us a call, a round each]}} for one-row eager int8_wo calls, the paths
     interleaved round by round."""
@@ -78,15 +87,14 @@ def paths(rounds: int) -> dict[str, dict[str, list[float]]]:
     rows: dict[str, dict[str, list[float]]] = {}
     with torch.no_grad():
         for n in (576, 1536):
-            m = search_space.get("int8_wo").build(nn.Linear(576, n, bias=False).to(torch.bfloat16))
-            m._gemv, m._route = True, (("triton", None),)
-            tg._TUNED[("int8", n, 576, 1, 0, torch.bfloat16, None)] = tg._DEFAULT
+            m = _gemv_module(n)
             lin, x16 = nn.Linear(16, 16, bias=False).to(torch.bfloat16), x[..., :16]  # its dispatch, a tiny matmul
             for _ in range(rounds):
                 for path, bound in (("Triton GEMV", tg.MAX_ROWS), ("rows kernel", 0)):
                     weight_only.GEMV_MAX_ROWS = bound
                     rows.setdefault(f"{n}x576", {}).setdefault(path, []).append(per_call_us(lambda: m(x))[0])
                 rows[f"{n}x576"].setdefault("nn.Linear 16x16", []).append(per_call_us(lambda: lin(x16))[0])
+    weight_only.GEMV_MAX_ROWS = tg.MAX_ROWS
     return rows
 
 
@@ -98,10 +106,7 @@ def geometry(rounds: int) -> dict[str, dict[str, list[float]]]:
     rows: dict[str, dict[str, list[float]]] = {}
     with torch.no_grad():
         for n in (576, 1536):
-            m = search_space.get("int8_wo").build(nn.Linear(576, n, bias=False).to(torch.bfloat16))
-            m._gemv, m._route = True, (("triton", None),)  # the CUDA route at M = 1
-            key = ("int8", n, 576, 1, 0, torch.bfloat16, None)  # as _tune caches it after a CUDA sweep
-            tg._TUNED[key] = tg._DEFAULT
+            m = _gemv_module(n)
             for _ in range(rounds):  # interleaved: one call series per variant, in turn
                 for name, (cdiv, pow2) in variants.items():
                     tg.cdiv, tg.next_pow2 = cdiv, pow2
@@ -119,14 +124,15 @@ def main() -> None:
     torch.set_num_threads(1)
     tg._per_channel_kernel, tg._sum_splits_kernel = _Stub(), _Stub()
     rows = paths(args.rounds) if args.paths else geometry(args.rounds)
-    helpers = {"triton.cdiv": per_call_us(lambda: triton.cdiv(576, 16), 200000)[0],
-               "triton.next_power_of_2": per_call_us(lambda: triton.next_power_of_2(1), 200000)[0],
-               "ops.cdiv": per_call_us(lambda: tg.cdiv(576, 16), 200000)[0],
-               "ops.next_pow2": per_call_us(lambda: tg.next_pow2(1), 200000)[0]}
     result = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__, "triton": triton.__version__,
-              "machine": platform.processor() or platform.machine(), "threads": 1, "helpers_us": helpers,
-              "module_call_us": {shape: {k: {"median": statistics.median(v), "rounds": v} for k, v in by.items()}
-                                 for shape, by in rows.items()}}
+              "machine": platform.processor() or platform.machine(), "threads": 1}
+    if not args.paths:  # the geometry helpers alone, a call each
+        result["helpers_us"] = {"triton.cdiv": per_call_us(lambda: triton.cdiv(576, 16), 200000)[0],
+                                "triton.next_power_of_2": per_call_us(lambda: triton.next_power_of_2(1), 200000)[0],
+                                "ops.cdiv": per_call_us(lambda: tg.cdiv(576, 16), 200000)[0],
+                                "ops.next_pow2": per_call_us(lambda: tg.next_pow2(1), 200000)[0]}
+    result["module_call_us"] = {shape: {k: {"median": statistics.median(v), "rounds": v} for k, v in by.items()}
+                                for shape, by in rows.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / ("host_paths.json" if args.paths else "host_overhead.json")).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "module_call_us"}, indent=1))
