@@ -142,9 +142,9 @@ def test_fused_siblings_keep_the_gradient_contract(cand):
     assert not _base.FUSED_CALLS  # nothing owed after the forward
     # each member's output may be changed in place while autograd records (`q *= scale`), fused or not
     h, grads = x.clone().requires_grad_(), []
-    for model in (quantized(cand)[0], model):
+    for each in (quantized(cand)[0], model):  # unfused, then the fused model
         h.grad = None
-        q, k, v = (model.get_submodule(f)(h) for f in QKV)
+        q, k, v = (each.get_submodule(f)(h) for f in QKV)
         q.mul_(2)
         k.add_(1)
         if cand in ("int8_wo", "sparse24"):
