@@ -82,7 +82,7 @@ def choose(outcome: SearchOutcome, bench: ModelBench, judges: Judges, plan: Time
         ledger.say(f"judging trial {r.number} ({where})")
         return judge_plan(r, bench, judges, plan, ledger)
 
-    index, decisions = bisect(front, start, check, plan, judges.check_s)
+    index, decisions = bisect(front, start, check, plan, sum(_look_prices(judges)))
     if index is None:
         return Choice(None, None, (), tuple(decisions))
     held = next(d for d in decisions if isinstance(d, Judged) and d.trial == front[index].number)
@@ -93,14 +93,16 @@ def choose(outcome: SearchOutcome, bench: ModelBench, judges: Judges, plan: Time
 
 
 def bisect(front: list[TrialRecord], start: int, check: Callable[[TrialRecord], Judged], plan: TimePlan,
-           check_s: float) -> tuple[int | None, list[Decision]]:
+           first_looks_s: float) -> tuple[int | None, list[Decision]]:
     """(index of the fastest plan of `front` found to hold, or None; the decisions), by bisection
-    from `start`, at most MAX_CHECKS checks, each only while the time plan allows one."""
+    from `start`, at most MAX_CHECKS checks. A check after the first starts only while the time plan
+    allows `first_looks_s`, the first look of every judge: not the check at worst, since each later
+    look asks the plan again and a check cut short ends unresolved, which ships nothing."""
     decisions: list[Decision] = []
     lo, hi = -1, len(front)  # front[lo] did not hold (-1: none known), front[hi] held (len: the unchanged model)
     mid, checked = start, 0
     while hi - lo > 1 and checked < MAX_CHECKS:
-        if checked and not plan.allows(check_s):
+        if checked and not plan.allows(first_looks_s):
             decisions.append(OutOfTime(front[mid].number, "more checks"))
             break
         judged = check(front[mid])
@@ -156,8 +158,9 @@ def judge_plan(r: TrialRecord, bench: ModelBench, judges: Judges, plan: TimePlan
     try:
         with bench.applied(shipped):
             swap = _Swap(bench, bench.modules(shipped))
-            for judge in _judges(judges, swap, key):
-                verdict, got = _looks(judge, judges, plan, ledger)
+            runs = _judges(judges, swap, key)
+            for i, judge in enumerate(runs):
+                verdict, got = _looks(judge, judges, plan, ledger, after_s=sum(j.price for j in runs[i + 1:]))
                 verdicts.append(verdict)
                 metrics = metrics or got  # the deciding judge's, first
                 if verdict.status == BREAKS:
@@ -226,20 +229,34 @@ def _judges(judges: Judges, swap: _Swap, key: str) -> list[_Judge]:
         generation.prepare(swap.reference(), look)
         return merged("generation", generation.evidence(swap.plan(), look)), {}
 
-    looks = tier2.looks if tier2 is not None else max(len(proxy.confirm_inputs), 1)
-    out = [_Judge(deciding, looks, judges.check_s / looks)]
+    deciding_price, generation_price = _look_prices(judges)
+    out = [_Judge(deciding, _deciding_looks(judges), deciding_price)]
     if generation is not None:
-        out.append(_Judge(generated, generation.looks, judges.check_s / generation.looks))
+        out.append(_Judge(generated, generation.looks, generation_price))
     return out
 
 
-def _looks(judge: _Judge, judges: Judges, plan: TimePlan, ledger: RunLedger) -> tuple[Verdict, dict[str, float]]:
+def _deciding_looks(judges: Judges) -> int:
+    return judges.tier2.looks if judges.tier2 is not None else max(len(judges.proxy.confirm_inputs), 1)
+
+
+def _look_prices(judges: Judges) -> tuple[float, float]:
+    """Seconds of one look at worst: the deciding judge's, the generation check's (0: none). Each
+    judge's share of a check, spread evenly over its looks."""
+    deciding = max(judges.check_s - judges.generation_s, 0.0) / _deciding_looks(judges)
+    generation = judges.generation_s / judges.generation.looks if judges.generation is not None else 0.0
+    return deciding, generation
+
+
+def _looks(judge: _Judge, judges: Judges, plan: TimePlan, ledger: RunLedger,
+           after_s: float = 0.0) -> tuple[Verdict, dict[str, float]]:
     """A judge's verdict, look by look, until it resolves, its evidence runs out, or the time plan
-    has no room for another look; and the plan's metrics on the last look."""
+    has no room for another look and `after_s` (the later judges' first looks, which always run);
+    and the plan's metrics on the last look."""
     verdict: Verdict | None = None
     metrics: dict[str, float] = {}
     for look in range(judge.looks):
-        if verdict is not None and not plan.allows(judge.price):
+        if verdict is not None and not plan.allows(judge.price + after_s):
             ledger.say("no time for more evidence: the verdict stays unresolved")
             break
         t0 = time.perf_counter()

@@ -195,6 +195,7 @@ class Judges:
     proxy_s: float  # one screen pass
     check_s: float  # judging one plan, at worst
     once_s: float  # the unmodified model's share of the first check, at worst
+    generation_s: float = 0.0  # of check_s, the generation check's share
 
     def key(self, plan: Plan) -> str:
         return f"{self.weights_key}:{plan_key(plan)}"
@@ -261,7 +262,7 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     noise = 1.0 - proxy.baseline.get("noise_agreement", 1.0)
     budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, proxy_noise=noise,
                                    unit=tier2.describe() if tier2 is not None else proxy.describe())
-    return Judges(budget, proxy, generation, tier2, weights_key, proxy_s, check_s, once_s)
+    return Judges(budget, proxy, generation, tier2, weights_key, proxy_s, check_s, once_s, gen_s / 2)
 
 
 def prompts(work: Workload, count: int, length: int = PROMPT_TOKENS) -> torch.Tensor:

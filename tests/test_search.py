@@ -264,9 +264,25 @@ class _NoRoom:
         return False
 
 
+class _Room(_NoRoom):
+    """A time plan with room for any one step of at most `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def allows(self, seconds: float) -> bool:
+        self.asked.append(seconds)
+        return seconds <= self.seconds
+
+
 def _judges(tier2: bool):
-    return SimpleNamespace(tier2=object() if tier2 else None, budget=AccuracyBudget.create(0.01, tier2=tier2),
-                           check_s=1.5, describe=lambda: "fake judge")
+    """Fake judges: a check costs 1.5 s at worst, 0.5 s of it the generation check's one look; the
+    deciding judge takes 4 looks of documents, or 2 of the proxy's confirmation chunks."""
+    return SimpleNamespace(tier2=SimpleNamespace(looks=4) if tier2 else None,
+                           proxy=SimpleNamespace(confirm_inputs=[0, 1]), generation=SimpleNamespace(looks=1),
+                           budget=AccuracyBudget.create(0.01, tier2=tier2), check_s=1.5, generation_s=0.5,
+                           describe=lambda: "fake judge")
 
 
 def _choose(monkeypatch, outcome, judges, holds_from=0, unresolved=(), plan=None, rerank=None, bench=None):
@@ -324,14 +340,44 @@ def test_the_judges_bisect_the_pareto_front_from_the_screened_best(monkeypatch):
     assert (slower.kind, slower.broke, slower.unresolved) == ("chose_slower", 0, 1)
 
     # no room in the time plan after the first check: the plan that held stands; the plan was
-    # asked about one more check, priced at the judges' check
+    # asked about one more check's first looks: a quarter of the documents' 1 s, and the
+    # generation check's one look
     tight = _NoRoom()
     choice, judged = _choose(monkeypatch, outcome, judges, holds_from=3, plan=tight)
-    assert judged == [5] and choice.trial is trials[5] and tight.asked == [judges.check_s]
+    assert judged == [5] and choice.trial is trials[5] and tight.asked == [pytest.approx(0.25 + 0.5)]
     assert [d.kind for d in choice.decisions] == ["judged", "out_of_time", "chose_slower"]
     assert choice.decisions[-1].unchecked == 5
     assert choice.decisions[-1].describe().endswith(
         "the 5 plans predicted faster were not judged (no checks or time left)")
+
+
+@pytest.mark.parametrize("room, fits", [(1.0, True), (0.7, False)])
+def test_a_check_starts_when_its_first_looks_fit_not_only_its_worst_case(monkeypatch, room, fits):
+    """Each look asks the time plan again, so a later check needs room for every judge's first look
+    (0.75 s here), not for the check at worst (1.5 s): with 1 s left it runs, with 0.7 s it does not."""
+    outcome, trials = _front(8, best=5)
+    choice, judged = _choose(monkeypatch, outcome, _judges(tier2=True), holds_from=3, plan=_Room(room))
+    assert judged[0] == 5 and (len(judged) > 1) == fits
+    assert ("out_of_time" in [d.kind for d in choice.decisions]) != fits
+
+
+def test_a_judge_leaves_room_for_the_later_judges_first_looks():
+    """The deciding judge's later looks ask for their own price and the generation check's first
+    look, which runs whatever the plan says: a look that fits alone but not with it is not taken."""
+    from autoao.choose import _Judge, _looks
+    from autoao.ledger import RunLedger
+    from autoao.types import UNRESOLVED
+
+    looked = []
+    judge = _Judge(lambda look: looked.append(look) or ("evidence", {}), 4, 0.25)
+    judges = SimpleNamespace(budget=SimpleNamespace(judge=lambda evidence, looks: SimpleNamespace(status=UNRESOLVED)))
+    for after_s, looks in [(0.5, [0]), (0.0, [0, 1, 2, 3])]:
+        looked.clear()
+        plan = _Room(0.6)
+        plan.observe = lambda planned, took: None
+        verdict, _ = _looks(judge, judges, plan, RunLedger(Budget(trials=1), progress=False), after_s=after_s)
+        assert looked == looks and verdict.status == UNRESOLVED
+        assert plan.asked[0] == pytest.approx(0.25 + after_s)
 
 
 def test_after_a_break_the_screen_scaled_by_it_picks_the_next_plan(monkeypatch):

@@ -153,7 +153,7 @@ class _Plan:
 
 class _Judges:
     def __init__(self, task: FakeTask) -> None:
-        self.tier2, self.proxy, self.generation, self.check_s = task, None, None, 1.0
+        self.tier2, self.proxy, self.generation, self.check_s, self.generation_s = task, None, None, 1.0, 0.0
         self.budget = AccuracyBudget.create(0.01, tier2=True)
 
 
