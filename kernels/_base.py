@@ -476,30 +476,41 @@ def inference_only(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     return _InferenceOnly.apply(x, m)
 
 
-# Fused members' outputs owed (kernels/fused.py): a member's slot -> (the input, its output), put
-# by the member called first on that input for its siblings; empty between forwards. Here rather
-# than on the group so that under torch.compile only the member called first reaches the group's
-# module: members reaching one object by two paths cost a compiled caller a Python aliasing check.
-FUSED_CALLS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+# Fused members' outputs owed (kernels/fused.py): a member's slot -> (the input, its in-place
+# write count then, its output), put by the member called first on that input for its siblings;
+# empty between forwards. Here rather than on the group so that under torch.compile only the
+# member called first reaches the group's module: members reaching one object by two paths cost a
+# compiled caller a Python aliasing check.
+FUSED_CALLS: dict[int, tuple[torch.Tensor, int | None, torch.Tensor]] = {}
 
 
 def fused_take(m: QuantizedLinear, x: torch.Tensor, slot: int) -> torch.Tensor:
     """Fused member m's output for x [..., K]: [..., N_m], its view of the group's output, which
     the first member called on x computes for all. A member takes its output only if put for the
-    input it was given, so members called on another tensor, or copies of a model (which share
-    slots), recompute and never mix."""
+    input it was given, unwritten since, so members called on another tensor or on x changed in
+    place, and copies of a model (which share slots), recompute and never mix."""
     owed = FUSED_CALLS.pop(slot, None)
-    if owed is not None and owed[0] is x:
-        return owed[1]
+    if owed is not None and owed[0] is x and (owed[1] is None or owed[1] == x._version):
+        return owed[2]
     unit = m._fused_unit
     slots, splits = unit.fused_parts  # type: ignore[union-attr]
     y = unit(x)  # [..., sum(splits)]
     parts = y.split(splits, dim=-1) if not y.requires_grad else _narrows(y, splits)
     outputs = dict(zip(slots, parts))  # type: ignore[misc]
     mine = outputs.pop(slot)
+    writes = _writes(x)
     for s, part in outputs.items():
-        FUSED_CALLS[s] = (x, part)
+        FUSED_CALLS[s] = (x, writes, part)
     return mine
+
+
+def _writes(x: torch.Tensor) -> int | None:
+    """x's in-place write count (its version), or None where none can be read: inference tensors
+    keep none, and dynamo traces it as a data-dependent integer no branch may read. There, a
+    caller writing the input in place between two siblings breaks the contract (kernels/fused.py)."""
+    if torch.compiler.is_compiling() or x.is_inference():
+        return None
+    return x._version
 
 
 def _narrows(y: torch.Tensor, splits: tuple[int, ...]) -> tuple[torch.Tensor, ...]:

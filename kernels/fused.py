@@ -16,10 +16,12 @@ Dynamic activation quantization is per token, so it is the same too.
 Memory: members keep their canonical tensors (state_dict, save/load unchanged) as row views of the
 fused module's (one host copy) and drop their runtime tensors (one device copy).
 
-Contract with the caller: the members are called, each once, on the same input tensor object
-between two uses of the group (what autoao.profile's sibling detection checks on the example
-inputs). A member called on another tensor, or again, recomputes the group's output: still right,
-only slower. Works under torch.compile(fullgraph=True): the per-call state lives in one dict
+Contract with the caller: the members are called, each once, on the same input tensor object,
+not written in place in between, between two uses of the group (what autoao.profile's sibling
+detection checks on the example inputs). A member called on another tensor, or again, or in eager
+mode on the tensor written in place since, recomputes the group's output: still right, only slower.
+Compiled callers and inference tensors have no write count to read: there a write in place between
+siblings goes unseen. Works under torch.compile(fullgraph=True): the per-call state lives in one dict
 (kernels/_base.py FUSED_CALLS: what the first member called owes its siblings), which dynamo
 traces as side effects, and each member takes its own, so nothing is held between forwards.
 """

@@ -198,6 +198,20 @@ def test_members_called_on_another_input_recompute():
     assert not set(slots) & set(_base.FUSED_CALLS)  # what was still owed goes with the group
 
 
+def test_members_called_on_an_input_written_in_place_since_recompute():
+    model, x = quantized("int8_wo")
+    FusedRows([model.get_submodule(f) for f in QKV])
+    alone, _ = quantized("int8_wo")
+    h = x.clone()
+    with torch.no_grad():
+        q = model.q_proj(h)
+        h.mul_(-2)  # the same tensor object, other numbers: k and v owe nothing for it
+        k, v = model.k_proj(h), model.v_proj(h)
+        torch.testing.assert_close(q, alone.q_proj(x), rtol=0, atol=0)
+        torch.testing.assert_close(k, alone.k_proj(x * -2), rtol=0, atol=0)
+        torch.testing.assert_close(v, alone.v_proj(x * -2), rtol=0, atol=0)
+
+
 def test_copies_of_a_fused_model_share_slots_but_never_mix_outputs():
     model, x = quantized("int8_wo")
     FusedRows([model.get_submodule(f) for f in QKV])
