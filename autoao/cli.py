@@ -174,8 +174,12 @@ def parse_drop(text: str) -> float:
 
 
 def load_model(spec: str, device):
-    """autoao.models.load_spec, its ValueError as a one-line CLI error."""
+    """autoao.models.load_spec, its ValueError as a one-line CLI error; a built-in model's
+    one-off conversion is announced first (it is most of a first run's silent start)."""
     try:
+        once = autoao.models.first_load(spec) if spec in autoao.models.available() else None
+        if once:
+            print(f"autoao: {once}", file=sys.stderr)
         return autoao.models.load_spec(spec, device)
     except (ImportError, ValueError) as e:
         raise CLIError(str(e).replace("\n", " ")) from None

