@@ -88,6 +88,9 @@ CONFIDENCE = 0.95  # every interval: two-sided, over all the looks a judge took 
 # documents whose outcome differs, and how many were compared, are baseline metrics "task/<name>"
 LMEVAL_BATCH = 8
 BATCH_FLIPS, BATCH_COMPARED = f"flips at batch {LMEVAL_BATCH}", f"documents at batch {LMEVAL_BATCH}"
+# a plan's tier-2 metrics also carry, per task, the unmodified model's acc on the same documents
+# ("task/<name>") and how many ("task/documents"): the baseline metrics are the first look's only
+UNMODIFIED_ACC = "acc, unmodified model"
 
 
 @dataclass(frozen=True)

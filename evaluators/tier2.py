@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from autoao.evaluators.cache import ResultCache
-from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, Accuracy, Evidence, Stratum
+from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, UNMODIFIED_ACC, Accuracy, Evidence, Stratum
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
 # seconds per document when every probed document came from the cache and no rate was stored with
@@ -162,6 +162,7 @@ class LmEvalJudge:
             base_acc.append(sum(base[d]["score"] for d in docs) / n)
             plan_acc.append(sum(plan[d]["score"] for d in docs) / n)
             metrics[f"{task}/acc"] = plan_acc[-1]
+            metrics[f"{task}/{UNMODIFIED_ACC}"], metrics[f"{task}/documents"] = base_acc[-1], float(n)
             margins = [plan[d]["margin"] - base[d]["margin"] for d in docs if "margin" in plan[d] and "margin" in base[d]]
             if margins:
                 metrics[f"{task}/margin_change"] = sum(margins) / len(margins)

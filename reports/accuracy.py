@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from autoao.decisions import Judged
 from autoao.records import RunContext, RunSummary, TrialRecord
-from autoao.types import BATCH_COMPARED, BATCH_FLIPS, Verdict
+from autoao.types import BATCH_COMPARED, BATCH_FLIPS, UNMODIFIED_ACC, Verdict
 
 # The proxy's metrics (keys of AccuracySpec.baseline_tier1 and of a trial's Accuracy.metrics):
 # (label, what it measures, higher is better). {base}: the unchanged model's name on the page.
@@ -109,13 +109,21 @@ def _tier2_rows(ctx: RunContext, summary: RunSummary | None, unchanged: bool, mi
         return [MetricRow(name, f"what your callable {name}(model) returned (higher is better)", 2,
                           f"user metric: {name}", acc.baseline_tier2, score, missing, True, on)]
     source = f"lm-eval: {', '.join(acc.tasks)}"
+    # the unchanged model's side of a row is on the plan's documents where the verdict paired them
+    # (the baseline metrics are the first look's alone, fewer documents than a verdict may take)
+    paired = final.metrics if final is not None else {}
+    base = on.baseline if on is not None else acc.baseline_tier2
     rows = [MetricRow("mean headline accuracy of the tasks", f"each task's headline metric, averaged over the tasks "
-                      f"({', '.join(acc.tasks)})", 2, source, acc.baseline_tier2, score, missing, True, on)]
+                      f"({', '.join(acc.tasks)})", 2, source, base, score, missing, True, on)]
     for key, value in acc.baseline_tier2_metrics.items():
         task, _, name = key.partition("/")
         if name in (BATCH_FLIPS, BATCH_COMPARED):  # the scoring's comparison, not a metric: a warning where it matters
             continue
-        plan = final.metrics.get(key) if final is not None else None
+        plan = paired.get(key)
+        if name == "acc":  # summaries without the paired scores: one task's is the verdict's own
+            value = paired.get(f"{task}/{UNMODIFIED_ACC}", base if len(acc.tasks) == 1 else value)
+        elif name == "documents" and plan is not None:  # paired: both sides scored the same documents
+            value = plan
         rows.append(MetricRow(key, f"lm-eval task {task}, its metric {name or key}", 2, source, value, plan, missing,
                               "perplexity" not in key and "bits" not in key, on if plan is not None else None))
     return rows

@@ -285,6 +285,7 @@ def test_lm_eval_documents_follow_the_verdicts_interval(monkeypatch, flips, stat
     no more (no time-fitted limit); the unmodified model is scored on the same documents."""
     from autoao.choose import judge_plan
     from autoao.evaluators.tier2 import LOOK_DOCS
+    from autoao.types import UNMODIFIED_ACC
 
     b = _Bench()
     flipped = set(range(0, 1000, flips)) if flips else set()
@@ -300,6 +301,9 @@ def test_lm_eval_documents_follow_the_verdicts_interval(monkeypatch, flips, stat
     assert len(scored["plan"]) == len(set(scored["plan"])) == documents  # no document scored twice
     assert set(scored["reference"]) == set(scored["plan"])  # paired: the same documents on both sides
     assert verdict.drop == pytest.approx(sum(d in flipped for d in scored["plan"]) / documents)
+    # the plan's metrics carry the unmodified model's side on the same documents (the report pairs them)
+    assert judged.metrics["t/documents"] == documents
+    assert judged.metrics[f"t/{UNMODIFIED_ACC}"] == pytest.approx(verdict.baseline)
 
 
 def test_a_tier2_check_with_no_room_for_another_look_stays_unresolved(monkeypatch):

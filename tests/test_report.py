@@ -715,3 +715,25 @@ def test_every_verdict_is_shown_with_its_evidence(tmp_path):
     assert len(got["judged"]) == 3  # trial 4 (one verdict), trial 3 (two)
     assert "breaks" in got["judged"][0] and "+0.0200" in got["judged"][0]
     assert "holds" in got["card"] and "300 of 372 documents" in got["card"]
+
+
+def test_tier2_rows_compare_both_sides_on_the_plans_documents(tmp_path):
+    """The unchanged model's task scores at the start are its first look's (64 documents); a
+    verdict may take more. Each row's two sides come from the same documents: the verdict's
+    baseline and the paired per-task scores, never 64 documents against 256."""
+    from autoao.reports.accuracy import metric_rows
+    from autoao.types import UNMODIFIED_ACC
+
+    ctx = _context(tmp_path / "run")
+    ctx = replace(ctx, accuracy=replace(ctx.accuracy, baseline_tier2=0.75,
+                                        baseline_tier2_metrics={"autoao_facts/acc": 0.75, "autoao_facts/documents": 64.0}))
+    verdict = replace(_verdict("holds", drop=-0.008, n=256), baseline=0.676, score=0.684)
+    paired = {"autoao_facts/acc": 0.684, f"autoao_facts/{UNMODIFIED_ACC}": 0.676, "autoao_facts/documents": 256.0}
+    summary = _summary(ctx, accuracy=Accuracy(2, 0.684, -0.008, paired, "lm-eval: autoao_facts", verdict))
+    rows = {r.metric: (r.baseline, r.plan) for r in metric_rows(ctx, summary, None, False, "bf16") if r.tier == 2}
+    assert rows == {"mean headline accuracy of the tasks": (0.676, 0.684), "autoao_facts/acc": (0.676, 0.684),
+                    "autoao_facts/documents": (256.0, 256.0)}
+    # a summary without the paired scores: the headline still pairs on the verdict's baseline
+    summary = _summary(ctx, accuracy=Accuracy(2, 0.684, -0.008, {"autoao_facts/acc": 0.684}, "lm-eval", verdict))
+    rows = {r.metric: (r.baseline, r.plan) for r in metric_rows(ctx, summary, None, False, "bf16") if r.tier == 2}
+    assert rows["mean headline accuracy of the tasks"] == rows["autoao_facts/acc"] == (0.676, 0.684)
