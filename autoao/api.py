@@ -249,7 +249,7 @@ def trials(opts: Options, hooks: RunHooks, config: SearchConfig, bench: ModelBen
             hooks.on_study(config.study_name)
 
     def on_trial(r: Any, outcome: SearchOutcome) -> None:
-        plan.observe_machine(torch.get_num_threads())  # has another process taken the CPU since?
+        plan.observe_machine()  # has another process taken the CPU since?
         if outcome.best is r:
             plan_from_params(bench.groups, r.params, anchored.cost.fusion_pays, trial=r.number, predicted_ms=r.predicted_ms,
                              drop=r.drop).save(opts.out_dir / "best_plan.json")

@@ -17,7 +17,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from autoao.clock import cpu_lost_ns
+from autoao.clock import cpu_ran_lost_ns
 from autoao.ledger import RunLedger
 from autoao.types import Accuracy, Evidence, Verdict, judge
 
@@ -93,6 +93,12 @@ class Costs:
     write_s: float = WRITE_SECONDS
 
 
+def _contention(ran_ns: int, lost_ns: int) -> float | None:
+    """(ran + lost) / ran, at most 10: how much slower CPU-bound work ran for waiting on other
+    processes; None where nothing ran."""
+    return min((ran_ns + lost_ns) / ran_ns, 10.0) if ran_ns > 0 else None
+
+
 class TimePlan:
     """Deadlines for the stages of a run with a time budget (a trial budget has none: every
     deadline is None). Built once after the baselines; `observe` feeds it what repeated steps
@@ -106,7 +112,9 @@ class TimePlan:
         self.checks = max(1, min(MAX_CHECKS, fits))  # checks the reserve keeps time for
         self.planned: dict[str, float] = {}
         self._ratios: list[float] = []
-        self._machine: tuple[float, int] | None = None  # (clock, cpu_lost_ns) at the last observe_machine
+        # CPU contention while the costs were measured (the process so far): they already carry it
+        self._at_costs = _contention(*cpu_ran_lost_ns()) or 1.0
+        self._machine: tuple[float, int, int] | None = None  # (clock, ran, lost) at the last observe_machine
 
     @property
     def slowdown(self) -> float:
@@ -119,19 +127,19 @@ class TimePlan:
         if planned_s > 0 and took_s > 0:
             self._ratios.append(took_s / planned_s)
 
-    def observe_machine(self, threads: int) -> None:
-        """How much of the wall time since the last call this process's `threads` threads waited
-        for a CPU another process had (clock.cpu_lost_ns): at a share f of it lost, work runs
-        1 / (1 - f) slower than on a machine of its own. Plan-independent, so the search's trials
-        (each plan runs at its own speed) can say the machine slowed down."""
-        now, lost = self.ledger.clock(), cpu_lost_ns()
-        if self._machine is not None:
-            wall, waited = now - self._machine[0], (lost - self._machine[1]) / 1e9
-            if wall > 0.5:  # a window long enough for the scheduler's slices to average out
-                share = min(waited / (wall * max(threads, 1)), 0.9)
-                self._ratios.append(1.0 / (1.0 - share))
+    def observe_machine(self) -> None:
+        """How much slower CPU-bound work runs since the last call than while the costs were
+        measured, from the time this process's threads waited for a CPU another process had
+        (clock.cpu_ran_lost_ns): a load that was there when the costs were measured is in them
+        already. Plan-independent, so the search's trials (each plan runs at its own speed) can
+        say the machine slowed down."""
+        now, (ran, lost) = self.ledger.clock(), cpu_ran_lost_ns()
+        if self._machine is not None and now - self._machine[0] > 0.5:  # long enough for the scheduler's slices to average out
+            factor = _contention(ran - self._machine[1], lost - self._machine[2])
+            if factor is not None:
+                self._ratios.append(factor / self._at_costs)
         if self._machine is None or now - self._machine[0] > 0.5:
-            self._machine = (now, lost)
+            self._machine = (now, ran, lost)
 
     def final_reserve(self) -> float:
         return self.slowdown * self.costs.final_s + self.costs.write_s

@@ -232,18 +232,27 @@ def _warm(calls: list[Callable[[], object]], rounds: int, max_seconds: float) ->
 def cpu_lost_ns() -> int:
     """Nanoseconds this process's threads have spent runnable but waiting for a CPU (the run-queue
     delay in /proc/self/task/*/schedstat); 0 where the kernel does not report it."""
-    total = 0
+    return cpu_ran_lost_ns()[1]
+
+
+def cpu_ran_lost_ns() -> tuple[int, int]:
+    """(ran, lost): nanoseconds this process's threads have run on a CPU, and spent runnable but
+    waiting for one (the first two fields of /proc/self/task/*/schedstat); (0, 0) where the kernel
+    does not report them. Over a window, (ran + lost) / ran is how much slower CPU-bound work ran
+    than on a machine of its own, whatever the thread count or the time spent idle."""
+    ran = lost = 0
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return 0
+        return 0, 0
     for tid in tasks:
         try:
             with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
+                fields = f.read().split()
+            ran, lost = ran + int(fields[0]), lost + int(fields[1])
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended, or no schedstat
-    return total
+    return ran, lost
 
 
 def throttled_ns() -> int:

@@ -173,27 +173,48 @@ def test_the_time_plan_hands_each_stage_its_share_and_replans_when_the_machine_s
 
 
 def test_the_time_plan_sees_another_process_take_the_cpu(monkeypatch):
-    """Between two trials, the share of the wall time this process's threads waited for a CPU says
-    how much slower work runs now (plan-independent: each plan runs at its own speed); a quiet
-    window says 1, and so does a window too short to average the scheduler's slices."""
-    clock, lost = [0.0], [0]
+    """Between two trials, how long this process's threads waited for a CPU against how long they
+    ran says how much slower work runs now, relative to the costs' measurement (plan-independent:
+    each plan runs at its own speed). A load that was there when the costs were measured is in
+    them already and slows nothing down; a quiet window says 1, and so does a window too short to
+    average the scheduler's slices."""
+    clock, cpu = [0.0], [(10 * 10**9, 0)]  # (ran, lost) ns: the costs measured on a quiet machine
+    monkeypatch.setattr(budget, "cpu_ran_lost_ns", lambda: cpu[0])
+
+    def window(p, seconds, ran, lost):
+        clock[0] += seconds
+        cpu[0] = (cpu[0][0] + int(ran * 1e9), cpu[0][1] + int(lost * 1e9))
+        p.observe_machine()
+
     p = _plan(1000.0)
     monkeypatch.setattr(p.ledger, "clock", lambda: clock[0])
-    monkeypatch.setattr(budget, "cpu_lost_ns", lambda: lost[0])
-    p.observe_machine(threads=2)  # the first call only starts the window
+    p.observe_machine()  # the first call only starts the window
     assert p.slowdown == 1.0
-    clock[0], lost[0] = 2.0, int(2.0e9)  # 2 s wall, 2 threads: 2 of 4 thread-seconds waited
-    p.observe_machine(threads=2)
+    window(p, 2.0, 2.0, 2.0)  # as long waiting as running: twice as slow
     assert p.slowdown == pytest.approx(2.0)
+
+    cpu[0] = (10 * 10**9, 10 * 10**9)  # the costs measured under that same load
+    loaded = _plan(1000.0)
+    monkeypatch.setattr(loaded.ledger, "clock", lambda: clock[0])
+    loaded.observe_machine()
+    window(loaded, 2.0, 2.0, 2.0)
+    assert loaded.slowdown == pytest.approx(1.0)
+    window(loaded, 2.0, 1.0, 3.0)  # then a heavier one: 4x against the costs' 2x
+    window(loaded, 2.0, 1.0, 3.0)
+    assert loaded.slowdown == pytest.approx(2.0)
+
+    cpu[0] = (10 * 10**9, 0)
     quiet = _plan(1000.0)
     monkeypatch.setattr(quiet.ledger, "clock", lambda: clock[0])
-    quiet.observe_machine(threads=2)
-    clock[0] += 3.0
-    quiet.observe_machine(threads=2)  # no waiting at all in 3 s
-    clock[0] += 0.1
-    lost[0] += int(1e9)
-    quiet.observe_machine(threads=2)  # 0.1 s: too short a window to say anything
-    assert quiet.slowdown == 1.0
+    quiet.observe_machine()
+    window(quiet, 3.0, 3.0, 0.0)  # no waiting at all in 3 s
+    window(quiet, 0.1, 0.1, 1.0)  # 0.1 s: too short a window to say anything
+    assert quiet.slowdown == 1.0 and len(quiet._ratios) == 1
+    idle = _plan(1000.0)
+    monkeypatch.setattr(idle.ledger, "clock", lambda: clock[0])
+    idle.observe_machine()
+    window(idle, 2.0, 0.0, 0.0)  # nothing ran: nothing to say
+    assert idle._ratios == []
 
 
 ##### tier 2: documents follow the verdict ########################################################
