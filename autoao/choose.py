@@ -299,7 +299,7 @@ def rerank(outcome: SearchOutcome, choice: Choice, bench: ModelBench, judges: Ju
             times.append(math.inf)
     plans = [chosen, *near]
     best = min(range(len(plans)), key=lambda i: times[i])
-    if best and times[best] * (1 + RERANK_MARGIN) < times[0] and plan.allows(judges.check_s):
+    if best and times[best] * (1 + RERANK_MARGIN) < times[0] and plan.allows(sum(_look_prices(judges))):
         judged = check(plans[best])
         decisions.append(judged)
         if judged.status == HOLDS:

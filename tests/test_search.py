@@ -475,7 +475,7 @@ def test_plans_predicted_nearly_as_fast_are_measured_and_a_faster_one_wins_if_it
     outcome = SearchOutcome(None, groups, trials, trials, trials[0], 0.0, "budget spent")
     start = Choice(trials[0], Accuracy(1, 0.5, 0.0, {}, "proxy", _verdict("holds", 0.0, 1)), (_verdict("holds", 0.0, 1),), ())
 
-    def run(measured, holds=True, plan=None, within=outcome):
+    def run(measured, holds=True, plan=None, within=outcome, check_s=0.0):
         calls, judged = [], []
 
         def measure(params):
@@ -489,7 +489,8 @@ def test_plans_predicted_nearly_as_fast_are_measured_and_a_faster_one_wins_if_it
             status = "holds" if holds else "breaks"
             return Judged(r.number, r.predicted_ms, r.drop, status, (_verdict(status, 0.001, 1),), 0.0)
 
-        judges = SimpleNamespace(check_s=0.0, budget=SimpleNamespace(tier=1), describe=lambda: "proxy")
+        judges = SimpleNamespace(check_s=check_s, generation_s=0.0, tier2=None, proxy=SimpleNamespace(confirm_inputs=[0] * 4),
+                                 generation=None, budget=SimpleNamespace(tier=1), describe=lambda: "proxy")
         choice = rerank(within, start, SimpleNamespace(measure=measure), judges, check, plan or _time_plan())
         return choice, calls, judged
 
@@ -516,6 +517,9 @@ def test_plans_predicted_nearly_as_fast_are_measured_and_a_faster_one_wins_if_it
     choice, _, _ = run({"int8_wo": 100.0, "int8_dyn": RuntimeError("no kernel"), "fp8_wo": 101.0})
     assert choice.trial is trials[0]
     assert any("could not be measured: RuntimeError: no kernel" in d.describe() for d in choice.decisions)
+    # room for the check's first look (0.5 s of its 2 s at worst): the faster plan is judged
+    choice, _, judged = run({"int8_wo": 100.0, "int8_dyn": 90.0, "fp8_wo": 95.0}, plan=_Room(1.0), check_s=2.0)
+    assert judged == [1] and choice.trial is trials[1]
     # no room in the time plan: nothing measured, and the decision says so
     choice, calls, _ = run({}, plan=_NoRoom())
     assert calls == [] and choice.trial is trials[0] and [d.kind for d in choice.decisions] == ["out_of_time"]
