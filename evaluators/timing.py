@@ -36,7 +36,7 @@ from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
 # are not reused. 5: CPU samples during which the process lost the CPU are dropped and re-taken.
-HARNESS_VERSION = 11  # 11: int8_wo and fp8_wo run eager calls of 9-64 rows on one CUDA kernel (cuda_rows)
+HARNESS_VERSION = 12  # 12: int8_wo and fp8_wo run eager calls of 1-64 rows on one CUDA kernel (cuda_rows)
 # CPU sampling per cell: about CELL_SECONDS of samples, less (down to MIN_CELL_SECONDS) when a
 # deadline leaves less per cell; a candidate over SLOW_CUT x the baseline's time at a cell ends at
 # one clean sample (int8_dyn on a 49152x576 LM head at M=256 takes 2.6 s a call on a 2-core EPYC

@@ -1,12 +1,14 @@
 """One-launch weight-only linear for a few rows, called eagerly: the kernel an uncompiled call of
-int8_wo's or fp8_wo's "triton" kernel runs above the Triton GEMV's rows, up to MAX_ROWS (a
+int8_wo's or fp8_wo's "triton" kernel runs on up to MAX_ROWS rows (an eager decode step, and a
 prompt's forward in transformers' generate(), which runs its prefill uncompiled).
 
     y = rows_linear(x, w_q, w_scale)  # None: not here, take the dequantizing path
 
 Why: an eager call's cost there is the host's. The dequantizing path (weight cast, bf16 GEMM,
 scale multiply) is three launches where nn.Linear makes one, and a Triton kernel's Python launcher
-costs the host what those three do (benchmarks/results/2026-12-04-h200/prefill/). This kernel
+costs the host what those three do (benchmarks/results/2026-12-04-h200/prefill/); the Triton GEMV's
+eager path cost the host 16.4 us a one-row call before its launcher, this kernel's 9.4 us with its
+C call (benchmarks/results/2026-12-04-cpu/host-paths/). This kernel
 (kernels/cuda/wo_rows.cu, tensor cores, the weight converted exactly in registers) is one C call
 through ctypes on torch's current stream. Compiled callers keep the dequantizing path, which
 inductor fuses: torch.compile cannot trace a ctypes call.
@@ -46,8 +48,8 @@ def prepare(device: torch.device) -> str | None:
         lib = ctypes.CDLL(str(cuda_build.build(_SOURCE, [], "wo_rows", arch, _WHAT, _INSTEAD)))
     except (RuntimeError, OSError) as e:
         _MISSING[index] = str(e)
-        warnings.warn(f"{str(e).rstrip('.')}. int8_wo and fp8_wo run calls of 9-{MAX_ROWS} rows eagerly on their dequantizing "
-                      "path instead (3 launches a call).", stacklevel=2)
+        warnings.warn(f"{str(e).rstrip('.')}. int8_wo and fp8_wo run eager calls of up to {MAX_ROWS} rows on the Triton "
+                      "GEMV (up to 8) or their dequantizing path (3 launches a call) instead.", stacklevel=2)
         return _MISSING[index]
     lib.autoao_wo_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 3 + \
         [ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]

@@ -91,7 +91,7 @@ class Fp8WeightOnlyLinear(PerChannelWeights):
     1 byte per weight like int8_wo, with e4m3's relative precision instead of a uniform grid).
 
     Canonical: qweight [N, K] float8_e4m3fn, scale [N] float32. CUDA: autoao's Triton GEMV for
-    M <= 8 rows (the hardware converts e4m3 pairs); eager calls of up to 64 rows run one CUDA kernel
+    M <= 8 rows compiled (the hardware converts e4m3 pairs); eager calls of up to 64 rows run one CUDA kernel
     (kernels/cuda_rows.py), larger ones a dequantized bf16 weight into F.linear. The CPU has only
     the dequantizing path: emulated.
     """

@@ -7,7 +7,7 @@ it is torch's prepacked dynamic linear, the kernel quantize_dynamic uses: "fbgem
 (kernels/cpu_int8.py), one packed layout each.
 Int8WeightOnlyLinear: y = x @ (q_w * s_w)^T. CUDA has two kernels (timing picks per layer):
 "triton", autoao's Triton GEMV for M <= 8 rows (1 byte per weight, kernels/triton_gemv.py); eager
-calls of up to 64 rows run one CUDA kernel (kernels/cuda_rows.py), larger ones the "dequant" path;
+calls of up to 64 rows, a decode step's too, run one CUDA kernel (kernels/cuda_rows.py), larger ones the "dequant" path;
 and "dequant", which casts the weight inside F.linear (gpt-fast's one-liner, 5 bytes moved per
 weight unless max-autotune fuses the cast). The CPU has two:
 "int8pack", torch._weight_int8pack_mm (fastest for a few rows: ~1 byte read per weight), and

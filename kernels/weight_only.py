@@ -139,12 +139,12 @@ def packed_forward(m: QuantizedLinear, x: torch.Tensor, qdtype: torch.dtype, sca
 def weight_only_forward(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                         route: Route, gemv: bool) -> torch.Tensor:
     """x [..., K] -> [..., N], bias added. Where `gemv` and the route's kernel for x's rows is
-    "triton": the Triton GEMV up to GEMV_MAX_ROWS rows, then eagerly cuda_rows' kernel up to its
-    MAX_ROWS where it runs; else, and where autograd records x (needs_grad: they have no backward),
-    the weight dequantized, whose F.linear carries x's gradient."""
+    "triton": eagerly cuda_rows' kernel up to its MAX_ROWS where it runs, else (and traced) the
+    Triton GEMV up to GEMV_MAX_ROWS rows; else, and where autograd records x (needs_grad: they have
+    no backward), the weight dequantized, whose F.linear carries x's gradient."""
     rows = x.numel() // x.shape[-1]
     triton = gemv and not needs_grad(x) and route_kernel(route, rows) == "triton"
-    if triton and not torch.compiler.is_compiling() and GEMV_MAX_ROWS < rows <= cuda_rows.MAX_ROWS:
+    if triton and not torch.compiler.is_compiling() and rows <= cuda_rows.MAX_ROWS:
         y = cuda_rows.rows_linear(x, w_q, w_scale)
         if y is not None:
             return add_bias(y, bias)

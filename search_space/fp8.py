@@ -54,7 +54,7 @@ class Fp8WO(Candidate):
     family: ClassVar[str] = "fp8_wo"
     module_cls: ClassVar = Fp8WeightOnlyLinear
     summary: ClassVar[str] = "fp8 e4m3 per-channel weights, activations in model dtype"
-    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "Triton GEMV (M <= 8), eagerly one CUDA kernel (M <= 64), else dequantize + matmul", "cpu": "dequantize + matmul (emulated)"}
+    kernel_summary: ClassVar[dict[str, str]] = {"cuda": "compiled: Triton GEMV (M <= 8); eagerly one CUDA kernel (M <= 64); else dequantize + matmul", "cpu": "dequantize + matmul (emulated)"}
     sqnr_bound_db: ClassVar[float] = 25
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:

@@ -65,7 +65,7 @@ class Int8WO(Candidate):
     module_cls: ClassVar = Int8WeightOnlyLinear
     summary: ClassVar[str] = "int8 per-channel weights, activations in model dtype"
     kernel_summary: ClassVar[dict[str, str]] = {
-        "cuda": "Triton GEMV (M <= 8), eagerly one CUDA kernel (M <= 64), else dequantize + matmul",
+        "cuda": "compiled: Triton GEMV (M <= 8); eagerly one CUDA kernel (M <= 64); else dequantize + matmul",
         "cpu": "torch._weight_int8pack_mm ({aten}) or the weight cast to bf16 for one matmul ({bf16_mm}); "
                "timing picks per layer and token count"}
     sqnr_bound_db: ClassVar[float] = 38

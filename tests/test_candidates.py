@@ -390,8 +390,8 @@ def test_weight_only_modules_compiled_on_cuda_compute_what_they_compute_eagerly(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["int8_wo", "fp8_wo"])
 def test_weight_only_modules_called_eagerly_on_a_prompts_rows_launch_one_kernel(name):
-    """Called eagerly on more rows than the GEMV takes, up to 64 (generate()'s uncompiled prefill),
-    a weight-only module launches one kernel, as nn.Linear does (kernels/cuda_rows.py); above 64 it
+    """Called eagerly on up to 64 rows (an eager decode step, generate()'s uncompiled prefill), a
+    weight-only module launches one kernel, as nn.Linear does (kernels/cuda_rows.py); above 64 it
     dequantizes its weight, multiplies and scales the product's columns: three launches. Each launch
     more is host time in every prefill."""
     from torch.profiler import ProfilerActivity, profile
@@ -406,7 +406,7 @@ def test_weight_only_modules_called_eagerly_on_a_prompts_rows_launch_one_kernel(
 
     lin = make_linear(576, 192, False, torch.bfloat16).cuda()
     m = search_space.get(name).build(lin).set_kernel("triton")
-    for rows, want in ((9, 1), (64, 1), (65, 3)):
+    for rows, want in ((1, 1), (8, 1), (9, 1), (64, 1), (65, 3)):
         x = torch.randn(1, rows, 576, dtype=torch.bfloat16, device="cuda")
         with torch.no_grad():
             assert launches(lin, x) == 1

@@ -26,16 +26,17 @@ def int8_weights(n: int, k: int, device: str = "cpu", scale_dtype: torch.dtype =
     return w_q.to(device), (torch.rand(n, generator=gen) * 0.02 + 1e-3).to(device, scale_dtype)
 
 
-def test_eager_calls_of_9_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypatch):
-    """Eagerly, the "triton" kernel's calls above the GEMV's 8 rows and up to 64 go to the rows
-    kernel; where it declines (None) the dequantizing path answers; the GEMV keeps 1-8 rows and the
-    dequantizing path the rest, the "dequant" kernel and every compiled call."""
+def test_eager_calls_of_up_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypatch):
+    """Eagerly, the "triton" kernel's calls of up to 64 rows go to the rows kernel; where it
+    declines (None) the GEMV answers up to 8 rows and the dequantizing path above; the dequantizing
+    path takes the rest, the "dequant" kernel and every compiled call (compiled, the GEMV keeps 1-8
+    rows)."""
     calls: list[tuple[str, int]] = []
 
     def fake_rows(x, w_q, w_scale):
         rows = x.numel() // x.shape[-1]
         calls.append(("rows", rows))
-        return None if rows == 33 else dequantized(x, w_q, w_scale).to(x.dtype)
+        return None if rows in (5, 33) else dequantized(x, w_q, w_scale).to(x.dtype)
 
     def fake_op(name, x, w_q, w_scale):
         calls.append((name, x.shape[0]))
@@ -54,7 +55,8 @@ def test_eager_calls_of_9_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypa
         assert y.shape == (1, rows, 48) and ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
         return list(calls)
 
-    assert run(8) == [("per_channel_gemv", 8)]
+    assert run(1) == [("rows", 1)] and run(8) == [("rows", 8)]
+    assert run(5) == [("rows", 5), ("per_channel_gemv", 5)]  # declined: the GEMV
     assert run(9) == [("rows", 9)]
     assert run(64) == [("rows", 64)]
     assert run(33) == [("rows", 33)]  # declined: the dequantizing path, no further call
@@ -74,6 +76,7 @@ def test_eager_calls_of_9_to_64_rows_take_the_rows_kernel_where_it_runs(monkeypa
         assert calls == [("rows", 16)]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert run(16) == []  # traced: the dequantizing path, which the compiler fuses
+    assert run(8) == [("per_channel_gemv", 8)]  # and the GEMV, an op it keeps whole
 
 
 def test_a_compiled_caller_over_prompt_lengths_is_not_recompiled_at_the_rows_kernels_bound():
