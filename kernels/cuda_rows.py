@@ -8,7 +8,9 @@ Why: an eager call's cost there is the host's. The dequantizing path (weight cas
 scale multiply) is three launches where nn.Linear makes one, and a Triton kernel's Python launcher
 costs the host what those three do (benchmarks/results/2026-12-04-h200/prefill/); the Triton GEMV's
 eager path cost the host 16.4 us a one-row call before its launcher, this kernel's 9.4 us with its
-C call (benchmarks/results/2026-12-04-cpu/host-paths/). This kernel
+C call (benchmarks/results/2026-12-04-cpu/host-paths/); on the H200, SmolLM2's fp8_wo plan ran eager
+64-token generate() 1.063x of the model as it came on this kernel, 0.826x on the GEMV
+(benchmarks/results/2026-12-05-h200/eager-rows1-ab/). This kernel
 (kernels/cuda/wo_rows.cu, tensor cores, the weight converted exactly in registers) is one C call
 through ctypes on torch's current stream. Compiled callers keep the dequantizing path, which
 inductor fuses: torch.compile cannot trace a ctypes call.
