@@ -12,12 +12,13 @@ C call (benchmarks/results/2026-12-04-cpu/host-paths/); on the H200, SmolLM2's f
 64-token generate() 1.063x of the model as it came on this kernel, 0.826x on the GEMV
 (benchmarks/results/2026-12-05-h200/eager-rows1-ab/). This kernel
 (kernels/cuda/wo_rows.cu, tensor cores, the weight converted exactly in registers) is one C call
-through ctypes on torch's current stream. Compiled callers keep the dequantizing path, which
-inductor fuses: torch.compile cannot trace a ctypes call.
+through ctypes on torch's current stream. Compiled callers keep the Triton GEMV (up to 8 rows) and
+the dequantizing path, which inductor fuses: torch.compile cannot trace a ctypes call.
 
 Built by cuda_build on a module's first packing on a CUDA device (sm_80 or newer); where that is
 not possible (no nvcc, an older GPU, a failed build) `prepare` says why once and the modules keep
-the dequantizing path, which gives the same numbers up to bf16 rounding.
+the Triton GEMV (up to 8 rows) and the dequantizing path, which give the same numbers up to bf16
+rounding.
 """
 
 from __future__ import annotations
