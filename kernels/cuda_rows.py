@@ -2,7 +2,7 @@
 int8_wo's or fp8_wo's "triton" kernel runs on up to MAX_ROWS rows (an eager decode step, and a
 prompt's forward in transformers' generate(), which runs its prefill uncompiled).
 
-    y = rows_linear(x, w_q, w_scale)  # None: not here, take the dequantizing path
+    y = rows_linear(x, w_q, w_scale)  # None: not here, the caller takes the GEMV or dequantizes
 
 Why: an eager call's cost there is the host's. The dequantizing path (weight cast, bf16 GEMM,
 scale multiply) is three launches where nn.Linear makes one, and a Triton kernel's Python launcher
