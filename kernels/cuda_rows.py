@@ -42,7 +42,7 @@ _QDTYPES = {torch.int8: 0, torch.float8_e4m3fn: 1}  # its fp8 flag
 
 def prepare(device: torch.device) -> str | None:
     """Build and load the kernel for a CUDA device: None once it is ready, else why not (warned
-    once per device). Never raises: without it the modules take their dequantizing path."""
+    once per device). Never raises: without it the modules take the GEMV or their dequantizing path."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index in _LIBS or index in _MISSING:
         return _MISSING.get(index)
