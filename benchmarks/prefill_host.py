@@ -38,6 +38,7 @@ from host_overhead import per_call_us  # noqa: E402
 
 from autoao import search_space  # noqa: E402
 from autoao.kernels import cuda_rows  # noqa: E402
+from autoao.kernels.weight_only import per_channel_weight_only  # noqa: E402
 from autoao.kernels.fused import FusedRows  # noqa: E402
 from autoao.kernels.weight_only import per_channel_weight_only  # noqa: E402
 
@@ -70,17 +71,19 @@ def sides(device: torch.device, rows: int) -> dict[str, object]:
 def launch_sides(device: torch.device) -> dict[str, object]:
     """--launch-paths: one row (a decode step's), eagerly, on 576x576 and the LM head's 49152x576:
     what each way of launching a kernel costs the host, and (wall us, the LM head) the device:
-    aten's (nn.Linear), Triton's Python launcher (fp8_wo's and int4_wo's GEMVs) and a compiled
-    kernel called through ctypes (int4_wo's "cuda" kernel and the rows kernel, built with nvcc;
-    CUDA only)."""
+    aten's (nn.Linear), Triton's Python launcher (the fp8 and int4_wo GEMVs) and a compiled kernel
+    called through ctypes (int4_wo's "cuda" kernel and the rows kernel, which an eager fp8_wo module
+    runs, built with nvcc; CUDA only)."""
     torch.manual_seed(0)
     out: dict[str, object] = {}
     for n_out, tag in ((576, "576x576"), (49152, "lm_head")):
         lin = nn.Linear(576, n_out, bias=False).to(device, torch.bfloat16)
         x = torch.randn(1, 1, 576, dtype=torch.bfloat16, device=device)
         fp8 = search_space.get("fp8_wo").build(lin)
-        mods = {"nn.Linear": lin, "fp8_wo (Triton GEMV)": fp8}
+        mods = {"nn.Linear": lin, "fp8_wo (eagerly: the rows kernel where built)": fp8}
         if device.type == "cuda":
+            out[f"1 row, {tag}: fp8 Triton GEMV alone"] = \
+                lambda x=x, w_q=fp8.w_q, w_s=fp8.w_scale: per_channel_weight_only(x, w_q, w_s, True)
             int4 = search_space.get("int4_wo", group_size=64)  # K = 576: 9 groups of 64
             mods["int4_wo g64 (Triton GEMV)"] = int4.build(lin).set_kernel("triton")
             mods["int4_wo g64 (CUDA kernel through ctypes)"] = int4.build(lin).set_kernel("cuda")
