@@ -312,9 +312,10 @@ def reserve_scratch(device: torch.device, n: int, k: int, group_size: int) -> No
         _scratch(device, n, split)
 
 
-def _prefix(t: torch.Tensor | None, fraction: float, device: torch.device) -> tuple[int, int]:
-    """(address, bytes) of the first `fraction` of t's bytes, whole 16-byte blocks ((0, 0): none)."""
-    if t is None or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
+def _prefix(t: torch.Tensor | None, fraction: float, index: int) -> tuple[int, int]:
+    """(address, bytes) of the first `fraction` of t's bytes, whole 16-byte blocks ((0, 0): none,
+    or not on CUDA device `index`)."""
+    if t is None or t.get_device() != index or not t.is_contiguous() or t.data_ptr() % 16:
         return 0, 0
     return t.data_ptr(), int(t.numel() * t.element_size() * fraction) // 16 * 16
 
@@ -326,8 +327,10 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     next_qw/next_sz: the next GEMV's layouts, whose first OPTIONS.prefetch_bytes the kernel prefetches."""
     m, k = x.shape
     n = qw.shape[0] * 16
-    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device) if out is None else out
-    lib = library(group_size, x.device)
+    # the host's share of an eager decode step: device lookups by index, the raw stream, no objects
+    index = x.get_device()
+    y = x.new_empty((m, n)) if out is None else out  # x is bf16 here
+    lib = _LIBS.get((group_size, index)) or library(group_size, x.device)
     partials = arrived = 0
     if cfg.split > 1:
         p, a = _scratch(x.device, n, cfg.split)
@@ -337,13 +340,12 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     if lib.sm90 and next_qw is not None and opts.prefetch_bytes > 0:
         # the same leading fraction of the scales as of the weights: the first CTAs' rows of both
         fraction = min(1.0, opts.prefetch_bytes / (next_qw.numel() * next_qw.element_size()))
-        next_w, next_s = _prefix(next_qw, fraction, x.device), _prefix(next_sz, fraction, x.device)
+        next_w, next_s = _prefix(next_qw, fraction, index), _prefix(next_sz, fraction, index)
     pdl = opts.pdl and lib.sm90
-    early = pdl and opts.early and torch.cuda.is_current_stream_capturing()
+    early = pdl and opts.early and torch._C._cuda_isCurrentStreamCapturing()
     err = lib.autoao_int4_mma_gemv(x.data_ptr(), qw.data_ptr(), sz.data_ptr(), y.data_ptr(), partials, arrived,
                                    m, n, k, x.stride(0), cfg.rows, cfg.warps, cfg.chunks, cfg.min_blocks, cfg.split,
-                                   *next_w, *next_s, int(pdl), int(early),
-                                   torch.cuda.current_stream(x.device).cuda_stream)
+                                   *next_w, *next_s, int(pdl), int(early), torch._C._cuda_getCurrentRawStream(index))
     if err:
         raise RuntimeError(f"int4_gemv_cuda: launch of {cfg} failed with "
                            + ("an unbuilt configuration" if err < 0 else f"CUDA error {err}"))
@@ -381,7 +383,8 @@ def int4_gemv_cuda_impl(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, gro
     k = qw.shape[1] * 64
     if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"int4_gemv_cuda: x must be [M <= {MAX_ROWS}, {k}], got {tuple(x.shape)}")
-    x = x.to(torch.bfloat16)
+    if x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16)
     # 16-byte loads of x's rows: contiguous rows, 16-byte aligned start
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)

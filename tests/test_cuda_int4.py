@@ -195,12 +195,11 @@ def test_weights_are_read_before_the_pdl_wait_only_inside_graph_capture(monkeypa
             calls.append(args)
             return 0
 
-    class FakeStream:
-        cuda_stream = 0
-
+    # the launch reads the capture state and the stream through torch._C (the host's share of an
+    # eager decode step); CPU builds have stand-ins there
     monkeypatch.setattr(cuda_int4, "library", lambda group_size, device=None: FakeLib())
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
     x = torch.zeros(1, 128, dtype=torch.bfloat16)
     qw, sz = cuda_int4.pack_mma(torch.zeros(32, 128, dtype=torch.int32), torch.ones(32, 1, dtype=torch.bfloat16),
                                 torch.zeros(32, 1, dtype=torch.bfloat16), 128)
