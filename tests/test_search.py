@@ -146,6 +146,26 @@ def test_warm_start_makes_first_trials_uniform_plans():
     assert first == [{"bf16"}, {"int8_dyn"}, {"int8_wo"}, {"int4_wo(group_size=64)"}]
 
 
+def test_plans_predicted_slower_than_the_model_as_it_came_are_not_scored():
+    """Such a plan can never ship (the unchanged model is faster and drops nothing), and its proxy
+    pass can cost many times the unchanged model's: the trial records it infeasible, unscored."""
+    slow = {**TIME, "int8_wo": 12.0}  # slower than bf16 (10) on every layer
+    cost = CostModel({f: {c: slow[c] for c in CHOICES} for f in LAYERS}, rest_us=20.0)
+    scored = []
+
+    def evaluate(plan):
+        scored.append({c.name for c in plan.layers.values()})
+        return fake_evaluate(plan)
+
+    out = run_search(fake_groups(), cost, evaluate, config(6, study_name="s"), progress=False)
+    uniform = {frozenset(t.params.values()): t for t in out.trials}
+    wo = uniform[frozenset({"int8_wo"})]
+    assert {"int8_wo"} not in scored and set() in scored and {"int8_dyn"} in scored  # bf16: scored, no layers
+    assert not wo.feasible and wo.drop == math.inf and "slower than the model as it came" in wo.accuracy.source
+    assert wo.predicted_us == pytest.approx(cost.predict(plan_from_params(fake_groups(), wo.params)))
+    assert all(t.params != wo.params for t in out.pareto)
+
+
 def test_time_budget_is_honoured_within_10_percent():
     def slow(plan):
         time.sleep(0.03)
