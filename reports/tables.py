@@ -88,8 +88,14 @@ def _trial_rows(data: ReportData) -> list[dict[str, Any]]:
              "accuracy": t.accuracy.accuracy if t.accuracy is not None else None, "tier": t.tier,
              "feasible": t.feasible, "pareto": t.number in front, "shown_plan": t.number == data.shown.trial,
              "warm_start": t.warm_start, "elapsed_s": t.elapsed_s if math.isfinite(t.elapsed_s) else None,
-             "plan": plan_text(layer_counts(data.context, t.params)), "error": t.error, "worker": t.worker}
+             "plan": plan_text(layer_counts(data.context, t.params)), "error": t.error or _unscored(t), "worker": t.worker}
             for t in data.trials]
+
+
+def _unscored(t: Any) -> str:
+    """Why a finished trial has no finite drop, as the search recorded it (a plan that failed to
+    apply; one predicted slower than the model as it came); "" for a scored one."""
+    return t.accuracy.source if t.accuracy is not None and not math.isfinite(t.accuracy.drop) else ""
 
 
 def summary_items(data: ReportData) -> list[tuple[str, str]]:

@@ -737,3 +737,16 @@ def test_tier2_rows_compare_both_sides_on_the_plans_documents(tmp_path):
     summary = _summary(ctx, accuracy=Accuracy(2, 0.684, -0.008, {"autoao_facts/acc": 0.684}, "lm-eval", verdict))
     rows = {r.metric: (r.baseline, r.plan) for r in metric_rows(ctx, summary, None, False, "bf16") if r.tier == 2}
     assert rows["mean headline accuracy of the tasks"] == rows["autoao_facts/acc"] == (0.676, 0.684)
+
+
+def test_a_trial_left_unscored_says_why_in_the_trials_table():
+    """A plan that failed to apply, or was predicted slower than the model as it came, has no
+    finite drop: report_trials.csv's error column gives the search's reason."""
+    from autoao.records import TrialRecord
+    from autoao.reports.tables import _unscored
+
+    why = "not scored: predicted 0.300 ms, slower than the model as it came (0.200 ms)"
+    t = TrialRecord(4, "COMPLETE", {}, 300.0, Accuracy(1, -math.inf, math.inf, {}, why), False)
+    assert _unscored(t) == why
+    assert _unscored(replace(t, accuracy=Accuracy(1, 0.9, 0.01, {}, "proxy"))) == ""
+    assert _unscored(replace(t, state="FAIL", accuracy=None)) == ""
