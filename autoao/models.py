@@ -140,7 +140,7 @@ def load(name: str = "smollm2-135m", *, dtype: torch.dtype | None = None,
     if spec.kind == "encoder":
         return _load_encoder(spec, dtype, device)
     target = _converted_dir(spec, dtype)
-    cached = (target / "config.json").is_file()
+    cached = _converted(target)
     _check_packages(spec, convert=not cached)
     with offline_env():
         if not cached:
@@ -157,7 +157,7 @@ def first_load(name: str) -> str | None:
     reads the cache (or the model converts nothing). For progress on a run's first seconds."""
     spec = _spec(name)
     target = _converted_dir(spec, getattr(torch, spec.dtype))
-    if spec.kind == "encoder" or (target / "config.json").is_file():
+    if spec.kind == "encoder" or _converted(target):
         return None
     try:
         _check_packages(spec, convert=True)
@@ -168,6 +168,10 @@ def first_load(name: str) -> str | None:
 
 def _converted_dir(spec: BuiltinModel, dtype: torch.dtype) -> Path:
     return cache_dir() / "models" / spec.name / str(dtype).removeprefix("torch.")
+
+
+def _converted(target: Path) -> bool:
+    return (target / "config.json").is_file()  # _publish_folder makes the folder whole, or not at all
 
 
 def unrepresentative(name: str) -> dict[str, str]:
@@ -229,10 +233,15 @@ def workload(name: str, tokenizer: Any, *, device: torch.device | str = "cpu") -
 
 ##### internals #################################################################################
 
+def _closest(name: str) -> list[str]:
+    """The built-in names closest to `name` (at most 3), for "did you mean" hints."""
+    return difflib.get_close_matches(name, available(), n=3, cutoff=0.5)
+
+
 def _spec(name: str) -> BuiltinModel:
     if name in MODELS:
         return MODELS[name]
-    close = difflib.get_close_matches(name, available(), n=3, cutoff=0.5)
+    close = _closest(name)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     raise ValueError(f"Unknown built-in model '{name}'.{hint} Available: {', '.join(available())}. "
                      "For your own model, load it with transformers and pass the model object.")
@@ -347,7 +356,7 @@ def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
     ValueError (one line, naming the spec) for a name or factory that cannot be loaded."""
     if ":" not in spec:
         if spec not in available():
-            close = difflib.get_close_matches(spec, available(), n=2, cutoff=0.5)
+            close = _closest(spec)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
             raise ValueError(f"unknown --model {spec!r}{hint}: give a built-in name ({', '.join(available())}) "
                              "or module:factory (e.g. mymodels.py:build)")
