@@ -140,12 +140,14 @@ def _build(group_size: int, arch: str) -> Path:
     return cuda_build.build(_SOURCE, [f"-DAUTOAO_GROUP={group_size}"], f"int4_mma_g{group_size}", arch, _WHAT, _INSTEAD)
 
 
-def library(group_size: int, device: torch.device | str | None = None) -> ctypes.CDLL:
-    """The kernel built for `group_size` and the GPU's architecture, compiled with nvcc on first
-    use and cached on disk; raises RuntimeError naming what is missing. The first build compiles
-    every group size at once (parallel nvcc processes, ~5 s: a search times all three). Every
-    launch calls this: after the first, it is one dict lookup."""
-    key = (group_size, torch.device(device).index if device is not None else None)
+def library(group_size: int, device: torch.device | str | int | None = None) -> ctypes.CDLL:
+    """The kernel built for `group_size` and the GPU's architecture (`device`: a CUDA device, or
+    its index), compiled with nvcc on first use and cached on disk; raises RuntimeError naming
+    what is missing. The first build compiles every group size at once (parallel nvcc processes,
+    ~5 s: a search times all three). Every launch calls this with the device's index: after the
+    first, one dict lookup and no device object."""
+    index = device if isinstance(device, int) or device is None else torch.device(device).index
+    key = (group_size, index)
     lib = _LIBS.get(key)
     if lib is not None:
         return lib
@@ -330,7 +332,7 @@ def _launch(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int
     # the host's share of an eager decode step: device lookups by index, the raw stream, no objects
     index = x.get_device()
     y = x.new_empty((m, n)) if out is None else out  # x is bf16 here
-    lib = _LIBS.get((group_size, index)) or library(group_size, x.device)
+    lib = library(group_size, index)
     partials = arrived = 0
     if cfg.split > 1:
         p, a = _scratch(x.device, n, cfg.split)
