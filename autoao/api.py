@@ -1,4 +1,4 @@
-"""`autoao.optimize`: workload -> measure -> bench -> anchors -> search -> choose -> finalize -> outputs.
+"""`autoao.optimize`: workload -> measure -> bench -> search and anytime -> finalize -> outputs.
 
     result = autoao.optimize(model, example_inputs, budget="10m", max_accuracy_drop=0.01)
     result.model, result.plan, result.summary (its .speedup, .verdict), result.report_path
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,25 +20,24 @@ import torch
 from torch import nn
 
 from autoao import workers
-from autoao.anchors import Anchored, anchor_cost
+from autoao.anytime import MIN_ROUNDS, Anytime, Incumbent
 from autoao.bench import ModelBench
 from autoao.budget import TimePlan
-from autoao.choose import choose
 from autoao.common import BASELINE, cache_dir
-from autoao.decisions import NothingToTry, StudyClosed
+from autoao.decisions import NothingToTry, Resumed, RunInterrupted, StudyClosed, Verified
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
 from autoao.evaluators.timing import LatencyTable
 from autoao.export import targets
 from autoao.export.deploy import deploy
 from autoao.export.targets import Target
-from autoao.finalize import MIN_ROUNDS, finalize
+from autoao.finalize import finalize
 from autoao.kernels.algorithms import algorithm_seconds
-from autoao.ledger import RunLedger
+from autoao.ledger import Interrupted, RunLedger
 from autoao.measure import (Judges, Measurements, build_judges, costs, estimated_cells, measure, measure_baselines,
                             record_final, time_candidates)
 from autoao.options import Options, RunHooks
-from autoao.outputs import pareto_rows, run_context, run_summary, write_outputs
+from autoao.outputs import pareto_rows, read_state, run_context, run_summary, write_outputs, write_state
 from autoao.plan import Plan
 from autoao.records import ParetoRow, RunSummary, TimingHealth, write
 from autoao.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search
@@ -114,8 +113,46 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget: str | int = "5m",
 
 @_keeps_torch_threads
 def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) -> OptimizeResult:
-    """The stages in order; `opts` checked, `hooks` the command line's."""
+    """The stages in order; `opts` checked, `hooks` the command line's. SIGINT or SIGTERM at any
+    moment ends the run with the best plan verified so far written (`_interrupted`)."""
     ledger = RunLedger(opts.budget, opts.progress, spent=hooks.spent)
+    with ledger.interruptible():
+        prepared = _prepare(model, example_inputs, opts, hooks, ledger)
+        run = prepared.anytime
+        try:
+            closed = improve(run, prepared, opts, hooks, ledger)
+        except Interrupted as stop:
+            with ledger.shielded():
+                ledger.say(f"{stop.name}: writing the best plan verified so far")
+                stop.result = _finish(prepared, opts, ledger, (), stop)
+                stop.kept = _kept(stop.result)
+            raise
+        return _finish(prepared, opts, ledger, closed, None)
+
+
+@dataclass
+class Prepared:
+    """What the run measured before its first trial, and the anytime run built on it."""
+
+    model: nn.Module
+    work: Workload
+    base: Any  # measure.Baselines
+    judges: Judges
+    meas: Measurements
+    bench: ModelBench
+    config: SearchConfig
+    context: Any  # records.RunContext
+    time_plan: TimePlan
+    notes: tuple[Any, ...]
+    anytime: Anytime
+    fits: dict[str, float]
+    rcache: ResultCache
+    outcome: SearchOutcome | None = None  # the study's trials so far (set by each search slice)
+
+
+def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks, ledger: RunLedger) -> Prepared:
+    """Profile, baselines, judges, timing and layer errors; the run's context written; the anytime
+    run built, continuing an earlier run of the same command where its out_dir holds one."""
     fits, rcache = algorithm_seconds(), ResultCache(cache_dir() / "timings.sqlite")
     tier2 = tier2_judge(opts, model, rcache)  # the user's metric runs once here: a broken one costs nothing
     engine = targets.get(opts.target)
@@ -131,53 +168,147 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
         base = measure_baselines(model, work, cache=rcache, ledger=ledger, workload=opts.workload)
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
                               ledger=ledger)
-        # an estimated plan is not measured: no anchors, and no final rounds to keep time for
-        plan = TimePlan(ledger, costs(base, judges, 0 if engine.estimate else MIN_ROUNDS),
-                        skip=("anchors",) if base.compile or engine.estimate else ())
-        notes = work.notes + too_short(plan, ledger)
+        # an estimated plan is not measured: nothing to price its measurement at
+        time_plan = TimePlan(ledger, costs(base, judges, 0 if engine.estimate else MIN_ROUNDS))
+        notes = work.notes + too_short(time_plan, ledger)
     with ledger.stage("kernel timing"):
-        table, health = timing_table(work, opts, engine, TimingCache(rcache.path), plan, ledger)
+        table, health = timing_table(work, opts, engine, TimingCache(rcache.path), time_plan, ledger)
     with ledger.stage("layer errors"):
         meas = measure(model, work, list(opts.candidates), table, base, health, cache=rcache, ledger=ledger,
-                       deadline=plan.deadline("layer errors"), allow_emulated=opts.allow_emulated or bool(engine.estimate),
-                       allowed=engine.supports)
+                       deadline=time_plan.deadline("layer errors"),
+                       allow_emulated=opts.allow_emulated or bool(engine.estimate), allowed=engine.supports)
     groups = make_groups(meas.choices, siblings(work, engine))
     bench = ModelBench(model, work.prof, work.examples, compile=base.compile, groups=groups, cost=meas.cost,
                        table=meas.table, estimate=engine.estimate, workload=opts.workload)
-    with ledger.stage("anchors"):
-        anchored = anchor_cost(bench, base.bf16_us, ledger, plan.deadline("anchors"))
-    config = search_config(opts, hooks, judges, groups, meas, anchored, plan)
-    context = run_context(model, work, list(opts.candidates), meas, anchored.cost, groups, judges,
+    config = search_config(opts, hooks, judges, groups, meas.cost, time_plan)
+    context = run_context(model, work, list(opts.candidates), meas, meas.cost, groups, judges,
                           budget=str(opts.budget), seed=opts.seed, storage=config.storage or "",
                           study_name=config.study_name, command=hooks.command, bf16_us=base.bf16_us,
-                          started=ledger.elapsed(), left_out=hooks.left_out, anchors=anchored.records,
-                          target=opts.target, estimate=engine.estimate)
+                          started=ledger.elapsed(), left_out=hooks.left_out, target=opts.target,
+                          estimate=engine.estimate)
     write(opts.out_dir / "context.json", context)
+    earlier = read_state(opts.out_dir, config.study_name)
+    run = Anytime(bench, judges, time_plan, ledger, meas.cost, time_plan.costs.measure_s,
+                  incumbent=Incumbent.from_record(earlier.incumbent) if earlier and earlier.incumbent else None,
+                  tried=earlier.tried if earlier else None,
+                  on_better=lambda inc: write_state(opts.out_dir, config.study_name, run))
+    if earlier and earlier.incumbent:
+        run.decisions.append(Resumed(run.curve[0].plan, run.incumbent.speedup, len(run.tried)))
+        ledger.say(run.decisions[-1].describe())
+    return Prepared(model, work, base, judges, meas, bench, config, context, time_plan, notes, run, fits, rcache)
+
+
+def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: RunLedger) -> tuple[StudyClosed, ...]:
+    """The anytime loop: the warm start's seeds scored, then, while the budget lasts, the most
+    valuable plan verified (Anytime.step) or, when none is worth its time, a slice of search; a
+    shared study is published first and closed after."""
+    if opts.shared:
+        workers.publish(p.config, p.bench.groups, p.meas.cost, p.meas.sqnr, p.judges, p.bench.model, p.work)
+        ledger.say(f"study {p.config.study_name} published on {workers.shown(p.config.storage)}: "
+                   f"autoao worker --storage URL --study {p.config.study_name} --model ... joins it")
+        if hooks.on_study is not None:
+            hooks.on_study(p.config.study_name)
+    deadline = p.time_plan.deadline("search trials")
+    seeds = replace(p.config, seconds=None if deadline is None else max(deadline - ledger.clock(), 1.0))
     with ledger.stage("search trials"):
-        outcome, closed = trials(opts, hooks, config, bench, judges, meas, anchored, work, plan, ledger)
-    with ledger.stage("accuracy verdicts"):
-        choice = choose(outcome, bench, judges, plan, ledger)
+        ledger.say(f"searching: {len(p.bench.groups)} choices, the warm start's plans first "
+                   f"({ledger.elapsed():.0f} s spent on measurements)")
+        p.outcome = search(run, p, opts, seeds, queued_only=True)
+    slices = 0
+    while True:
+        with ledger.stage("verifying plans"):
+            tried = run.step(p.outcome)
+        if tried is not None:
+            continue
+        if opts.budget.trials is not None and slices:
+            break  # a trial budget: its trials ran in the first slice
+        seconds = p.time_plan.slice_seconds(run.price())
+        if seconds == 0.0 or (opts.budget.trials is None and seconds is None):
+            break
+        slices += 1
+        before = len(p.outcome.trials)
+        with ledger.stage("search trials"):
+            p.outcome = search(run, p, opts, replace(p.config, seconds=seconds, seed=p.config.seed + slices))
+        if len(p.outcome.trials) == before:
+            break  # the study has nothing left to try
+    run.conclude(p.outcome)
+    if not opts.shared:
+        return ()
+    closed = workers.close(p.outcome, p.config, run.cost, p.bench.scorer(p.judges.screen), ledger, keep=0.0)
+    ledger.say(closed.describe())
+    return (closed,)
+
+
+def search(run: Anytime, p: Prepared, opts: Options, config: SearchConfig, queued_only: bool = False) -> SearchOutcome:
+    """One slice of the study, scored by the judges' screen on the anytime run's cost model; the
+    best screened plan so far on disk (best_plan.json) after every trial."""
+    def on_trial(r: Any, outcome: SearchOutcome) -> None:
+        p.outcome = outcome  # an interrupt in the next trial keeps this one
+        p.time_plan.observe_machine()  # has another process taken the CPU since?
+        if outcome.best is r:
+            plan_from_params(p.bench.groups, r.params, run.cost.fusion_pays, trial=r.number,
+                             predicted_ms=r.predicted_ms, drop=r.drop).save(opts.out_dir / "best_plan.json")
+
+    return run_search(p.bench.groups, run.cost, p.bench.scorer(p.judges.screen), config, layer_sqnr=p.meas.sqnr,
+                      on_trial=on_trial, progress=opts.progress, queued_only=queued_only)
+
+
+def _finish(p: Prepared, opts: Options, ledger: RunLedger, closed: tuple[StudyClosed, ...],
+            stop: Interrupted | None) -> OptimizeResult:
+    """The incumbent applied and its comparison completed (not after an interrupt), the run files,
+    the model and the report written."""
+    run = p.anytime
+    outcome = p.outcome or run_search(p.bench.groups, run.cost, p.bench.scorer(p.judges.screen),
+                                      replace(p.config, trials=0), progress=False)
+    decisions = _notes(p.notes, run) + list(closed) + run.decisions
+    if stop is not None:
+        decisions.append(RunInterrupted(stop.name, ledger.elapsed(), _words(run.incumbent, p.bench)))
     with ledger.stage("final measurement"):
-        final = finalize(bench, choice, meas, anchored.cost, base, notes + closed, ledger)
-        record_final(rcache, base, work, ledger.stage_seconds()["final measurement"], final.rounds)
-        summary = run_summary(final, outcome, meas, context, model, ledger, plan.planned,
-                              {a: s - fits.get(a, 0.0) for a, s in algorithm_seconds().items()}, base.bf16_us,
-                              deploy(final.plan, model, opts.target, str(opts.out_dir)))
-        shipped = write_outputs(opts.out_dir, final, summary, outcome, model)
+        final = finalize(p.bench, run.incumbent, decisions, p.meas, run.cost, p.base, ledger,
+                         measured=run.measured_plans(), extend=stop is None)
+        record_final(p.rcache, p.base, p.work, ledger.stage_seconds()["final measurement"], final.rounds)
+        context = replace(p.context, anchors=list(run.anchors))
+        write(opts.out_dir / "context.json", context)
+        write_state(opts.out_dir, p.config.study_name, run)
+        summary = run_summary(final, outcome, p.meas, context, p.model, ledger, p.time_plan.planned,
+                              {a: s - p.fits.get(a, 0.0) for a, s in algorithm_seconds().items()}, p.base.bf16_us,
+                              deploy(final.plan, p.model, opts.target, str(opts.out_dir)),
+                              curve=run.curve, interrupted=stop.name if stop else "")
+        shipped = write_outputs(opts.out_dir, final, summary, outcome, p.model)
     ledger.say(result_line(summary, shipped, opts.out_dir))
     from autoao.reports import render  # lazy: jinja2 and matplotlib load only here
 
-    return OptimizeResult(model, shipped, summary, pareto_rows(outcome), outcome.study, opts.out_dir,
+    return OptimizeResult(p.model, shipped, summary, pareto_rows(outcome), outcome.study, opts.out_dir,
                           report_path=render(opts.out_dir))
 
 
-def timing_table(work: Workload, opts: Options, engine: Target, cache: TimingCache, plan: TimePlan,
+def _notes(notes: tuple[Any, ...], run: Anytime) -> list[Any]:
+    """The early notes; the time plan's word that the budget was too short stands only if nothing
+    was verified after all."""
+    verified = any(isinstance(d, Verified) for d in run.decisions)
+    return [d for d in notes if not (verified and isinstance(d, NothingToTry))]
+
+
+def _kept(result: OptimizeResult) -> str:
+    """What an interrupted run wrote, in one line."""
+    s = result.summary
+    if not result.plan.layers:
+        return f"the model as it came (no plan verified yet); run files in {result.out_dir}/"
+    return (f"{result.plan.words()}, {s.speedup.measured or s.speedup.predicted:.2f}x, verified at "
+            f"{s.curve[-1].seconds:.0f} s; plan.json and the report in {result.out_dir}/")
+
+
+def _words(inc: Incumbent, bench: ModelBench) -> str:
+    return plan_from_params(bench.groups, inc.params).words() if inc.params else "the model as it came"
+
+
+def timing_table(work: Workload, opts: Options, engine: Target, cache: TimingCache, time_plan: TimePlan,
                  ledger: RunLedger) -> tuple[LatencyTable, TimingHealth]:
     """Every candidate's cells, timed here; for a target priced from weight bytes (Target.estimate)
     only the unchanged layers are timed, and every other cell is estimated from them."""
     cands = list(opts.candidates)
     timed = [c for c in cands if c.name == BASELINE] if engine.estimate else cands
-    table, health = time_candidates(work, timed, cache=cache, ledger=ledger, deadline=plan.deadline("kernel timing"),
+    table, health = time_candidates(work, timed, cache=cache, ledger=ledger, deadline=time_plan.deadline("kernel timing"),
                                     allow_emulated=opts.allow_emulated)
     if not engine.estimate:
         return table, health
@@ -197,10 +328,10 @@ def siblings(work: Workload, engine: Target) -> list[tuple[str, ...]]:
     return shared + [g for g in work.siblings if not taken & set(g)]
 
 
-def too_short(plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...]:
+def too_short(time_plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...]:
     """The decision that the time budget cannot hold a search, said now (the run goes on with what
     the timing cache and the trials that still fit allow)."""
-    short = plan.shortfall()
+    short = time_plan.shortfall()
     if short is None:
         return ()
     note = NothingToTry(0, "profile and baselines", short[0], math.ceil(short[2] / 30) * 30, short[1])
@@ -220,48 +351,19 @@ def tier2_judge(opts: Options, model: nn.Module, cache: ResultCache) -> LmEvalJu
     return LmEvalJudge(opts.tokenizer, list(opts.accuracy), cache=cache, seed=opts.seed)
 
 
-def search_config(opts: Options, hooks: RunHooks, judges: Judges, groups: list[Group], meas: Measurements,
-                  anchored: Anchored, plan: TimePlan) -> SearchConfig:
+def search_config(opts: Options, hooks: RunHooks, judges: Judges, groups: list[Group], cost: Any,
+                  time_plan: TimePlan) -> SearchConfig:
     """The search's configuration, built once: one study per (model weights, search space,
-    accuracy budget), so the same run continues it and a different one starts its own."""
+    accuracy budget), so the same run continues it and a different one starts its own. A shared
+    study's deadline is the run's budget less the end's reserve (workers stop starting trials)."""
     name = hooks.study_name or "autoao-" + digest([(g.name, g.choices) for g in groups], judges.budget.max_drop,
                                                    judges.weights_key)[:12]
-    deadline = plan.deadline("search trials")
-    seconds = None if deadline is None else max(deadline - plan.ledger.clock(), 1.0)  # for Optuna's timeout
+    left = time_plan.ledger.remaining()
     shared = dict(role="coordinator", worker=workers.label("coordinator"), heartbeat=hooks.heartbeat,
-                  deadline=None if seconds is None else plan.ledger.wall_time(seconds)) if opts.shared else {}
-    return SearchConfig(judges.budget, trials=opts.budget.trials, seconds=seconds, seed=opts.seed,
-                        storage=opts.storage, study_name=name, **shared)
-
-
-def trials(opts: Options, hooks: RunHooks, config: SearchConfig, bench: ModelBench, judges: Judges,
-           meas: Measurements, anchored: Anchored, work: Workload, plan: TimePlan, ledger: RunLedger
-           ) -> tuple[SearchOutcome, tuple[StudyClosed, ...]]:
-    """The study's trials, scored by the judges' screen; on a database server, published for
-    `autoao worker` processes first and closed after (workers), what the close did recorded as a
-    decision. The best feasible plan so far is on disk (best_plan.json) after every trial, so a
-    killed run leaves it."""
-    if opts.shared:
-        workers.publish(config, bench.groups, anchored.cost, meas.sqnr, judges, bench.model, work)
-        ledger.say(f"study {config.study_name} published on {workers.shown(config.storage)}: "
-                   f"autoao worker --storage URL --study {config.study_name} --model ... joins it")
-        if hooks.on_study is not None:
-            hooks.on_study(config.study_name)
-
-    def on_trial(r: Any, outcome: SearchOutcome) -> None:
-        plan.observe_machine()  # has another process taken the CPU since?
-        if outcome.best is r:
-            plan_from_params(bench.groups, r.params, anchored.cost.fusion_pays, trial=r.number, predicted_ms=r.predicted_ms,
-                             drop=r.drop).save(opts.out_dir / "best_plan.json")
-
-    ledger.say(f"searching: {len(bench.groups)} choices, budget {ledger.budget} ({ledger.elapsed():.0f} s spent on measurements)")
-    outcome = run_search(bench.groups, anchored.cost, bench.scorer(judges.screen), config, layer_sqnr=meas.sqnr,
-                         on_trial=on_trial, progress=opts.progress, stop=lambda: plan.past("search trials"))
-    if not opts.shared:
-        return outcome, ()
-    closed = workers.close(outcome, config, anchored.cost, bench.scorer(judges.screen), ledger, keep=plan.reserve())
-    ledger.say(closed.describe())
-    return outcome, (closed,)
+                  deadline=None if left is None else time_plan.ledger.wall_time(max(left - time_plan.final_reserve(), 1.0))
+                  ) if opts.shared else {}
+    return SearchConfig(judges.budget, trials=opts.budget.trials, seed=opts.seed, storage=opts.storage,
+                        study_name=name, **shared)
 
 
 def result_line(summary: RunSummary, plan: Plan, out_dir: Path) -> str:

@@ -97,12 +97,6 @@ class ModelBench:
         kernels = kernels_for(searched, self.prof, self.table) if self.table is not None else {}
         return Plan.for_model(self.model, searched.layers, kernels, searched.fusions, **metadata)
 
-    def measure(self, params: dict[str, str]) -> float:
-        """End-to-end us of the plan these params make, applied as it would ship. The model is
-        restored afterwards."""
-        with self.applied(self.shipped(params)):
-            return workload_timing(self.model, self.examples, compile=self.compile)[0]
-
     @contextlib.contextmanager
     def applied(self, plan: Plan) -> Iterator[nn.Module]:
         """The model with `plan` applied afresh as it ships (measured or scored, then undone: no

@@ -69,16 +69,18 @@ class AccuracyBudget:
 
 ##### time ######################################################################################
 
-# Of the time a budget leaves once the baselines are measured and the reserve (the accuracy
-# verdicts and the final measurement, priced from what the baselines cost) is set aside, each
-# flexible stage's share. A stage that does not run (anchors on CUDA) gives its share to the
-# others; a stage that ends early leaves its time to the later ones.
-SHARES = {"kernel timing": 0.40, "layer errors": 0.10, "anchors": 0.10, "search trials": 0.40}
-STAGES = ("profile and baselines", *SHARES, "accuracy verdicts", "final measurement")
+# Of the time a budget leaves once the baselines are measured and the first verification's price is
+# set aside (autoao.anytime: its judges' checks and its measurement), each stage's share before
+# that verification: timing every candidate (coarse first), the layer errors, and the search's
+# first trials (the warm start's seeds, the plans a first verification picks from). A stage that
+# ends early leaves its time to the later ones; everything after the first verification is the
+# anytime run's, asked of `allows` step by step.
+SHARES = {"kernel timing": 0.55, "layer errors": 0.15, "search trials": 0.30}
+STAGES = ("profile and baselines", *SHARES, "verifying plans", "final measurement")
 WRITE_SECONDS = 5.0  # saving the model and rendering the report
-MAX_CHECKS = 4  # plans the chooser judges at most (bisection of the Pareto front)
+MAX_CHECKS = 4  # without a time budget (a trial budget): plans verified at most
 MIN_FLEXIBLE_S = 30.0  # below this for timing, layer errors and trials, a budget is said to be too short
-CHECK_SHARE = 0.3  # of the budget left after the baselines, at most this is reserved for checks
+SLICE_SHARE, MIN_SLICE_S = 0.25, 10.0  # a search slice between verifications: this share of what is free
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Costs:
 
     proxy_s: float  # scoring one trial: a proxy pass over the screen inputs
     check_s: float  # judging one plan to a verdict, at worst (all the evidence the judges can take)
-    final_s: float  # the final end-to-end comparison
+    measure_s: float  # a verification's end-to-end measurement: both sides, the fewest rounds, any compiles
     run_s: float = 0.0  # one end-to-end run of the workload
     once_s: float = 0.0  # judging's one-off part: the unmodified model's side of the first check
     write_s: float = WRITE_SECONDS
@@ -107,9 +109,6 @@ class TimePlan:
     def __init__(self, ledger: RunLedger, costs: Costs, skip: tuple[str, ...] = ()) -> None:
         self.ledger, self.costs = ledger, costs
         self.shares = {s: v for s, v in SHARES.items() if s not in skip}
-        remaining = ledger.remaining()
-        fits = int(CHECK_SHARE * remaining / costs.check_s) if remaining is not None and costs.check_s > 0 else MAX_CHECKS
-        self.checks = max(1, min(MAX_CHECKS, fits))  # checks the reserve keeps time for
         self.planned: dict[str, float] = {}
         self._ratios: list[float] = []
         # CPU contention while the costs were measured (the process so far): they already carry it
@@ -142,11 +141,13 @@ class TimePlan:
             self._machine = (now, ran, lost)
 
     def final_reserve(self) -> float:
-        return self.slowdown * self.costs.final_s + self.costs.write_s
+        """Seconds kept for the end: saving the model and writing the report."""
+        return self.costs.write_s
 
     def reserve(self) -> float:
-        """Seconds kept for what runs after the trials: the checks and the final measurement."""
-        return self.slowdown * (self.checks * self.costs.check_s + self.costs.once_s) + self.final_reserve()
+        """Seconds kept, before the first verification, for it: a check to its verdict (the
+        unmodified model's side of it included) and its measurement, then the end."""
+        return self.slowdown * (self.costs.check_s + self.costs.once_s + self.costs.measure_s) + self.final_reserve()
 
     def deadline(self, stage: str) -> float | None:
         """The ledger.clock() by which `stage` (one of SHARES) ends: its share of what the budget
@@ -173,9 +174,19 @@ class TimePlan:
 
     def allows(self, seconds: float) -> bool:
         """Whether a step of `seconds` (priced at today's rates: scaled by the slowdown) still leaves
-        the final measurement its reserve."""
+        the end its reserve."""
         remaining = self.ledger.remaining()
         return remaining is None or remaining - self.slowdown * seconds >= self.final_reserve()
+
+    def slice_seconds(self, keep: float) -> float | None:
+        """Seconds for the next search slice, keeping `keep` (a verification's price) and the end's
+        reserve: SLICE_SHARE of what is free, at least MIN_SLICE_S; 0 when not even that fits; None
+        without a time budget (the search runs its trial budget)."""
+        remaining = self.ledger.remaining()
+        if remaining is None:
+            return None
+        free = remaining - self.slowdown * keep - self.final_reserve()
+        return max(SLICE_SHARE * free, MIN_SLICE_S) if free >= MIN_SLICE_S else 0.0
 
     def shortfall(self) -> tuple[float, float, float] | None:
         """When the budget leaves the flexible stages less than MIN_FLEXIBLE_S after what was spent
@@ -186,11 +197,3 @@ class TimePlan:
             return None
         spent, reserve = self.ledger.elapsed(), self.reserve()
         return spent, reserve, spent + reserve + 4 * MIN_FLEXIBLE_S
-
-    def plan_verdicts(self) -> None:
-        """Record what the accuracy verdicts and the final measurement are planned to take, at the
-        stage boundary where they start."""
-        remaining = self.ledger.remaining()
-        if remaining is not None:
-            self.planned["accuracy verdicts"] = max(remaining - self.final_reserve(), 0.0)
-            self.planned["final measurement"] = self.final_reserve()

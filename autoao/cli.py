@@ -26,6 +26,7 @@ from autoao.evaluators.cache import TimingCache, cache_dir
 from autoao.evaluators.kernel_table import format_kernel_table, write_kernel_csv
 from autoao.evaluators.timing import measure_latencies
 from autoao.export import command as export_command
+from autoao.ledger import Interrupted
 from autoao.options import OptionError, Options, RunHooks, check_storage
 from autoao.plan import Plan, PlanError, apply, save
 from autoao.profile import profile
@@ -590,6 +591,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as e:
         print(f"autoao: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # a run stopped by SIGINT / SIGTERM: it wrote its best verified plan
+        print(f"autoao: interrupted by {e.name}: kept {e.kept or 'nothing (stopped before any plan could be judged)'}",
+              file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("autoao: interrupted", file=sys.stderr)
         return 130

@@ -179,7 +179,8 @@ class NoneHeld(Decision):
     def describe(self) -> str:
         why = (f" ({self.unresolved} unresolved: too few positions or documents within the time budget to show "
                "them within it; a larger budget judges on more)" if self.unresolved else "")
-        return f"none of the {self.checked} plans judged held{why}: keeping the model as it came"
+        return (f"none of the {self.checked} plans tried was verified (held on every judge and measured faster){why}: "
+                "keeping the model as it came")
 
 
 @decision
@@ -192,6 +193,97 @@ class OutOfTime(Decision):
     def describe(self) -> str:
         after = f" (after trial {self.trial})" if self.trial is not None else ""
         return f"the time budget left no room for {self.what}{after}"
+
+
+##### the anytime run ###########################################################################
+
+@decision
+@dataclass(frozen=True)
+class Verified(Decision):
+    """A plan held on every judge and was measured faster than the incumbent: the new incumbent."""
+
+    kind: ClassVar[str] = "verified"
+    trial: int = -1
+    plan: str = ""  # the plan in words
+    speedup: float = 1.0  # measured against the model as it came: the paired estimate
+    bound: float = 1.0  # its 95% lower bound
+    rounds: int = 0
+    at_s: float = 0.0  # seconds since the run began
+    source: str = ""  # what proposed it: uniform, fallback, search
+
+    def describe(self) -> str:
+        return (f"verified at {self.at_s:.0f} s: trial {self.trial} ({self.source} plan: {self.plan}) holds and runs "
+                f"{self.speedup:.2f}x (at least {self.bound:.2f}x, {self.rounds} interleaved rounds): the best plan so far")
+
+
+@decision
+@dataclass(frozen=True)
+class NotFaster(Decision):
+    """A plan predicted faster than the incumbent was not measured faster end to end."""
+
+    kind: ClassVar[str] = "not_faster"
+    trial: int = -1
+    speedup: float = 1.0  # the plan's paired estimate against the model as it came
+    bound: float = 1.0
+    rounds: int = 0
+    incumbent: float = 1.0  # the incumbent's measured speed-up (1.0: the model as it came)
+    workload: bool = False  # True: faster on the forward pass, not in the user's workload
+
+    def describe(self) -> str:
+        where = "in your workload" if self.workload else "end to end"
+        than = "the model as it came" if self.incumbent <= 1.0 else f"the best plan so far ({self.incumbent:.2f}x)"
+        why = " (no measurable change)" if self.speedup > max(self.incumbent, 1.0) else ""
+        return (f"trial {self.trial} measured {self.speedup:.2f}x {where} (at least {self.bound:.2f}x, {self.rounds} "
+                f"rounds): not shown faster than {than}{why}, so it is not verified")
+
+
+@decision
+@dataclass(frozen=True)
+class CheckDidNotFit(Decision):
+    """The run ended before a plan worth verifying could be: what it needed, and a budget that holds it."""
+
+    kind: ClassVar[str] = "check_did_not_fit"
+    ends_unchanged: ClassVar[bool] = True
+    trial: int = -1
+    plan: str = ""
+    needed_s: float = 0.0  # verifying it: its judges' first looks and its measurement, at this run's rates
+    left_s: float = 0.0  # what the budget had left
+    suggest_s: float = 0.0  # a time budget that would have held the check
+
+    def describe(self) -> str:
+        return (f"the first plan worth verifying, trial {self.trial} ({self.plan}), needed about {self.needed_s:.0f} s "
+                f"to judge and measure and {self.left_s:.0f} s were left; a budget of about {self.suggest_s:.0f} s "
+                "would have held its check")
+
+
+@decision
+@dataclass(frozen=True)
+class RunInterrupted(Decision):
+    """The run was stopped by a signal; it wrote the best plan verified by then."""
+
+    kind: ClassVar[str] = "interrupted"
+    signal: str = ""  # SIGINT / SIGTERM
+    at_s: float = 0.0
+    kept: str = ""  # what was written, in words
+
+    def describe(self) -> str:
+        return (f"interrupted by {self.signal} at {self.at_s:.0f} s: kept {self.kept}; the same command with the same "
+                "output folder continues from it")
+
+
+@decision
+@dataclass(frozen=True)
+class Resumed(Decision):
+    """The run continued from what an earlier run of the same command verified (anytime.json)."""
+
+    kind: ClassVar[str] = "resumed"
+    plan: str = ""
+    speedup: float = 1.0
+    tried: int = 0  # plans already judged, not judged again
+
+    def describe(self) -> str:
+        return (f"continued from the earlier run's best plan ({self.plan}, {self.speedup:.2f}x measured then) and its "
+                f"{self.tried} plans already tried")
 
 
 ##### end to end ################################################################################
@@ -309,8 +401,8 @@ class BestIsUnchanged(Decision):
     trial: int = -1
 
     def describe(self) -> str:
-        return (f"the fastest plan found that holds the accuracy budget changes no layer (trial {self.trial}); a larger "
-                "budget lets the search try more plans")
+        return (f"the fastest plan found within the accuracy budget on the screen (trial {self.trial}) changes no layer "
+                "or is predicted too little faster to verify; a larger budget lets the search try more plans")
 
 
 @decision

@@ -1,24 +1,16 @@
-"""Stage 5: the chosen plan applied for real and measured against the model as it came.
+"""Stage 5: the incumbent applied for real, its measurement completed where time is left.
 
-    final = finalize(bench, choice, cost, base, ledger)   -> Final
+    final = finalize(bench, incumbent, decisions, cost, base, ledger, extend=True)   -> Final
 
-bf16 and the plan are measured in alternation, round by round, and the speed-up is the rounds'
-paired estimate with its 95% interval (autoao.clock.paired_speedup). A plan is shipped only when
-shown faster (the interval's lower bound above 1.00x): per-layer timings summed can promise a
-speed-up the whole model does not deliver (SmolLM2 at M=2048 on the H200, 2:4 everywhere predicted
-1.03x, measured 0.87x). On the CPU rounds continue from MIN_ROUNDS up to MAX_ROUNDS or what the time
-budget leaves, until the bound is above 1 or the estimate is not; each CPU round runs the workload
-once per side (the same bf16 demo workload measured 2.1 to 2.8 s in consecutive rounds on a quiet
-Xeon). Compiled (CUDA), each side is compiled once and its CUDA-graph replays alternate with the
-other's. An empty plan is the unchanged model: 1.00x by definition, not measured again. A plan for
-an engine autoao only emulates (bench.estimate: llama.cpp's GGUF types) is not timed either: it
-ships on its verdicts, with the cost model's estimate said to be one (ShippedOnEstimate).
-
-With the user's workload (optimize's `workload`, e.g. a `generate()` call), a plan shown faster on
-the forward pass is then timed in it, call by call in alternation with the model as it came, in the
-user's own mode (eager, or compiled by their code), and ships only if shown faster there too
-(WorkloadNotFaster): on the H200 a plan measured 1.88x on the forward pass ran 0.81x in an eager
-`generate()` (benchmarks/results/2026-12-03-h200/generate-1b/).
+The incumbent (autoao.anytime) was verified on its verdicts and on rounds interleaved with the
+model as it came. It is applied to the model (fresh modules, validated); on the CPU, while the time
+budget leaves room (`extend`: not after an interrupt), more rounds are taken in alternation, up to
+MAX_ROUNDS in all, and the speed-up is every round's paired estimate with its 95% interval
+(autoao.clock.paired_speedup). A plan is shipped only while it stays shown faster (the interval's
+lower bound above 1.00x): should the added rounds undo that, the model stays as it came
+(KeptUnchanged). The model as it came is 1.00x by definition and not measured again. A plan for an
+engine autoao only emulates (bench.estimate: llama.cpp's GGUF types) was not timed: it ships on its
+verdicts, with the cost model's estimate said to be one (ShippedOnEstimate).
 """
 
 from __future__ import annotations
@@ -26,21 +18,19 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from autoao.bench import ModelBench, Sample, interleaved, workload_rounds
-from autoao.choose import Choice
-from autoao.clock import PairedSpeedup, paired_speedup
+from autoao.anytime import MAX_ROUNDS, Incumbent, Speed
+from autoao.bench import ModelBench, Sample, interleaved
+from autoao.clock import PairedSpeedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
-from autoao.decisions import (BestIsUnchanged, Decision, Judged, KeptUnchanged, NothingToTry, ShippedOnEstimate,
-                              WorkloadNotFaster)
+from autoao.decisions import (Decision, Judged, KeptUnchanged, NoneHeld, NotFaster, NothingToTry, ShippedOnEstimate,
+                              Verified)
 from autoao.ledger import RunLedger
 from autoao.measure import Baselines, Measurements
 from autoao.plan import Plan, apply
 from autoao.records import MeasuredPlan, WorkloadTiming
-from autoao.types import Accuracy, Verdict
+from autoao.types import UNRESOLVED, Accuracy, Verdict
 from autoao.evaluators.timing import NOT_TIMED
-
-MIN_ROUNDS, MAX_ROUNDS = 3, 10
 
 
 @dataclass(frozen=True)
@@ -59,7 +49,7 @@ class Final:
     decisions: tuple[Decision, ...]
     measured_plans: tuple[MeasuredPlan, ...]
     estimate: str = ""  # how the speed-up was estimated where it was not measured (bench.estimate)
-    workload: WorkloadTiming | None = None  # the user's workload, timed after the forward pass showed a gain
+    workload: WorkloadTiming | None = None  # the user's workload, timed when the plan was verified
 
     @property
     def rounds(self) -> int:
@@ -69,100 +59,77 @@ class Final:
 UNCHANGED = PairedSpeedup(1.0, 1.0, 1.0, 0)
 
 
-def finalize(bench: ModelBench, choice: Choice, meas: Measurements, cost: CostModel, base: Baselines,
-             notes: tuple[Decision, ...], ledger: RunLedger) -> Final:
-    """Apply the chosen plan (fresh modules, validated) and compare it with the model as it came,
-    measured in alternation (module docstring); a plan not shown faster leaves the model unchanged."""
-    model = bench.model
-    tried = any(isinstance(d, Judged) for d in choice.decisions)
-    # the time plan's early word that the budget was too short stands only if nothing was judged
-    decisions = [d for d in (*notes, *choice.decisions) if not (tried and isinstance(d, NothingToTry))]
+def finalize(bench: ModelBench, incumbent: Incumbent, decisions: list[Decision], meas: Measurements,
+             cost: CostModel, base: Baselines, ledger: RunLedger, *, measured: tuple[MeasuredPlan, ...] = (),
+             extend: bool = True) -> Final:
+    """Apply the incumbent and complete its comparison with the model as it came (module docstring);
+    `decisions`: what the run decided so far (an ending word is added where the model stays as it
+    came); `measured`: the plans measured end to end while verifying."""
     bench.restore()
-    trial = choice.trial
-    plan = bench.shipped(trial.params if trial else {}, trial=trial.number if trial else None)
+    plan = bench.shipped(incumbent.params, trial=incumbent.trial) if incumbent.params else bench.shipped({})
     predicted_base = cost.predict(Plan())
     if not plan.layers:
         not_timed = sum(r.timing.error == NOT_TIMED for r in meas.table.rows)
-        short = [i for i, d in enumerate(decisions) if isinstance(d, NothingToTry)]
-        if short:  # the time plan said the budget cannot hold a search, before timing: now with its untimed cells
-            decisions[short[0]] = replace(decisions[short[0]], not_timed=not_timed)
-        elif all(ch == [BASELINE] for ch in meas.choices.values()):
-            decisions.append(NothingToTry(not_timed))
-        elif trial is not None:  # the best plan that held changes no layer
-            decisions.append(BestIsUnchanged(trial.number))
-            plan = bench.shipped({})
+        # the time plan's early word that the budget was too short, now with the cells left untimed
+        said = [replace(d, not_timed=not_timed) if isinstance(d, NothingToTry) and d.stage else d for d in decisions]
         return Final(plan, None, (), base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0), predicted_base,
-                     predicted_base, tuple(decisions), choice.measured_plans)
-    apply(model, plan, calibration=bench.calibration)
-    if bench.estimate:
+                     predicted_base, tuple(said + _why_unchanged(said, meas)), measured)
+    apply(bench.model, plan, calibration=bench.calibration)
+    if bench.estimate or incumbent.speed is None:
         predicted = cost.predict(plan)
-        decisions.append(ShippedOnEstimate(plan.metadata.get("trial"), predicted_base / predicted, bench.estimate))
-        ledger.say(decisions[-1].describe())
-        return Final(plan, choice.accuracy, choice.verdicts, base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0),
-                     predicted_base, predicted, tuple(decisions), choice.measured_plans, estimate=bench.estimate)
-    rounds = MAX_ROUNDS if not base.compile else MIN_ROUNDS
-    got_base, got_plan = interleaved(bench, bench.modules(plan), _rounds(base, ledger, rounds), settled=_settled)
-    paired, spread, base_us, plan_us = _compare(got_base, got_plan)
-    workload: WorkloadTiming | None = None
-    refused: Decision | None = None
-    if paired.low <= 1.0:
-        refused = KeptUnchanged(plan.metadata.get("trial"), plan_us / 1e3, base_us / 1e3, spread[0], spread[1],
-                                paired.rounds, paired.estimate, paired.low)
-    elif bench.workload is not None:
-        workload = _workload(bench, plan, base, ledger)
-        if workload.bound <= 1.0:
-            refused = WorkloadNotFaster(plan.metadata.get("trial"), paired.estimate, workload.baseline_ms,
-                                        workload.plan_ms, workload.speedup, workload.bound, workload.rounds)
-    if refused is not None:
-        decisions.append(refused)
-        ledger.say(refused.describe())
+        note = ShippedOnEstimate(incumbent.trial, predicted_base / predicted, bench.estimate)
+        ledger.say(note.describe())
+        return Final(plan, incumbent.accuracy, incumbent.verdicts, base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0),
+                     predicted_base, predicted, tuple(decisions + [note]), measured, estimate=bench.estimate)
+    speed = _extended(bench, plan, incumbent.speed, base, ledger) if extend else incumbent.speed
+    paired, spread = speed.paired, _spread(speed.base, speed.plan)
+    base_us, plan_us = _median(speed.base), _median(speed.plan)
+    if paired.low <= 1.0:  # the added rounds no longer show it faster
+        kept = KeptUnchanged(incumbent.trial, plan_us / 1e3, base_us / 1e3, spread[0], spread[1], paired.rounds,
+                             paired.estimate, paired.low)
+        ledger.say(kept.describe())
         bench.restore()
-        rows = tuple(MeasuredPlan(r.trial, r.predicted_ms, r.measured_ms, False) for r in choice.measured_plans)
         return Final(bench.shipped({}), None, (), base_us, base_us, UNCHANGED, (1.0, 1.0), predicted_base,
-                     predicted_base, tuple(decisions), rows)
-    return Final(plan, choice.accuracy, choice.verdicts, base_us, plan_us, paired, spread, predicted_base,
-                 cost.predict(plan), tuple(decisions), choice.measured_plans, workload=workload)
+                     predicted_base, tuple(decisions + [kept]), measured)
+    return Final(plan, incumbent.accuracy, incumbent.verdicts, base_us, plan_us, paired, spread, predicted_base,
+                 cost.predict(plan), tuple(decisions), measured, workload=speed.workload)
 
 
-def _workload(bench: ModelBench, plan: Plan, base: Baselines, ledger: RunLedger) -> WorkloadTiming:
-    """The user's workload with the unchanged model and with the plan (applied), in alternation:
-    rounds from MIN_ROUNDS up to MAX_ROUNDS or what the time budget leaves, until they decide."""
-    ledger.say("your workload, as the model came and with the plan, in alternation")
-    remaining = ledger.remaining()
-    fits = MAX_ROUNDS if remaining is None else int(remaining / max(2 * base.workload_s, 1e-3))
-    got_base, got_plan = workload_rounds(bench, bench.modules(plan), max(MIN_ROUNDS, min(MAX_ROUNDS, fits)),
-                                         settled=_settled)
-    paired, spread, base_us, plan_us = _compare(got_base, got_plan)
-    return WorkloadTiming(base_us / 1e3, plan_us / 1e3, paired.estimate, paired.low, spread[0], spread[1],
-                          paired.rounds)
+def _extended(bench: ModelBench, plan: Plan, speed: Speed, base: Baselines, ledger: RunLedger) -> Speed:
+    """The incumbent's rounds, and on the CPU as many more as a time budget leaves room for (up to
+    MAX_ROUNDS in all: the time is the run's anyway), with the plan applied to the model (its
+    modules in place afterwards). Without a time budget the verification's rounds, which decided,
+    stand."""
+    left = ledger.remaining()
+    if bench.compile or left is None:
+        return speed
+    per_round = 2 * base.bf16_us / 1e6
+    more = min(MAX_ROUNDS - len(speed.base), int((left - WRITE_ROOM_S) / max(per_round, 1e-3)) - 1)
+    if more <= 0:
+        return speed
+    ledger.say(f"the final comparison: {more} more interleaved rounds of the plan and the model as it came")
+    got_base, got_plan = interleaved(bench, bench.modules(plan), more)
+    return Speed(speed.base + tuple(got_base), speed.plan + tuple(got_plan), speed.workload)
 
 
-def _compare(base: list[Sample], planned: list[Sample]) -> tuple[PairedSpeedup, tuple[float, float], float, float]:
-    """Interleaved rounds -> (their paired speed-up, the lowest and highest per-round ratio taken
-    from the sides' p20 / p80, each side's median us)."""
-    spread = (min(b[1] / p[2] for b, p in zip(base, planned)), max(b[2] / p[1] for b, p in zip(base, planned)))
-    return (_paired(base, planned), spread, statistics.median(b[0] for b in base),
-            statistics.median(p[0] for p in planned))
+WRITE_ROOM_S = 5.0  # kept for saving the model and the report after the final rounds
 
 
-def _settled(base: list[Sample], planned: list[Sample]) -> bool:
-    """Whether the rounds so far decide: after MIN_ROUNDS, the plan is shown faster (lower bound
-    above 1) or not faster on average (estimate at most 1), which more rounds would rarely overturn."""
-    if len(base) < MIN_ROUNDS:
-        return False
-    paired = _paired(base, planned)
-    return paired.low > 1.0 or paired.estimate <= 1.0
+def _why_unchanged(decisions: list[Decision], meas: Measurements) -> list[Decision]:
+    """The run's last word where no plan was verified, unless one already says why (the anytime
+    run's Anytime.conclude, an early word of the time plan)."""
+    if any(d.ends_unchanged for d in decisions) or any(isinstance(d, Verified) for d in decisions):
+        return []
+    if all(ch == [BASELINE] for ch in meas.choices.values()):
+        return [NothingToTry(sum(r.timing.error == NOT_TIMED for r in meas.table.rows))]
+    tried = [d for d in decisions if isinstance(d, (Judged, NotFaster))]
+    return [NoneHeld(len(tried), sum(isinstance(d, Judged) and d.status == UNRESOLVED for d in tried))]
 
 
-def _paired(base: list[Sample], planned: list[Sample]) -> PairedSpeedup:
-    """The rounds' paired speed-up, from each side's (median, p20, p80) us per round."""
-    return paired_speedup([b[0] for b in base], [p[0] for p in planned])
+def _spread(base: tuple[Sample, ...], planned: tuple[Sample, ...]) -> tuple[float, float]:
+    """The lowest and highest per-round ratio, taken from the sides' p20 / p80."""
+    return (min(b[1] / p[2] for b, p in zip(base, planned)), max(b[2] / p[1] for b, p in zip(base, planned)))
 
 
-def _rounds(base: Baselines, ledger: RunLedger, most: int) -> int:
-    """The most rounds that fit in what is left of a time budget (at least MIN_ROUNDS)."""
-    remaining = ledger.remaining()
-    if remaining is None:
-        return most
-    run = base.e2e_seconds / 3 if base.compile else base.bf16_us / 1e6
-    return max(MIN_ROUNDS, min(most, int((remaining - run) / max(2 * run, 1e-3))))
+def _median(samples: tuple[Sample, ...]) -> float:
+    return statistics.median(s[0] for s in samples)

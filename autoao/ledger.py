@@ -7,6 +7,7 @@
     ledger.remaining()          # seconds of the budget left (None for a trial-count budget)
     ledger.clock()              # the one clock deadlines are on (autoao.budget.TimePlan sets them)
     ledger.stage_seconds()      # wall seconds per stage, in the order the stages ran
+    with ledger.interruptible(): ...   # SIGINT / SIGTERM raise Interrupted (a KeyboardInterrupt)
 
 The budget covers the whole run, from the ledger's creation to the report written. The stages
 tile the run: each starts where the previous one ended (the first at the ledger's creation), so
@@ -16,11 +17,33 @@ their seconds add up to the run's, and the stage still open counts up to now.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from autoao.types import Budget
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by SIGINT (Ctrl-C) or SIGTERM. Raised where the run was; the run writes
+    the best plan verified by then and raises it again with `result` set (optimize's result) and
+    `kept` (what was written, in words). `exit_code`: 130 for SIGINT, 143 for SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.result: Any = None
+        self.kept = ""
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class RunLedger:
@@ -73,3 +96,31 @@ class RunLedger:
         """One progress line on stderr, stamped with the run's elapsed seconds."""
         if self.progress:
             print(f"[autoao {self.elapsed():6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def interruptible() -> contextlib.AbstractContextManager[None]:
+        """SIGINT and SIGTERM raise Interrupted inside the block."""
+        def stop(signum: int, frame: Any) -> None:
+            raise Interrupted(signum)
+        return _signals(stop)
+
+    @staticmethod
+    def shielded() -> contextlib.AbstractContextManager[None]:
+        """SIGINT and SIGTERM ignored inside the block: writing what an interrupted run keeps takes
+        seconds and is not itself interrupted."""
+        return _signals(signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _signals(handler: Any) -> Iterator[None]:
+    """`handler` for SIGINT and SIGTERM inside the block, the previous handlers back afterwards (the
+    main thread only: Python delivers signals to no other)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

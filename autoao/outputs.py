@@ -4,6 +4,7 @@
     summary = run_summary(final, outcome, meas, context, ...)               -> RunSummary
     write_outputs(out_dir, final, summary, outcome, model)                 plan.json, pareto.json,
                                                                             summary.json, model/
+    write_state(out_dir, study_name, run) / read_state(out_dir, study_name)   anytime.json
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from autoao.common import BASELINE, __version__, atomic_write, triton_version
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
 from autoao.evaluators.timing import route_timing, workload_us
+from autoao.anytime import Anytime
 from autoao.finalize import Final
 from autoao.kernels import cpu_isa, describe_route
 from autoao.ledger import RunLedger
 from autoao.measure import Judges, Measurements, weight_bytes
 from autoao.plan import Plan, save
-from autoao.records import (AccuracySpec, AnchorRecord, CandidateRecord, Deploy, DeviceInfo, FusedRecord, GroupRecord,
-                            KernelTimes, LayerRecord, Latency, ModelInfo, ParetoRow, RunContext, RunSummary,
-                            StageTime, UniformRow, WeightBytes, to_dict, write)
+from autoao.records import (AccuracySpec, AnchorRecord, AnytimeState, CandidateRecord, CurvePoint, Deploy, DeviceInfo,
+                            FusedRecord, GroupRecord, KernelTimes, LayerRecord, Latency, ModelInfo, ParetoRow,
+                            RunContext, RunFileError, RunSummary, StageTime, UniformRow, WeightBytes, from_dict, to_dict,
+                            write)
 from autoao.search import Group, SearchOutcome, plan_from_params
 from autoao.search_space import Candidate
 from autoao.workload import Workload
@@ -128,9 +131,11 @@ def _candidate_record(c: Candidate, layers: list[LayerRecord], device: torch.dev
 
 def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, context: RunContext, model: nn.Module,
                 ledger: RunLedger, planned: dict[str, float], fits: dict[str, float], bf16_at_start_us: float,
-                deploy: Deploy | None = None) -> RunSummary:
-    """What the finished run measured and decided (summary.json). planned: the time plan's seconds
-    per stage; fits: the calibrated algorithms' fit seconds during the run; deploy: where the plan runs."""
+                deploy: Deploy | None = None, *, curve: list[CurvePoint] | None = None,
+                interrupted: str = "") -> RunSummary:
+    """What the run measured and decided (summary.json). planned: the time plan's seconds per stage;
+    fits: the calibrated algorithms' fit seconds during the run; deploy: where the plan runs; curve:
+    each better plan verified, and when; interrupted: the signal that ended the run early."""
     plan = final.plan
     spent = ledger.stage_seconds()
     return RunSummary(
@@ -153,7 +158,7 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
                         sorted(meas.table.seconds_by_kernel.items(), key=lambda kv: -kv[1])},
         algorithm_seconds={alg: sec for alg, sec in fits.items() if sec > 0},
         verdicts=list(final.verdicts), trial=plan.metadata.get("trial") if plan.layers else None, deploy=deploy,
-        workload=final.workload,
+        workload=final.workload, curve=list(curve or []), interrupted=interrupted,
         stages=[StageTime(name, round(sec, 2), None if planned.get(name) is None else round(planned[name], 2))
                 for name, sec in spent.items()],
     )
@@ -194,3 +199,27 @@ def write_outputs(out_dir: Path, final: Final, summary: RunSummary, outcome: Sea
     write(out_dir / "summary.json", summary)
     save(model, out_dir / "model")
     return plan
+
+
+STATE_FILE = "anytime.json"
+
+
+def write_state(out_dir: Path, study_name: str, run: Anytime) -> None:
+    """anytime.json: the incumbent, the curve and the plans tried, for the same command to continue
+    from (written after every new incumbent and at the end)."""
+    inc = run.incumbent
+    write(out_dir / STATE_FILE, AnytimeState(study_name, inc.record() if inc.params else None, list(run.curve),
+                                             dict(run.tried)))
+
+
+def read_state(out_dir: Path, study_name: str) -> AnytimeState | None:
+    """What an earlier run of the same study verified and tried (None: no such run here, another
+    study, or a file this autoao cannot read: the run starts afresh)."""
+    path = out_dir / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = from_dict(AnytimeState, json.loads(path.read_text()), path)
+    except (OSError, ValueError, RunFileError):
+        return None
+    return state if state.study_name == study_name else None

@@ -208,6 +208,11 @@ class Plan:
             out[c.name] = out.get(c.name, 0) + 1
         return out
 
+    def words(self) -> str:
+        """The plan in words, most layers first: "int8_wo x184, int8_dyn(act=tensor) x27"; "unchanged"."""
+        return ", ".join(f"{n} x{k}" for n, k in sorted(self.summary().items(), key=lambda nk: (-nk[1], nk[0]))) \
+            or "unchanged"
+
 
 ##### validate and apply ########################################################################
 

@@ -8,11 +8,14 @@ autoao.common, autoao.types and autoao.decisions), so the writer (the stages) an
                    verdicts, the plan, where the time went (planned and spent per stage), and the
                    decisions that led to the plan
     pareto.json    ParetoRow per plan of the front
+    anytime.json   AnytimeState: the incumbent (the best plan verified so far, with its verdicts and
+                   its measured rounds), the anytime curve and the plans already judged, rewritten
+                   after each verification: what the same command continues from
     the study      one TrialRecord per trial, written by the search's objective (`TrialRecord.attrs`)
                    and read back by the search, the workers and the report (`TrialRecord.read`)
 
 Files carry `version` (RUN_FILES_VERSION). `load_context` / `load_summary` read a file written by
-this or an earlier autoao (upgraded in memory: decisions of version 1 become notes); a newer or
+this or an earlier autoao (upgraded in memory: autoao.upgrades); a newer or
 unreadable file raises RunFileError naming the file and what to do.
 """
 
@@ -30,10 +33,8 @@ from typing import Any, Callable, ClassVar, TypeVar
 from autoao.common import atomic_write
 from autoao.decisions import Decision, decision_fields, decision_type
 from autoao.types import Accuracy, Verdict
+from autoao.upgrades import RUN_FILES_VERSION, upgrade_context, upgrade_summary
 
-# 1: the first typed version; 2: decisions as typed records, accuracy with verdicts, stages planned
-# and spent. Bump it when a field changes meaning or is removed, and teach _upgrade the step.
-RUN_FILES_VERSION = 2
 
 
 class RunFileError(ValueError):
@@ -191,6 +192,46 @@ class RunContext:
     version: int = RUN_FILES_VERSION
 
 
+##### anytime.json ##############################################################################
+
+@dataclass
+class CurvePoint:
+    """A better plan verified: the anytime curve's step (the first point is the model as it came)."""
+
+    seconds: float  # since the run began (the command's start, for the command line)
+    speedup: float  # measured end to end against the model as it came: the paired estimate
+    bound: float  # its 95% lower bound
+    plan: str  # the plan in words ("int8_wo x211"), "the model as it came"
+    trial: int | None = None  # the study's trial (None: the model as it came)
+    source: str = ""  # what proposed it: "uniform", "fallback", "search", "resumed"
+
+
+@dataclass
+class IncumbentRecord:
+    """The best plan verified so far: its search params, verdicts and the rounds that measured it."""
+
+    params: dict[str, str]  # group name -> candidate name
+    trial: int | None
+    accuracy: Accuracy | None  # the deciding judge's, with its verdict
+    verdicts: list[Verdict]
+    base_rounds: list[list[float]]  # per round: the model as it came, (median, p20, p80) us
+    plan_rounds: list[list[float]]  # per round: the plan
+    found_s: float  # when it was verified, seconds since the run began
+    source: str = ""
+    workload: WorkloadTiming | None = None  # the user's workload, where given
+
+
+@dataclass
+class AnytimeState:
+    """What a run verified (anytime.json), for the same command to continue from."""
+
+    study_name: str  # the study it belongs to: another search space, model or budget starts afresh
+    incumbent: IncumbentRecord | None  # None: the model as it came
+    curve: list[CurvePoint]
+    tried: dict[str, str]  # plan key -> why it is not judged again ("breaks", "not faster", ...)
+    version: int = RUN_FILES_VERSION
+
+
 ##### summary.json ##############################################################################
 
 @dataclass
@@ -305,6 +346,8 @@ class RunSummary:
     trial: int | None = None  # the trial whose plan shipped (None: the model is unchanged)
     deploy: Deploy | None = None  # where the plan runs: its target, what each layer becomes, the export command
     workload: WorkloadTiming | None = None  # the user's workload, where one was given and the plan was measured
+    curve: list[CurvePoint] = field(default_factory=list)  # each better plan verified, and when
+    interrupted: str = ""  # the signal that ended the run early ("SIGINT", "SIGTERM"; "": it ran to its end)
     version: int = RUN_FILES_VERSION
 
     @property
@@ -414,11 +457,11 @@ def write(path: Path, record: Any) -> None:
 
 
 def load_context(path: Path) -> RunContext:
-    return from_dict(RunContext, _upgrade_context(_read(path)), path)
+    return from_dict(RunContext, upgrade_context(_read(path)), path)
 
 
 def load_summary(path: Path) -> RunSummary:
-    return from_dict(RunSummary, _upgrade_summary(_read(path)), path)
+    return from_dict(RunSummary, upgrade_summary(_read(path)), path)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -433,62 +476,6 @@ def _read(path: Path) -> dict[str, Any]:
         raise RunFileError(f"{path} was written by a newer autoao (run-files version {version}; this autoao reads "
                            f"up to {RUN_FILES_VERSION}): upgrade autoao, or re-run the search with this one")
     return data
-
-
-def _upgrade_context(d: dict[str, Any]) -> dict[str, Any]:
-    if d.get("version") == 1:  # nothing in the context changed meaning
-        d = dict(d, version=RUN_FILES_VERSION)
-    if d.get("version", 0) == 0:  # untyped context.json of autoao 0.1.0
-        d = dict(d, version=RUN_FILES_VERSION)
-        model = dict(d["model"])
-        model["class_name"] = model.pop("class", "")
-        d["model"] = model
-        acc = dict(d["accuracy"])
-        base = acc.pop("baseline", {}) or {}
-        acc["baseline_tier1"], tier2 = base.get("tier1") or {}, base.get("tier2")
-        if isinstance(acc.get("tasks"), str):  # accuracy="a,b" was written as given
-            acc["tasks"] = [t.strip() for t in acc["tasks"].split(",") if t.strip()]
-        if isinstance(tier2, dict):  # lm-eval: {"accuracy", "metrics": {task: {metric: value}}}
-            acc["baseline_tier2"] = tier2.get("accuracy")
-            acc["baseline_tier2_metrics"] = {f"{t}/{k}": v for t, m in (tier2.get("metrics") or {}).items()
-                                             for k, v in m.items() if not k.endswith("_stderr")}
-        else:
-            acc["baseline_tier2"] = tier2
-        d["accuracy"] = acc
-        d["groups"] = [{"name": n, "fqns": f, "choices": c} for n, f, c in d["groups"]]
-        d.setdefault("fused", [])  # sibling fusion came later in 0.1.0
-        d["layers"] = [{"kernels": {}, "tied": [], **lay} for lay in d["layers"]]
-    return d
-
-
-def _upgrade_summary(d: dict[str, Any]) -> dict[str, Any]:
-    if d.get("version", 0) == 0:  # untyped summary.json of autoao 0.1.0: notes were prose
-        d = dict(d, version=RUN_FILES_VERSION)
-        base = dict(d["baseline_ms"])
-        d["baseline_ms_at_start"] = base.pop("measured_at_start", None)
-        d["baseline_ms"] = base
-        d["decisions"] = [{"kind": "note", "reason": n} for n in d.pop("notes", [])]
-        d.pop("baseline_accuracy", None)  # also in context.json
-        d.setdefault("stage_seconds", {})
-        d.setdefault("timing_seconds", {})
-        d.setdefault("fusions", [])
-        d.setdefault("kernels", {})
-        d.setdefault("measured_plans", [])
-        d.setdefault("uniform", [])
-    elif d.get("version") == 1:  # decisions were a kind and a dict of numbers: kept as their words
-        d = dict(d, version=RUN_FILES_VERSION)
-        d["decisions"] = [{"kind": "note", "reason": _v1_words(x)} for x in d.get("decisions", [])]
-    return d
-
-
-def _v1_words(d: dict[str, Any]) -> str:
-    """A version-1 decision as text: its reason, else its kind with its numbers."""
-    if d.get("kind") == "note" or not d.get("numbers") and d.get("reason"):
-        return str(d.get("reason", ""))
-    numbers = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
-                        for k, v in (d.get("numbers") or {}).items())
-    trial = f" (trial {d['trial']})" if d.get("trial") is not None else ""
-    return f"{d.get('kind', 'decision').replace('_', ' ')}{trial}: {numbers}" + (f"; {d['reason']}" if d.get("reason") else "")
 
 
 T = TypeVar("T")

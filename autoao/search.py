@@ -135,11 +135,39 @@ def greedy_params(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, di
     return {g.name: chosen.get(g.name, (BASELINE,))[0] for g in groups}
 
 
+FALLBACK_SHARES = (0.1, 0.25, 0.5)  # the most sensitive groups a fallback seed keeps off the fastest candidate
+
+
+def fallback_params(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[str, float]],
+                    share: float) -> dict[str, str]:
+    """The fastest candidate on every group but the `share` most sensitive ones (Intel Neural
+    Compressor's fallback order, ranked by the measured layer error: the lowest tier-0 SQNR of the
+    group's layers under its fastest candidate, unmeasured first), which take their most accurate
+    candidate that is still faster than the unchanged layers, else stay unchanged."""
+    def us(g: Group, c: str) -> float:
+        return sum(cost.layer_us[f].get(c, math.inf) for f in g.fqns)
+
+    def sqnr(g: Group, c: str) -> float:
+        return min((layer_sqnr.get(f, {}).get(c, -math.inf) for f in g.fqns), default=-math.inf)
+
+    fastest = {g.name: min(g.choices, key=lambda c: us(g, c)) for g in groups}
+    changed = [g for g in groups if fastest[g.name] != BASELINE]
+    ranked = sorted(changed, key=lambda g: sqnr(g, fastest[g.name]))
+    out = dict(fastest)
+    for g in ranked[:math.ceil(share * len(ranked))]:
+        safer = [c for c in g.choices if c not in (BASELINE, fastest[g.name]) and us(g, c) < us(g, BASELINE)]
+        out[g.name] = max(safer, key=lambda c: sqnr(g, c)) if safer else BASELINE
+    return out
+
+
 def warm_start(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[str, float]] | None) -> list[dict[str, str]]:
-    """All-bf16, each uniform plan, and greedy plans at noise budgets 1e-4 .. 0.3 (deduplicated)."""
+    """All-bf16, each uniform plan, the fastest candidates but on the most sensitive groups
+    (fallback_params, at FALLBACK_SHARES), and greedy plans at noise budgets 1e-4 .. 0.3
+    (deduplicated)."""
     names = list(dict.fromkeys(c for g in groups for c in g.choices))
     seeds = [uniform_params(groups, n) for n in names]
     if layer_sqnr:
+        seeds += [fallback_params(groups, cost, layer_sqnr, share) for share in FALLBACK_SHARES]
         seeds += [greedy_params(groups, cost, layer_sqnr, b) for b in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)]
     out, seen = [], set()
     for s in seeds:
@@ -198,13 +226,16 @@ def run_search(
     on_trial: Callable[[TrialRecord, SearchOutcome], None] | None = None,
     stop: Callable[[], bool] | None = None,
     progress: bool = True,
+    queued_only: bool = False,
 ) -> SearchOutcome:
     """Run (or continue) the study until the budget is spent; return every trial and the Pareto set.
 
     evaluate(plan) -> Accuracy (the proxy's, with its screen verdict) must not raise for a bad plan
     (score it inf/-inf instead); if it does raise, the trial fails and the search goes on (Optuna's
     `catch`). `stop()`, asked after every trial, ends the search early (the time plan's re-planned
-    deadline).
+    deadline). `queued_only`: run only the trials queued in the study (the warm start's seeds, the
+    plans a first verification picks from), none sampled. A KeyboardInterrupt (Ctrl-C, the run's
+    Interrupted) fails the running trial and propagates: every finished trial is in the storage.
     """
     study = open_study(config)
     if config.role != "worker":  # a worker scores the coordinator's search space; it never redefines it
@@ -231,12 +262,13 @@ def run_search(
             st.stop()
 
     n_trials, timeout, stopped = _limits(study, groups, config, len(done_before))
+    if queued_only:
+        waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        n_trials, stopped = min(n_trials if n_trials is not None else waiting, waiting), "the warm start's seeds scored"
     try:
         if n_trials != 0 and (timeout is None or timeout > 0):
             study.optimize(make_objective(groups, cost, evaluate, config, start), n_trials=n_trials, timeout=timeout,
                            callbacks=[callback], catch=(Exception,), gc_after_trial=False)
-    except KeyboardInterrupt:
-        stopped = "interrupted (finished trials are in the storage; run again to continue)"
     finally:
         bar.close()
     outcome.seconds = time.perf_counter() - start

@@ -15,7 +15,7 @@ from torch import nn
 
 import autoao
 from autoao import api, bench, budget, measure, records
-from autoao.budget import MAX_CHECKS, WRITE_SECONDS, AccuracyBudget, Costs, TimePlan
+from autoao.budget import WRITE_SECONDS, AccuracyBudget, Costs, TimePlan
 from autoao.decisions import BusyCpu, HeldOutInputs, NothingToTry
 from autoao.ledger import RunLedger
 from autoao.types import Budget
@@ -134,19 +134,20 @@ def _plan(seconds: float | None, check_s: float = 20.0, final_s: float = 10.0, o
                     Costs(1.0, check_s, final_s, 0.1, once_s))
 
 
-def test_a_time_budget_keeps_room_for_as_many_checks_as_its_share_holds():
-    """The reserve holds each judged plan's check, up to MAX_CHECKS, when CHECK_SHARE of what is
-    left holds it; one at the least; a trial budget has no deadlines and room for every check."""
-    assert _plan(900.0).checks == MAX_CHECKS  # 0.3 x 900 s holds 13 checks of 20 s
-    assert _plan(250.0).checks == 3  # 75 s: 3 checks of 20 s
-    assert _plan(250.0, check_s=60.0).checks == 1
-    assert _plan(10.0, check_s=60.0).checks == 1  # none fits: one is kept anyway
-    trials = _plan(None)
-    assert trials.checks == MAX_CHECKS and trials.deadline("kernel timing") is None and trials.allows(1e9)
-    # the reserve: every kept check, the unmodified model's side once, the final comparison, the writing
+def test_a_time_budget_keeps_room_for_the_first_verification_and_the_end():
+    """Before the first verification the reserve holds one check to its verdict (the unmodified
+    model's side of it included), its measurement and the writing at the end; after it, only the
+    writing is kept back. A trial budget has no deadlines, and room for every step."""
     p = _plan(250.0, once_s=7.0)
-    assert p.reserve() == pytest.approx(3 * 20.0 + 7.0 + 10.0 + WRITE_SECONDS)
-    assert p.final_reserve() == pytest.approx(10.0 + WRITE_SECONDS)
+    assert p.reserve() == pytest.approx(20.0 + 7.0 + 10.0 + WRITE_SECONDS)
+    assert p.final_reserve() == pytest.approx(WRITE_SECONDS)
+    assert p.allows(250.0 - WRITE_SECONDS - 1.0) and not p.allows(250.0)
+    trials = _plan(None)
+    assert trials.deadline("kernel timing") is None and trials.allows(1e9) and trials.slice_seconds(10.0) is None
+    # a search slice between verifications: a share of what is free after one more verification, or nothing
+    assert p.slice_seconds(37.0) == pytest.approx(max(budget.SLICE_SHARE * (p.ledger.remaining() - 37.0 - WRITE_SECONDS),
+                                                      budget.MIN_SLICE_S), rel=1e-3)
+    assert p.slice_seconds(250.0) == 0.0
 
 
 def test_the_time_plan_hands_each_stage_its_share_and_replans_when_the_machine_slows():
@@ -165,7 +166,7 @@ def test_the_time_plan_hands_each_stage_its_share_and_replans_when_the_machine_s
     for _ in range(3):
         p.observe(1.0, 2.0)  # steps priced at 1 s took 2 s
     assert p.slowdown == pytest.approx(2.0)
-    assert p.reserve() == pytest.approx(2 * (p.checks * 10.0 + 0.0) + 2 * 20.0 + WRITE_SECONDS)
+    assert p.reserve() == pytest.approx(2 * (10.0 + 0.0 + 20.0) + WRITE_SECONDS)
     assert p.deadline("search trials") - p.ledger.clock() < search
     assert p.allows(100.0) and not p.allows(p.ledger.remaining())  # a step that would eat the final reserve
     tight = _plan(60.0, check_s=30.0, final_s=30.0)  # the reserve alone is past the budget

@@ -22,7 +22,7 @@ FOLDERS = {"autoao": "autoao", "search_space": "autoao.search_space", "kernels":
 # import from its own layer and the ones before it, never after.
 LAYERS = [
     ["autoao.common", "autoao.clock", "autoao.calibration", "autoao.types", "autoao.decisions",
-     "autoao.records", "autoao.ledger"],  # leaves: the values every stage passes on, the run files, the clock
+     "autoao.upgrades", "autoao.records", "autoao.ledger"],  # leaves: the values every stage passes on, the run files, the clock
     ["autoao.kernels"],
     ["autoao.search_space"],
     ["autoao.profile", "autoao.plan"],
@@ -33,6 +33,7 @@ LAYERS = [
     ["autoao.measure"],
     ["autoao.bench"],
     ["autoao.anchors", "autoao.choose"],
+    ["autoao.anytime"],
     ["autoao.finalize"],
     ["autoao.outputs", "autoao.workers"],
     ["autoao.reports"],

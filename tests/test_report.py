@@ -136,8 +136,8 @@ def test_loader_reads_the_finished_search(search):
                                                                                              result.study.trials)}
     assert s.verdicts and s.verdict is not None and s.verdict.holds
     # the stages tile the run
-    assert [st.name for st in data.stages] == ["profile and baselines", "kernel timing", "layer errors", "anchors",
-                                               "search trials", "accuracy verdicts", "final measurement"]
+    assert [st.name for st in data.stages] == ["profile and baselines", "kernel timing", "layer errors",
+                                               "search trials", "verifying plans", "final measurement"]
     assert sum(st.spent_s for st in data.stages) == pytest.approx(s.seconds, rel=0.05, abs=0.1)
     # tier 2 here is the user metric, and every metric row says what it measures
     assert {a.tier for a in data.metrics} == {1, 2}

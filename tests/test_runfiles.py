@@ -108,6 +108,11 @@ EXAMPLES = [
     D.StudyClosed(3, 1.5, 0, 1, "coordinator@h:1 5, worker@h:2 4, worker@h:3 3"),
     D.ShippedOnEstimate(4, 2.5, "estimated from weight bytes"),
     D.WorkloadNotFaster(5, 1.88, 18.2, 22.6, 0.81, 0.79, 5),
+    D.Verified(7, "int8_wo x211", 1.62, 1.41, 4, 187.0, "uniform"),
+    D.NotFaster(9, 1.55, 1.31, 3, 1.62),
+    D.CheckDidNotFit(3, "int8_wo x211", 64.0, 21.0, 150.0),
+    D.RunInterrupted("SIGINT", 201.0, "int8_wo x211, 1.62x"),
+    D.Resumed("int8_wo x211", 1.62, 3),
 ]
 
 
@@ -121,6 +126,10 @@ def test_every_decision_kind_describes_itself_as_a_distinct_sentence(tmp_path):
     assert "trial 3" in by_kind["judged"] and "+0.0200" in by_kind["judged"] and "holds" in by_kind["judged"]
     assert "1.20x faster than trial 0" in by_kind["rerank_chose"]
     assert "18.8 ms on 2 threads" in by_kind["busy_cpu"]
+    assert "verified at 187 s" in by_kind["verified"] and "1.62x (at least 1.41x" in by_kind["verified"]
+    assert "the best plan so far (1.62x)" in by_kind["not_faster"]
+    assert "a budget of about 150 s" in by_kind["check_did_not_fit"] and "64 s" in by_kind["check_did_not_fit"]
+    assert "SIGINT at 201 s" in by_kind["interrupted"]
     too_short = by_kind["nothing_to_try"]
     assert "kernel timing" in too_short and "80 s" in too_short and "about 240 s" in too_short
     assert "1.88x on the forward pass" in by_kind["workload_not_faster"] and "22.6 ms" in by_kind["workload_not_faster"]
