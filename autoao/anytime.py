@@ -126,7 +126,8 @@ class Anytime:
         compiles); incumbent and tried: what an earlier run of the same command verified and tried."""
         self.bench, self.judges, self.time_plan, self.ledger = bench, judges, time_plan, ledger
         self.cost, self.measure_s, self.on_better = cost, measure_s, on_better
-        self.incumbent = incumbent or Incumbent(found_s=ledger.elapsed())
+        # an earlier run's incumbent is this run's from its start
+        self.incumbent = replace(incumbent, found_s=ledger.elapsed()) if incumbent else Incumbent(found_s=ledger.elapsed())
         self.tried: dict[str, str] = dict(tried or {})
         self.judged: list[Judged] = []
         self.decisions: list[Decision] = []

@@ -118,16 +118,17 @@ def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) 
     ledger = RunLedger(opts.budget, opts.progress, spent=hooks.spent)
     with ledger.interruptible():
         prepared = _prepare(model, example_inputs, opts, hooks, ledger)
-        run = prepared.anytime
         try:
-            closed = improve(run, prepared, opts, hooks, ledger)
+            for said in prepared.anytime.decisions:  # continued from an earlier run
+                ledger.say(said.describe())
+            closed = improve(prepared.anytime, prepared, opts, hooks, ledger)
+            return _finish(prepared, opts, ledger, closed, None)
         except Interrupted as stop:
             with ledger.shielded():
                 ledger.say(f"{stop.name}: writing the best plan verified so far")
                 stop.result = _finish(prepared, opts, ledger, (), stop)
                 stop.kept = _kept(stop.result)
             raise
-        return _finish(prepared, opts, ledger, closed, None)
 
 
 @dataclass
@@ -194,7 +195,6 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
                   on_better=lambda inc: write_state(opts.out_dir, config.study_name, run))
     if earlier and earlier.incumbent:
         run.decisions.append(Resumed(run.curve[0].plan, run.incumbent.speedup, len(run.tried)))
-        ledger.say(run.decisions[-1].describe())
     return Prepared(model, work, base, judges, meas, bench, config, context, time_plan, notes, run, fits, rcache)
 
 

@@ -282,6 +282,9 @@ def print_result(result, opts: Options) -> None:
         print(f"accuracy: {v.describe()}")
     for note in s.notes:
         print(f"note: {note}")
+    if len(s.curve) > 1:  # when each better plan was verified: what more time bought
+        print("verified: " + " -> ".join(f"{p.speedup:.2f}x at {p.seconds:.0f} s" for p in s.curve)
+              + f" (the run took {s.seconds:.0f} s)")
     print(f"wrote {opts.out_dir}/plan.json, pareto.json, summary.json, study.db, model/"
           + (f", {result.report_path}" if result.report_path else ""))
 

@@ -29,6 +29,12 @@ from autoao.types import Verdict
 
 TEMPLATE = "template.html.j2"
 TIER_LABEL = {0: "tier 0 · layer SQNR", 1: "tier 1 · proxy", 2: "tier 2"}
+# What proposed each point of the curve (CurvePoint.source), in the words the page explains it with.
+SOURCES = {"start": "the model as it came, where the run started",
+           "uniform": "one candidate on every layer it fits (the warm start)",
+           "fallback": "another of the warm start's plans, built from the layer errors",
+           "search": "a plan the search's sampler proposed",
+           "resumed": "the best plan an earlier run of the same command verified, continued from"}
 
 
 def render(out_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -62,12 +68,13 @@ def render_html(data: ReportData, csv_names: list[str]) -> str:
     env.filters.update(ms=fmt_ms, us=fmt_us, db=fmt_db, db_range=fmt_db_range, times=fmt_times, drop=fmt_drop,
                        num=fmt_num, secs=fmt_s, size=fmt_bytes, interval=fmt_interval, evidence=fmt_n, tier=tier_label,
                        sh=lambda p: shlex.quote(str(p)), py=lambda p: repr(str(p)))
-    pareto, history = plots.pareto_svg(data), plots.history_svg(data)
+    pareto, history, curve = plots.pareto_svg(data), plots.history_svg(data), plots.curve_svg(data)
     star = plots.star(data)
     return env.get_template(TEMPLATE).render(
         d=data, v=headline(data), csv_names=csv_names, BASELINE=BASELINE, budget_s=budget_seconds(data.context),
         # Our own matplotlib output (its text is XML-escaped by matplotlib); never user markup.
         pareto_svg=Markup(pareto) if pareto else None, history_svg=Markup(history) if history else None,
+        curve_svg=Markup(curve) if curve else None, sources=SOURCES,
         star=star, line=plots.feasibility_line(data), plan_text=plan_text, common=everywhere(data.layers),
         # the judged plans have their own table (their verdicts); every other decision in words
         notes=[d.describe() for d in data.summary.decisions if not isinstance(d, Judged)] if data.summary else [],
@@ -125,7 +132,8 @@ def headline(data: ReportData) -> Headline:
     if s is not None:
         base, plan_ms = s.baseline_ms, s.plan_ms  # finished: bf16 measured again next to the plan
         predicted, measured = s.speedup.predicted, s.speedup.measured
-        after, seconds, stopped = s.weight_bytes.after, s.seconds, s.stopped
+        after, seconds = s.weight_bytes.after, s.seconds
+        stopped = f"interrupted by {s.interrupted}" if s.interrupted else s.stopped
     else:
         base = ctx.baseline_ms
         plan_ms = Latency(trial.predicted_ms if trial else base.predicted, None)

@@ -6,14 +6,17 @@
 Sources, read through autoao.records' types (the report never indexes raw JSON by key):
   context.json   RunContext: written before the first trial (model, device, candidates, layers)
   the study      one TrialRecord per trial (TrialRecord.read), also while the run goes on
-  summary.json   RunSummary: only when the run finished (the shipped plan, its verdicts, the
-                 decisions, planned and spent seconds per stage)
+  summary.json   RunSummary: only when the run ended, at its end or by a signal (the shipped plan,
+                 its verdicts, the decisions, planned and spent seconds per stage, when each
+                 better plan was verified)
   pareto.json    ParetoRow per plan of the front, where the study cannot be read
 
 The report derives nothing the run did not decide: a trial's feasibility is TrialRecord.feasible,
 the front is autoao.records.pareto_front (the search's own), "within budget" is a recorded
-Verdict. A directory without summary.json is an interrupted or still-running run: the plan shown
-is then the fastest feasible plan of the front so far, the one the search keeps in best_plan.json.
+Verdict. A run that a signal (SIGINT, SIGTERM) ended writes summary.json with the best plan
+verified by then (RunSummary.interrupted); a directory without summary.json is a killed or
+still-running run: the plan shown is then the fastest feasible plan of the front so far, the one
+the search keeps in best_plan.json.
 Everything here is a pure function of those files: loading twice gives equal data.
 """
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoao.common import BASELINE
-from autoao.decisions import Judged
+from autoao.decisions import Judged, RunInterrupted
 from autoao.records import (CandidateRecord, ParetoRow, RunContext, RunFileError, RunSummary, TrialRecord, from_dict,
                             load_context, load_summary, pareto_front)
 from autoao.reports import accuracy, trust
@@ -101,17 +104,27 @@ class ReportData:
 
     @property
     def status(self) -> str:
-        """"running" (no summary: interrupted or still running), "no_trials" (the budget ran out
-        before the first trial), "interrupted" (stopped during the trials), "unchanged" (finished,
-        the model kept as it came: `unchanged_reason`) or "finished" (a plan applied and measured)."""
+        """"running" (no summary: killed, or still running), "interrupted" (SIGINT / SIGTERM ended
+        it early, with the best plan verified by then written, whenever the signal came),
+        "no_trials" (the budget ran out before the first trial), "unchanged" (finished, the model
+        kept as it came: `unchanged_reason`) or "finished" (a plan applied and measured)."""
         s = self.summary
         if s is None:
             return "running"
+        if s.interrupted:
+            return "interrupted"
         if s.trials == 0:
             return "no_trials"
-        if s.stopped.startswith("interrupted"):
-            return "interrupted"
         return "unchanged" if not s.plan else "finished"
+
+    @property
+    def interrupted_at(self) -> float | None:
+        """Seconds into the run when the signal came: its RunInterrupted decision's, or the run's
+        whole time where it recorded none; None when no signal ended the run."""
+        s = self.summary
+        if s is None or not s.interrupted:
+            return None
+        return next((d.at_s for d in reversed(s.decisions) if isinstance(d, RunInterrupted)), s.seconds)
 
     @property
     def unchanged_reason(self) -> str:
@@ -204,6 +217,8 @@ def _kept(summary: RunSummary | None) -> str | None:
     did not). Short: the status box above the layers gives the run's reason in full."""
     if summary is None or summary.plan:
         return None
+    if summary.interrupted:
+        return f"kept as it came: {summary.interrupted} ended the run before a plan was verified"
     if summary.trials == 0:
         return "kept as it came: the budget ran out before the first trial"
     return "kept as it came with the whole model, for the reason the status box gives"

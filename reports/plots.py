@@ -5,6 +5,8 @@
                         against (where tier 2 decides: the proxy's screen, and the budget apart);
                         the shown plan as a star; the unchanged model's predicted latency
     history_svg(data)   best feasible predicted latency so far, by trial and by time
+    curve_svg(data)     the verified speed-up against seconds since the run began: a step at each
+                        better plan verified, its 95% lower bound shaded, the budget's end marked
 
 Figures use matplotlib's object API (`Figure`, no pyplot: no global state, no GUI backend). SVG text
 stays text (svg.fonttype none: searchable, small) and ids are salted per plot with a fixed salt and
@@ -19,9 +21,10 @@ import io
 import math
 from typing import Any, Callable
 
-from autoao.reports.fmt import fmt_ms
+from autoao.reports.fmt import fmt_ms, fmt_s
 from autoao.records import TrialRecord
 from autoao.reports.load import ReportData
+from autoao.reports.trust import budget_seconds
 
 # Colours that stay apart for colour-blind readers (Okabe-Ito) and in greyscale print.
 FEASIBLE, INFEASIBLE, FRONT, CHOSEN, LIMIT, BUDGET, BF16 = ("#0072B2", "#999999", "#009E73", "#D55E00", "#CC3311",
@@ -47,6 +50,17 @@ def history_svg(data: ReportData) -> str | None:
 
     with matplotlib.rc_context(STYLE):
         return _history_plot(data)
+
+
+def curve_svg(data: ReportData) -> str | None:
+    """The verified speed-up against seconds since the run began: a step at each better plan
+    verified, shaded down to its 95% lower bound, the budget's end and the run's end (or the
+    signal that ended it) marked; None
+    where no plan was verified, or where the speed-ups are estimates (context.estimate)."""
+    import matplotlib
+
+    with matplotlib.rc_context(STYLE):
+        return _curve_plot(data)
 
 
 def plotted(data: ReportData) -> list[TrialRecord]:
@@ -159,6 +173,38 @@ def _history(ax: Any, trials: list[TrialRecord], x_of: Callable[[TrialRecord], f
                label="feasible trial")
     if xs:
         ax.step(xs, ys, where="post", color=CHOSEN, lw=1.8, label="best feasible so far")
+
+
+def _curve_plot(data: ReportData) -> str | None:
+    s = data.summary
+    if s is None or len(s.curve) < 2 or data.context.estimate:
+        return None
+    points, end = s.curve, max(s.seconds, s.curve[-1].seconds)
+    # The first point is what the run held from its start (the model as it came, or the earlier
+    # run's plan it continued from); each later one holds from its verification to the next.
+    xs = [0.0, *(p.seconds for p in points[1:]), end]
+    ys = [p.speedup for p in points] + [points[-1].speedup]
+    lows = [p.bound for p in points] + [points[-1].bound]
+    fig, ax = _figure(8.4, 3.4)
+    ax.fill_between(xs, lows, ys, step="post", color=FEASIBLE, alpha=0.2, lw=0,
+                    label="95% lower bound of the measured speed-up").set_gid("curve-bound")
+    ax.step(xs, ys, where="post", color=FEASIBLE, lw=1.8,
+            label="verified speed-up (paired estimate)")[0].set_gid("curve-step")
+    ax.scatter([p.seconds for p in points[1:]], [p.speedup for p in points[1:]], s=28, color=CHOSEN, zorder=3,
+               label=f"plan verified ({len(points) - 1})").set_gid("curve-verified")
+    budget = budget_seconds(data.context)
+    if budget is not None:
+        ax.axvline(budget, color=LIMIT, ls="--", lw=1.2, label=f"the budget's end ({fmt_s(budget)})").set_gid(
+            "curve-budget")
+    at = data.interrupted_at
+    ended = (f"interrupted by {s.interrupted} ({fmt_s(at)})" if at is not None else
+             f"the run's end ({fmt_s(s.seconds)})")
+    ax.axvline(s.seconds if at is None else at, color=BF16, ls=":", lw=1.2, label=ended).set_gid("curve-end")
+    ax.set_xlim(0, max(end, budget or 0.0) * 1.02)
+    ax.set_xlabel("seconds since the run began")
+    ax.set_ylabel(f"speed-up vs {data.baseline_name}, measured")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3, frameon=False)
+    return _svg(fig, "curve")
 
 
 def _figure(width: float, height: float, **subplots: Any):

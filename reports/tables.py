@@ -19,7 +19,8 @@ from autoao.types import Verdict
 if TYPE_CHECKING:
     import pandas as pd
 
-TABLES = ("summary", "accuracy", "verdicts", "stages", "layers", "layer_candidates", "trials", "candidates")
+TABLES = ("summary", "accuracy", "verdicts", "stages", "curve", "layers", "layer_candidates", "trials", "candidates")
+CURVE_COLUMNS = ["seconds", "speedup", "bound", "plan", "trial", "source"]
 VERDICT_COLUMNS = ["plan", "trial", "status", "judge", "tier", "metric", "n", "population", "unit", "drop", "low",
                    "high", "max_drop", "baseline", "score"]
 
@@ -40,6 +41,7 @@ def build(data: ReportData) -> dict[str, pd.DataFrame]:
         "verdicts": frame(_verdict_rows(data), VERDICT_COLUMNS),
         "stages": frame([{"stage": s.name, "planned_s": s.planned_s, "spent_s": s.spent_s} for s in data.stages],
                         ["stage", "planned_s", "spent_s"]),
+        "curve": _curve(data),
         "layers": frame([_layer_row(lay) for lay in data.layers],
                         ["fqn", "group", "in_features", "out_features", "tokens", "calls", "chosen", "kernel", "fused",
                          "time_us", "baseline_time_us", "speedup", "sqnr_db", "why"]),
@@ -68,6 +70,17 @@ def write_csvs(tables: dict[str, pd.DataFrame], html_path: Path) -> list[Path]:
         atomic_write(path, lambda f, text=text: f.write(text.encode()))
         paths.append(path)
     return paths
+
+
+def _curve(data: ReportData) -> pd.DataFrame:
+    """One row per better plan verified (the first: what the run started from); the trial an
+    integer, left empty for the model as it came (not a float column)."""
+    import pandas as pd
+
+    points = data.summary.curve if data.summary else []
+    df = pd.DataFrame([{c: getattr(p, c) for c in CURVE_COLUMNS} for p in points], columns=CURVE_COLUMNS)
+    df["trial"] = df["trial"].astype("Int64")
+    return df
 
 
 def _verdict_rows(data: ReportData) -> list[dict[str, Any]]:
@@ -102,7 +115,7 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
     """The headline numbers as (item, value) text pairs: the summary CSV."""
     ctx, s = data.context, data.summary
     counts = data.state_counts()
-    items = [("status", "finished: " + s.stopped if s else "not finished (interrupted or running)"),
+    items = [("status", _status(data)),
              ("run started", ctx.started),
              ("trials finished", str(counts.get("COMPLETE", 0))),
              ("trials failed / running / waiting",
@@ -130,6 +143,15 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
     items += [("max accuracy drop", _num(data.max_drop)), ("budget", ctx.budget), ("seed", str(ctx.seed)),
               ("device", f"{ctx.device.name} ({ctx.device.type}, timing {ctx.device.timing_mode})")]
     return items
+
+
+def _status(data: ReportData) -> str:
+    s = data.summary
+    if s is None:
+        return "not finished (killed or running)"
+    if s.interrupted:
+        return f"interrupted by {s.interrupted} at {data.interrupted_at:.0f} s"
+    return "finished: " + s.stopped
 
 
 def _layer_row(lay: Layer) -> dict[str, object]:

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from autoao.cli import main as cli_main
-from autoao.decisions import BusyCpu, ChoseSlower, Judged, NothingToTry
-from autoao.records import (AccuracySpec, CandidateRecord, DeviceInfo, GroupRecord, LayerRecord, Latency, ModelInfo,
-                            RunContext, RunSummary, StageTime, TimingHealth, TrialRecord, WeightBytes, write)
+from autoao.decisions import BusyCpu, ChoseSlower, Judged, NothingToTry, RunInterrupted
+from autoao.records import (AccuracySpec, CandidateRecord, CurvePoint, DeviceInfo, GroupRecord, LayerRecord, Latency,
+                            ModelInfo, RunContext, RunSummary, StageTime, TimingHealth, TrialRecord, WeightBytes, write)
 from autoao.reports import ReportError, load, render
 from autoao.reports.tables import TABLES
 from autoao.types import Accuracy, Verdict
@@ -135,6 +135,9 @@ def test_loader_reads_the_finished_search(search):
     assert {t.number: t.feasible for t in data.trials} == {t.number: t.feasible for t in map(TrialRecord.read,
                                                                                              result.study.trials)}
     assert s.verdicts and s.verdict is not None and s.verdict.holds
+    # it started from the model as it came and verified at least one better plan, each in its turn
+    assert s.curve[0].source == "start" and s.curve[0].speedup == 1.0 and len(s.curve) >= 2 and not s.interrupted
+    assert [p.seconds for p in s.curve] == sorted(p.seconds for p in s.curve) and s.curve[-1].seconds <= s.seconds
     # the stages tile the run
     assert [st.name for st in data.stages] == ["profile and baselines", "kernel timing", "layer errors",
                                                "search trials", "verifying plans", "final measurement"]
@@ -196,6 +199,9 @@ def test_csv_tables_hold_the_study(search):
     assert summary["verdict"].startswith("holds: ")
     verdicts = pd.read_csv(first / "report_verdicts.csv")
     assert set(verdicts.plan) == {"shipped", "judged"} and (verdicts.n > 0).all()
+    curve = pd.read_csv(first / "report_curve.csv")
+    assert list(curve.trial.iloc[1:]) == [p.trial for p in result.summary.curve[1:]]  # one row per point
+    assert len(curve) == len(result.summary.curve) and math.isnan(curve.trial.iloc[0])
     cands = pd.read_csv(first / "report_candidates.csv").set_index("candidate")
     assert cands.loc["sparse24", "status"] == "emulated"
     assert cands.loc["int4_wo(group_size=128)", "status"] == "partly available"
@@ -311,7 +317,7 @@ def test_report_in_headless_chromium(search, tmp_path, capsys):
     assert f"blocks.0.{EVIL}" in layer_cells
     assert "python tiny_search.py" in text and str(out) in text
     for label in ("predicted latency (ms)", "accuracy drop on the screen (tier 1)", "trial",
-                  "best predicted latency (ms)", "seconds since the trials began"):
+                  "best predicted latency (ms)", "seconds since the trials began", "seconds since the run began"):
         assert label in svg_text.split("|"), label
     assert shot.stat().st_size > 10_000
 
@@ -385,7 +391,8 @@ def test_status_box_and_cards_tell_what_happened(search, tmp_path, status):
     if status == "no_trials":
         summary.update(trials=0, decisions=[])
     if status == "interrupted":
-        summary["stopped"] = "interrupted (finished trials are in the storage; run again to continue)"
+        summary["interrupted"] = "SIGINT"
+        summary["decisions"].append({"kind": "interrupted", "signal": "SIGINT", "at_s": 201.0, "kept": "a plan"})
     (out / "summary.json").write_text(json.dumps(summary))
     with Browser() as browser:
         page = browser.open(render(out), width=1366, height=900)
@@ -397,15 +404,17 @@ def test_status_box_and_cards_tell_what_happened(search, tmp_path, status):
     kind, text = box.split("|", 1)
     assert kind == status
     expected = {"finished": "Search finished", "unchanged": "the model was kept as it came",
-                "no_trials": "Stopped by the budget before the first trial", "interrupted": "Interrupted during the search"}
+                "no_trials": "Stopped by the budget before the first trial", "interrupted": "Interrupted by SIGINT at 201 s"}
     assert expected[status] in text
-    assert ("applied and measured end to end" in text) == (status in ("finished", "interrupted"))
+    assert ("applied and measured end to end" in text) == (status == "finished")
     assert f"{summary['speedup']['measured']:.2f}×" in card
     if status in ("unchanged", "no_trials"):
         assert "nothing to judge" in accuracy and "drop" not in accuracy  # no "drop 0.0" without evidence
         # a zero drop appears only as a trial's measurement, with the positions or rows behind it
         assert all(re.match(r"\s*on [\d,]+ ", after) for after in re.findall(r"\+0\.0000(.{0,20})", page.dom_text,
                                                                                  flags=re.S))
+    if status == "interrupted":
+        assert f"the best verified by then (it holds on every judge and ran {summary['speedup']['measured']:.2f}×" in text
     if status == "unchanged":
         assert "no measurable change" in text and "0.97x to 1.02x over 3 interleaved rounds" in text
         assert "1.00×" in card and "kept as it came with the whole model" in why
@@ -486,9 +495,8 @@ def _summary(ctx: RunContext, **changes) -> RunSummary:
     judged = [Judged(4, 0.80, 0.045, "breaks", (_verdict("breaks", drop=0.02),), 12.0),
               Judged(3, 0.88, 0.02, "holds", (_verdict("holds"), _verdict("holds", "generation", 0.01, 0.02, 512)), 9.0)]
     stages = [StageTime("profile and baselines", 20.0), StageTime("kernel timing", 60.0, 80.0),
-              StageTime("layer errors", 10.0, 20.0), StageTime("anchors", 5.0, 20.0),
-              StageTime("search trials", 100.0, 110.0), StageTime("accuracy verdicts", 40.0, 45.0),
-              StageTime("final measurement", 15.0, 20.0)]
+              StageTime("layer errors", 10.0, 20.0), StageTime("search trials", 100.0, 110.0),
+              StageTime("verifying plans", 45.0, 65.0), StageTime("final measurement", 15.0, 20.0)]
     s = RunSummary("Test CPU (2 threads)", "300 s", 250.0, len(TRIALS), "budget spent", Latency(1.2, 1.25), 1.24,
                    Latency(0.88, 0.9), Latency(1.36, 1.39), Accuracy(2, 0.658, 0.002, {}, "lm-eval: autoao_facts",
                                                                      judged[1].verdicts[0]),
@@ -697,6 +705,89 @@ def test_the_time_section_shows_planned_and_spent_and_a_budget_too_short(tmp_pat
     assert rows == {"profile and baselines": ("culprit", "–", "80.0 s"), "kernel timing": ("", "30.0 s", "35.0 s"),
                     "final measurement": ("", "5.0 s", "2.0 s")}
     assert "profile and baselines" in got["short"] and "80 s" in got["short"] and "240 s" in got["short"]
+
+
+CURVE = [CurvePoint(62.0, 1.0, 1.0, "the model as it came", None, "start"),
+         CurvePoint(95.4, 1.21, 1.12, "int8_wo x24", 1, "uniform"),
+         CurvePoint(201.0, 1.39, 1.33, "int8_wo x16, int4_wo(group_size=64) x4", 3, "search")]
+
+
+def test_the_time_section_shows_when_each_better_plan_was_verified(tmp_path):
+    """The anytime curve: a step plot to the run's end with each point's lower bound and the
+    budget's end, a table row per point, a sentence on what it does not show, a CSV row per point."""
+    import pandas as pd
+
+    ctx = _context(tmp_path / "run")
+    out = write_run(tmp_path / "run", ctx, _summary(ctx, curve=CURVE))
+    _, _, got = _open(out, tmp_path, "curve",
+                      inside="!!document.querySelector('#time #curve figure.curve svg')",
+                      marks="['curve-step', 'curve-bound', 'curve-verified', 'curve-budget', 'curve-end']"
+                            ".filter(id => document.getElementById(id))",
+                      legend="[...document.querySelectorAll('#curve svg text')].map(t => t.textContent).join('|')",
+                      lead="document.querySelector('#curve p.lead').innerText",
+                      rows="[...document.querySelectorAll('#curve-table tbody tr')].map(r => [...r.cells].map(c => c.innerText))")
+    assert got["inside"] and got["marks"] == ["curve-step", "curve-bound", "curve-verified", "curve-budget", "curve-end"]
+    for label in ("seconds since the run began", "speed-up vs bf16, measured", "the budget's end (300 s)",
+                  "the run's end (250 s)", "plan verified (2)", "95% lower bound of the measured speed-up"):
+        assert label in got["legend"].split("|"), label
+    assert "does not show what more time would have found" in got["lead"]
+    assert got["rows"] == [["62.0 s", "the model as it came", "1.00×", "1.00×", "–", "start"],
+                           ["95.4 s", "int8_wo x24", "1.21×", "1.12×", "1", "uniform"],
+                           ["201 s", "int8_wo x16, int4_wo(group_size=64) x4", "1.39×", "1.33×", "3", "search"]]
+    csv = pd.read_csv(out / "report_curve.csv", dtype={"trial": "Int64"})
+    assert len(csv) == len(CURVE) and list(csv.columns) == ["seconds", "speedup", "bound", "plan", "trial", "source"]
+    assert list(csv.itertuples(index=False, name=None))[1:] == [(p.seconds, p.speedup, p.bound, p.plan, p.trial,
+                                                                  p.source) for p in CURVE[1:]]
+    assert (out / "report_curve.csv").read_text().splitlines()[1] == "62.0,1.0,1.0,the model as it came,,start"
+
+
+@pytest.mark.parametrize("start", ["start", "resumed"])
+def test_a_curve_with_its_start_alone_says_no_plan_was_verified(tmp_path, start):
+    """Nothing verified: no plot and no table, a sentence that says so and points to the status
+    box for why; a run continued from an earlier one names the plan it kept."""
+    ctx = _context(tmp_path / "run")
+    point = (CURVE[0] if start == "start" else CurvePoint(40.0, 1.3, 1.2, "int8_wo x24", 1, "resumed"))
+    summary = (_summary(ctx, curve=[point], plan={}, accuracy=None, verdicts=[]) if start == "start" else
+               _summary(ctx, curve=[point]))
+    html = render(write_run(tmp_path / "run", ctx, summary)).read_text()
+    curve = html[html.index('<div id="curve">'):html.index('<section id="layers">')]
+    assert "<svg" not in curve and "curve-table" not in curve and 'href="#status"' in curve
+    said = {"start": "No plan was verified in this run: the model as it came stayed the best",
+            "resumed": "No plan faster than the one this run continued from (int8_wo x24, 1.30× measured by the "
+                       "earlier run) was verified in this run"}
+    assert said[start] in curve
+    assert (tmp_path / "run" / "report_curve.csv").read_text().count("\n") == 2  # the header and the one point
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_an_interrupted_run_says_when_and_what_it_kept(tmp_path, kept):
+    """SIGINT / SIGTERM: the status box gives the signal, when it came, and the best plan verified
+    by then with its measured speed-up and bound; or that none had been verified yet."""
+    ctx = _context(tmp_path / "run")
+    stop = RunInterrupted("SIGINT" if kept else "SIGTERM", 201.3, "the plan")
+    summary = (_summary(ctx, curve=CURVE, interrupted="SIGINT", speedup=Latency(1.36, 1.62), speedup_bound=1.41,
+                        decisions=[stop]) if kept else
+               _summary(ctx, curve=CURVE[:1], interrupted="SIGTERM", plan={}, accuracy=None, verdicts=[],
+                        decisions=[replace(stop, at_s=20.3)]))
+    data = load(write_run(tmp_path / "run", ctx, summary))
+    assert data.status == "interrupted" and data.interrupted_at == (201.3 if kept else 20.3)
+    _, _, got = _open(tmp_path / "run", tmp_path, f"interrupted-{kept}",
+                      box="document.querySelector('#status').dataset.status + '|' + "
+                          "document.querySelector('#status').innerText",
+                      legend="[...document.querySelectorAll('#curve svg text')].map(t => t.textContent).join('|')")
+    kind, text = got["box"].split("|", 1)
+    assert kind == "interrupted"
+    if kept:
+        assert ("Interrupted by SIGINT at 201 s: the plan below is the best verified by then (it holds on every judge "
+                "and ran 1.62×, at least 1.41× with 95% confidence); the same command with the same output folder "
+                "continues from it.") in text
+        assert "interrupted by SIGINT (201 s)" in got["legend"].split("|")
+    else:
+        assert "Interrupted by SIGTERM at 20.3 s: no plan had been verified yet, so the model was kept as it came" in text
+        assert all("SIGTERM ended the run before a plan was verified" in lay.why for lay in data.layers)
+        assert got["legend"] == ""
+    summary_csv = (tmp_path / "run" / "report_summary.csv").read_text()
+    assert f"status,interrupted by {'SIGINT at 201' if kept else 'SIGTERM at 20'} s" in summary_csv
 
 
 def test_every_verdict_is_shown_with_its_evidence(tmp_path):
