@@ -20,20 +20,21 @@ from torch import nn
 from autoao.budget import AccuracyBudget, Costs
 from autoao.common import BASELINE
 from autoao.cost import CostModel, layer_calls
-from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
+from autoao.evaluators.cache import REFERENCES, ResultCache, TensorCache, Timing, TimingCache, digest
 from autoao.evaluators.generation import GenerationLooks, prompts_from
 from autoao.evaluators.heldout import max_positions
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import layer_errors, token_ids
 from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
-from autoao.evaluators.timing import NOT_TIMED, LatencyRow, LatencyTable, default_mode, measure_latencies, measure_model, spot_check
+from autoao.evaluators.timing import (NOT_TIMED, LatencyRow, LatencyTable, default_mode, device_name, measure_latencies,
+                                      measure_model, spot_check)
 from autoao.ledger import RunLedger
 from autoao.plan import Plan
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
 from autoao.search_space import Candidate
 from autoao.types import Accuracy, LayerSpec
-from autoao.workload import Workload
+from autoao.workload import PROMPT_TOKENS, Workload
 
 E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
 Allowed = Callable[[Candidate, LayerSpec], "str | None"]  # a serving target's rule: None, or why not
@@ -167,14 +168,15 @@ def record_final(cache: ResultCache, base: Baselines, work: Workload, seconds: f
         cache.put(key, {**(cache.get(key) or {}), "final_seconds": seconds})
 
 
-def final_seconds(base: Baselines, rounds: int) -> float:
-    """What the final comparison of `rounds` interleaved rounds costs. Compiled: each side compiled
-    and captured once (bench.graph_rounds), then replayed; the unchanged model's graph compiles as
-    it did at the start (its first measurement), the plan's is new to inductor's cache and compiles
-    as the unchanged model did on a cold cache (the longest first measurement seen here); and no
-    less than the last final comparison of this model here took. On the CPU the plan's warm-up and
-    the rounds, each run at most as long as the unchanged model's. With the user's workload, its
-    warm-ups (the plan's as long as the first call was: it may compile) and as many rounds of it."""
+def measure_seconds(base: Baselines, rounds: int) -> float:
+    """What a verification's end-to-end measurement of `rounds` interleaved rounds costs. Compiled:
+    each side compiled and captured once (bench.graph_rounds), then replayed; the unchanged model's
+    graph compiles as it did at the start (its first measurement), the plan's is new to inductor's
+    cache and compiles as the unchanged model did on a cold cache (the longest first measurement
+    seen here); and no less than the last final comparison of this model here took. On the CPU the
+    plan's warm-up and the rounds, each run at most as long as the unchanged model's. With the
+    user's workload, its warm-ups (the plan's as long as the first call was: it may compile) and as
+    many rounds of it."""
     workload = max(base.workload_cold_s, base.workload_s) + (1 + 2 * rounds) * base.workload_s
     if base.compile:
         return max(base.e2e_seconds + base.cold_seconds, base.final_seen) + workload
@@ -209,41 +211,34 @@ class Judges:
         return self.tier2.describe() if self.tier2 is not None else f"proxy: {self.proxy.describe()}"
 
 
-# The generation check: prompts of PROMPT_TOKENS held-out tokens, each continued greedily, in looks
-# of so many prompts. Where the proxy decides, generation is judged against the budget itself and
-# needs up to about 4000 positions to resolve one point (as the proxy's confirmation); where a task
-# decides it only screens (the screen is TIER1_SCREEN x wider) and 512 positions resolve it.
-PROMPT_TOKENS = 32
-GENERATION = {"proxy": ((16, 16, 32), 64), "tier2": ((16,), 32)}  # who decides -> (prompts per look, new tokens)
+# The generation check: prompts of PROMPT_TOKENS held-out tokens (at most the workload's
+# GENERATION_PROMPTS), each continued greedily, in looks of so many prompts, judged two-sided. Where
+# the proxy decides it is judged against the budget itself and needs up to about 4000 positions to
+# resolve one point (as the proxy's confirmation); where a task decides, against the screen
+# (TIER1_SCREEN x wider), and a plan 3 points inside that limit needs about 2000 to resolve.
+GENERATION = {"proxy": ((16, 16, 32), 64), "tier2": ((16, 16, 32), 32)}  # who decides -> (prompts per look, new tokens)
 
 
 def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJudge | None, max_drop: float, *,
                  cache: ResultCache, weights_key: str, ledger: RunLedger) -> Judges:
     """The proxy's reference outputs and noise floor, the generation check's reference
-    continuations (causal LMs), the tier-2 baseline's first look; each one's cost, for the time plan."""
+    continuations (causal LMs), the tier-2 baseline's first look; each one's cost, for the time plan.
+    The unmodified model's side of the proxy and the generation check is kept on disk
+    (`reference_cache`): a later run of the same model on this machine loads it, prices trials and
+    checks at the seconds measured when it was computed, and counts as one-off only what is not on
+    disk yet."""
     ledger.say("reference outputs for the accuracy judges")
     base_key = f"{weights_key}:{plan_key(Plan())}"
+    references = reference_cache(cache, weights_key, work.device)
     proxy = ProxyEvaluator(model, work.held_out.inputs, cache=cache, reference_key=base_key,
-                           confirm=list(work.confirm))
+                           confirm=list(work.confirm), references=references)
     proxy.calibrate(model)
     proxy_s = proxy.pass_seconds
     if proxy.noise:
         ledger.say(f"the proxy's floor: {proxy.floor:.4f} top-1 agreement ({proxy.noise} of the unchanged model)")
-    generation, gen_s = None, 0.0
-    if proxy.lm:
-        t0 = time.perf_counter()
-        counts, new_tokens = GENERATION["tier2" if tier2 is not None else "proxy"]
-        limit = max_positions(model)  # a prompt and its continuation fit the model's positions
-        length = PROMPT_TOKENS if limit is None else max(1, min(PROMPT_TOKENS, limit // 2))
-        new_tokens = new_tokens if limit is None else max(1, min(new_tokens, limit - length))
-        rows = prompts(work, sum(counts), length)  # as many as the held-out inputs hold, up to sum(counts)
-        ends = [min(sum(counts[:i + 1]), len(rows)) for i in range(len(counts))]
-        chunks = [rows[a:b] for a, b in zip([0, *ends], ends) if b > a]
-        generation = GenerationLooks(chunks, new_tokens)
-        generation.prepare(model, 0)  # the first look's reference and noise: what a look costs
-        gen_s = (time.perf_counter() - t0) * len(rows) / len(chunks[0])
-    # a check judges every generation look at worst; each look's reference and noise are built once
-    check_s, once_s = gen_s / 2, gen_s / 2
+    generation, gen_s, gen_once = (generation_looks(model, work, tier2 is not None, references) if proxy.lm
+                                   else (None, 0.0, 0.0))
+    check_s, once_s = gen_s, gen_once
     if isinstance(tier2, LmEvalJudge):
         ledger.say("the unmodified model on the tasks' first documents (tier 2)")
         per_doc = tier2.probe(model, base_key)
@@ -256,19 +251,51 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
         once_s = once_s + per_doc * tier2.unscored(base_key)
     elif isinstance(tier2, MetricJudge):
         check_s += tier2.seconds
-    else:  # the proxy decides: its confirmation chunks, references and noise computed once
-        confirm = sum(len(c) for c in work.confirm) / max(len(work.held_out.inputs), 1)
-        check_s, once_s = check_s + proxy_s * confirm, once_s + 2 * proxy_s * confirm
+    else:  # the proxy decides: its confirmation chunks, each reference and noise computed once (or on disk)
+        screen = max(len(work.held_out.inputs), 1)
+        confirm = sum(len(c) for c in work.confirm) / screen
+        fresh = sum(len(c) for i, c in enumerate(work.confirm) if not proxy.on_disk(i)) / screen
+        check_s, once_s = check_s + proxy_s * confirm, once_s + 2 * proxy_s * fresh
     noise = 1.0 - proxy.baseline.get("noise_agreement", 1.0)
     budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, proxy_noise=noise,
                                    unit=tier2.describe() if tier2 is not None else proxy.describe())
-    return Judges(budget, proxy, generation, tier2, weights_key, proxy_s, check_s, once_s, gen_s / 2)
+    return Judges(budget, proxy, generation, tier2, weights_key, proxy_s, check_s, once_s, gen_s)
+
+
+def reference_cache(cache: ResultCache, weights_key: str, device: torch.device) -> TensorCache:
+    """Where the unmodified model's side of the label-free judges is kept: `references/` next to the
+    result cache, every key scoped to the model's weights, the device's name (as timings name it:
+    the GPU model, or the CPU model and thread count) and torch's version."""
+    return TensorCache(cache.path.parent / REFERENCES, f"{weights_key}:{device_name(device)}:{torch.__version__}")
+
+
+def generation_looks(model: nn.Module, work: Workload, task_decides: bool,
+                     references: TensorCache) -> tuple[GenerationLooks, float, float]:
+    """The generation check (GENERATION) on prompts of the held-out tokens, its first look prepared;
+    and its seconds: a check's plan side at every look, and the unmodified model's side of the looks
+    not yet on disk. A look's reference side (the greedy continuation, then the float32 twin teacher-
+    forced along it) costs about two plan sides (one teacher-forced pass); priced from the first
+    look's seconds, measured when it was computed, per prompt."""
+    counts, new_tokens = GENERATION["tier2" if task_decides else "proxy"]
+    limit = max_positions(model)  # a prompt and its continuation fit the model's positions
+    length = PROMPT_TOKENS if limit is None else max(1, min(PROMPT_TOKENS, limit // 2))
+    new_tokens = new_tokens if limit is None else max(1, min(new_tokens, limit - length))
+    rows = prompts(work, sum(counts), length)  # as many as the held-out inputs hold, up to sum(counts)
+    ends = [min(sum(counts[:i + 1]), len(rows)) for i in range(len(counts))]
+    chunks = [rows[a:b] for a, b in zip([0, *ends], ends) if b > a]
+    generation = GenerationLooks(chunks, new_tokens, references=references)
+    fresh = [not generation.on_disk(model, look) for look in range(generation.looks)]  # before look 0 is built
+    generation.prepare(model, 0)  # the first look's reference and noise: what a look costs
+    per_prompt = generation.judges[0].seconds / len(chunks[0])
+    unbuilt = sum(len(c) for c, new in zip(chunks, fresh) if new)
+    return generation, per_prompt * len(rows) / 2, per_prompt * unbuilt / 2
 
 
 def prompts(work: Workload, count: int, length: int = PROMPT_TOKENS) -> torch.Tensor:
     """[P <= count, length] prompts for the generation check: windows of the held-out token ids
-    (the screen's, then the confirmation chunks'); shorter where the sequences are."""
-    inputs = [*work.held_out.inputs, *(x for chunk in work.confirm for x in chunk)]
+    (the screen's, the confirmation chunks', then the workload's further prompt inputs); shorter
+    where the sequences are."""
+    inputs = [*work.held_out.inputs, *(x for chunk in work.confirm for x in chunk), *work.prompt_inputs]
     ids = [token_ids(x) for x in inputs]
     windows = sum(t.shape[0] * (t.shape[1] // length) for t in ids if t is not None)
     length = length if windows else min(t.shape[1] for t in ids if t is not None)
@@ -276,8 +303,8 @@ def prompts(work: Workload, count: int, length: int = PROMPT_TOKENS) -> torch.Te
 
 
 def costs(base: Baselines, judges: Judges, rounds: int) -> Costs:
-    """What the time plan prices the run's repeated steps at."""
-    return Costs(judges.proxy_s, judges.check_s, final_seconds(base, rounds), base.bf16_us / 1e6, judges.once_s)
+    """What the time plan prices the run's repeated steps at (a verification measures `rounds` rounds)."""
+    return Costs(judges.proxy_s, judges.check_s, measure_seconds(base, rounds), base.bf16_us / 1e6, judges.once_s)
 
 
 ##### every candidate ###########################################################################
@@ -297,32 +324,28 @@ class Measurements:
 def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCache, ledger: RunLedger,
                     deadline: float | None, allow_emulated: bool = False) -> tuple[LatencyTable, TimingHealth]:
     """Every pickable candidate on every layer shape at every token count, and the candidates that
-    fuse on the sibling groups' shapes, by `deadline` (the cells that weigh least in the workload
-    are left out first; the layer shapes and the fused shapes share that time by their cell
-    counts). Emulated candidates are not timed unless allowed (their reference paths are the
-    slowest to time; `autoao kernels` times them). First, a few cached cells are re-timed: a cache
-    measured on a busy machine is found and measured again."""
+    fuse on the sibling groups' shapes, in one work list by `deadline` (measure_latencies): every
+    cell coarsely first, the heaviest in the workload first, then refined in that order while time
+    is left; cells not reached stay NOT_TIMED (layer_choices excludes them, saying so). Emulated
+    candidates are not timed unless allowed (their reference paths are the slowest to time;
+    `autoao kernels` times them). First, a few cached cells are re-timed: a cache measured on a
+    busy machine is found and measured again."""
     pickable = [c for c in cands if allow_emulated or not c.emulated(work.device)]
-    calls = work.shape_calls()
     check = spot_check(work.shapes, work.tokens, device=work.device, dtype=work.dtype, cache=cache)
     if check.stale:
         ledger.say(check.message())
-    fusable = [c for c in pickable if c.fusable]
-    fused_cells = len(work.fused_shapes) * len(fusable)
-    main_deadline = deadline
-    if deadline is not None and fused_cells:
-        now = time.perf_counter()
-        main_deadline = now + (deadline - now) * (1 - fused_cells / (fused_cells + len(work.shapes) * len(pickable)))
-    timed = dict(device=work.device, dtype=work.dtype, cache=cache, progress=ledger.progress, calls=calls)
-    table = measure_latencies(work.shapes, work.tokens, pickable, deadline=main_deadline, **timed)
-    if fused_cells:
-        table = table.merged(measure_latencies(work.fused_shapes, work.tokens, fusable, deadline=deadline, **timed))
+    table = measure_latencies(work.shapes, work.tokens, pickable, device=work.device, dtype=work.dtype, cache=cache,
+                              progress=ledger.progress, calls=work.shape_calls(), deadline=deadline,
+                              extra=(work.fused_shapes, [c for c in pickable if c.fusable]))
     timings = [r.timing for r in table.rows]
     health = TimingHealth(check.message() if check.stale else "", len(timings), sum(not t.reliable for t in timings),
                           sum(t.discarded for t in timings), sum(t.error == NOT_TIMED for t in timings))
     if health.not_timed:
         ledger.say(f"{health.not_timed} of {health.cells} cells not timed within the budget: those layers keep "
                    "fewer candidates")
+    coarse = sum(t.coarse for t in timings)
+    if coarse:
+        ledger.say(f"{coarse} of {health.cells} cells timed coarsely only (a later run with time refines them)")
     return table, health
 
 

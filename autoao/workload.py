@@ -2,7 +2,7 @@
 
     work = build_workload(model, example_inputs, eval_inputs=..., tokenizer=..., fuse_groups=True)
     work.prof (layers, shapes, calibration), work.examples, work.held_out (the judges' inputs),
-    work.tokens (every M), work.notes (what was said about the inputs)
+    work.confirm, work.prompt_inputs (more held-out inputs), work.tokens (every M), work.notes
 
 The judges never judge on a handful of positions: when the inputs they would score (eval_inputs,
 else the examples) hold fewer than evaluators.heldout's minimum, held-out inputs are built (the
@@ -44,6 +44,9 @@ class Workload:
     # layers whose weights sit on a 4-bit grid of groups of 32 (a GGUF Q4 source): int4 with group
     # size 32 measures near lossless on them
     grid_layers: int = 0
+    # a causal LM's further held-out inputs, disjoint from the screen and the confirmation chunks,
+    # where those two hold fewer than GENERATION_PROMPTS windows for the generation check's prompts
+    prompt_inputs: tuple[Any, ...] = ()
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -139,20 +142,25 @@ def _threads_vs_one(fn: Callable[[], object], threads: int) -> tuple[float, floa
 # held-out inputs, disjoint from the screen's): a plan inside the model's own noise is resolved
 # within a 1-point budget on about 4000 positions (95% interval, paired with the float32 floor).
 CONFIRM_POSITIONS = (1024, 1024, 2048)
+# The generation check of a causal LM (autoao.measure.GENERATION) takes up to GENERATION_PROMPTS
+# prompts, each a window of PROMPT_TOKENS consecutive held-out tokens: the workload holds that many.
+PROMPT_TOKENS, GENERATION_PROMPTS = 32, 64
 
 
 def build_workload(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = None, tokenizer: Any = None,
                    fuse_groups: bool = True, busy: BusyCpu | None = None, seed: int = 0,
                    screen_positions: int = heldout.MIN_LM_POSITIONS, confirm: bool = True) -> Workload:
     """Profile the model on its examples and settle the judges' held-out inputs (module docstring):
-    the screen's, of at least `screen_positions` positions, and where `confirm` (the proxy decides),
-    the confirmation chunks of CONFIRM_POSITIONS. `busy`: settle_cpu_threads' decision, kept with
+    the screen's, of at least `screen_positions` positions, where `confirm` (the proxy decides)
+    the confirmation chunks of CONFIRM_POSITIONS, and for a causal LM enough further inputs for the
+    generation check's prompts (`_prompt_inputs`). `busy`: settle_cpu_threads' decision, kept with
     the workload's notes."""
     prof = profile(model, example_inputs)
     examples = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     held = heldout.held_out_inputs(model, examples, eval_inputs=eval_inputs, tokenizer=tokenizer, seed=seed,
                                    positions=max(screen_positions, heldout.MIN_LM_POSITIONS))
-    chunks = _confirmation(model, examples, held, tokenizer) if confirm else ()
+    chunks, last = _confirmation(model, examples, held, tokenizer) if confirm else ([], held)
+    prompt_inputs = _prompt_inputs(model, examples, [*held.inputs, *(x for c in chunks for x in c)], last, tokenizer)
     notes: list[Decision] = [busy] if busy is not None else []
     if held.source != heldout.EVAL:
         lm = held.unit == "token positions"
@@ -163,12 +171,14 @@ def build_workload(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = 
     dtypes = {lay.dtype for lay in prof.layers}
     dtype = torch.bfloat16 if torch.bfloat16 in dtypes or not dtypes else next(iter(dtypes))
     return Workload(prof, examples, held, tuple(chunks), prof.siblings if fuse_groups else [], model_device(model),
-                    dtype, token_counts(prof), tuple(notes), len(int4_grid_layers(model, prof)))
+                    dtype, token_counts(prof), tuple(notes), len(int4_grid_layers(model, prof)), tuple(prompt_inputs))
 
 
-def _confirmation(model: nn.Module, examples: list[Any], held: heldout.HeldOut, tokenizer: Any) -> list[list[Any]]:
+def _confirmation(model: nn.Module, examples: list[Any], held: heldout.HeldOut,
+                  tokenizer: Any) -> tuple[list[list[Any]], heldout.HeldOut]:
     """Held-out input chunks of CONFIRM_POSITIONS positions (rows for other modules), each the next
-    parts of the screen's source, disjoint from the screen and from each other."""
+    parts of the screen's source, disjoint from the screen and from each other; and the last part
+    taken (the next disjoint part follows it)."""
     chunks, part = [], held
     for size in CONFIRM_POSITIONS:
         chunk: list[Any] = []
@@ -178,7 +188,30 @@ def _confirmation(model: nn.Module, examples: list[Any], held: heldout.HeldOut, 
             chunk += part.inputs
             have += part.positions
         chunks.append(chunk)
-    return chunks
+    return chunks, part
+
+
+def _prompt_inputs(model: nn.Module, examples: list[Any], taken: list[Any], last: heldout.HeldOut,
+                   tokenizer: Any) -> list[Any]:
+    """For a causal LM whose held-out inputs so far (`taken`: the screen's and the confirmation
+    chunks') hold fewer than GENERATION_PROMPTS windows of PROMPT_TOKENS tokens: the next parts of
+    their source after `last`, disjoint from them, until all hold that many (or a part adds none:
+    sequences shorter than a window; the check then cuts shorter prompts). Nothing for other modules."""
+    if last.unit != "token positions":
+        return []
+    have, out, part = _windows(taken), [], last
+    while have < GENERATION_PROMPTS:
+        part = heldout.more(model, examples, part, tokenizer=tokenizer)
+        if not _windows(part.inputs):
+            break
+        out += part.inputs
+        have += _windows(part.inputs)
+    return out
+
+
+def _windows(inputs: list[Any]) -> int:
+    """Windows of PROMPT_TOKENS consecutive tokens, not overlapping, in the inputs' token ids."""
+    return sum(t.shape[0] * (t.shape[1] // PROMPT_TOKENS) for t in map(token_ids, inputs) if t is not None)
 
 
 def _positions(inputs: Any, lm: bool) -> int:

@@ -1,13 +1,20 @@
-"""Does `autoao search --budget B` hold its budget, on a quiet machine and next to a busy neighbour?
+"""What does `autoao search --budget B` ship, and when, on a quiet machine and next to a busy one?
 
-    python benchmarks/budget_bench.py --budgets 90s,5m --runs 3 --out benchmarks/results/<date>-cpu/budget
+    python benchmarks/budget_bench.py --budgets 5m --runs 5 --loaded-runs 3 --out benchmarks/results/<date>-cpu/anytime
+    python benchmarks/budget_bench.py --budgets 90s --runs 3 --warm --out ...      # after one run on the same cache
+    python benchmarks/budget_bench.py --budgets 90s --runs 1 --model minilm-l6 --out ...
 
-Each run is the README's main job (`autoao search` on the built-in demo model) as a whole process,
-with a fresh timing cache (the converted demo model is copied in, so only measurement is cold).
-Quiet and loaded runs alternate; a loaded run starts a competing process that keeps about
---hog-cores cores busy (whole cores spin, the fraction duty-cycles) and is stopped after the run.
-Per run: wall time against the rule (budget + max(10%, 15 s)), trials, predicted and measured
-speed-up (and whether they are within 25%), the plan. Writes budget.md and budget.csv.
+Each run is the README's main job as a whole process: `autoao search` (plus `--budget B` unless B is
+`default`, plus `--model M` if given), in a folder of its own whose default `--out` it writes, with
+a fresh `AUTOAO_CACHE_DIR` (the built-in model's one-off conversion included, as on a fresh
+machine). `--warm`: each run first makes one run of the same command on its cache (its row is kept
+too, as `cold`), then the measured one. Loaded runs start a competing process that keeps
+`--hog-cores` cores busy (whole cores spin, the fraction duty-cycles), stopped after the run.
+
+Per run: wall time against the rule (budget + max(10%, 15 s)), whether a plan shipped, its measured
+speed-up and 95% lower bound, the plan, its verdicts, the seconds spent verifying plans, and the
+anytime curve (when each better plan was verified). The last line counts the runs that shipped.
+Writes budget.md, budget.csv and each run's stdout/stderr and small run files under --out.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+KEEP = ("summary.json", "plan.json", "anytime.json", "pareto.json", "report_curve.csv", "report_stages.csv",
+        "report_trials.csv", "report_verdicts.csv")  # the rest (the model, the page, the study) is rebuilt or large
 
 
 def hog(duty: float, seconds: float) -> None:
@@ -50,92 +59,112 @@ def start_hogs(cores: float, seconds: float) -> list[mp.Process]:
 def seconds_of(budget: str) -> float:
     from autoao.types import Budget
 
-    return Budget.parse(budget).seconds or 0.0
+    return Budget.parse("5m" if budget == "default" else budget).seconds or 0.0
 
 
-def run_one(budget: str, loaded: bool, out: Path, cache: Path, models: Path | None, hog_cores: float) -> dict:
-    shutil.rmtree(cache, ignore_errors=True)
-    cache.mkdir(parents=True)
-    if models is not None:
-        shutil.copytree(models, cache / "models")
+def command(budget: str, model: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "autoao.cli", "search"]
+    cmd += [] if budget == "default" else ["--budget", budget]
+    return cmd + ([] if model is None else ["--model", model])
+
+
+def run_one(budget: str, model: str | None, loaded: bool, folder: Path, cache: Path, hog_cores: float) -> dict:
+    """One `autoao search` in `folder` on the cache `cache`; its row."""
+    folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, AUTOAO_CACHE_DIR=str(cache))
     hogs = start_hogs(hog_cores, 4 * seconds_of(budget) + 120) if loaded else []
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "autoao.cli", "search", "--budget", budget, "--out", str(out),
-                               "--quiet"], env=env, capture_output=True, text=True)
+        proc = subprocess.run(command(budget, model), cwd=folder, env=env, capture_output=True, text=True)
     finally:
         for p in hogs:
             p.terminate()
     wall = time.perf_counter() - t0
-    row = {"budget": budget, "loaded": loaded, "wall_s": round(wall, 1), "rc": proc.returncode,
-           "limit_s": seconds_of(budget) + max(0.1 * seconds_of(budget), 15.0)}
-    row["within"] = wall <= row["limit_s"]
-    (out / "stdout.txt").parent.mkdir(parents=True, exist_ok=True)
-    (out / "stdout.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    shutil.rmtree(out / "model", ignore_errors=True)  # the saved model (~260 MB) is not a result (plan.json is)
-    # nor are the pages and tables `autoao report` rebuilds from a study (~3 MB a run): the folder
-    # keeps the summary, the plan, the Pareto front, the output and the small CSVs
-    for name in ("report.html", "study.db", "context.json", "report_layer_candidates.csv", "report_layers.csv",
-                 "best_plan.json"):
-        (out / name).unlink(missing_ok=True)
+    limit = seconds_of(budget) + max(0.1 * seconds_of(budget), 15.0)
+    row = {"run": folder.name, "budget": budget, "loaded": loaded, "wall_s": round(wall, 1), "limit_s": limit,
+           "within": wall <= limit, "rc": proc.returncode}
+    (folder / "stdout.txt").write_text(proc.stdout)
+    (folder / "stderr.txt").write_text(proc.stderr)
+    out = folder / "autoao-report"
     if (out / "summary.json").is_file():
-        s = json.loads((out / "summary.json").read_text())
-        pred, meas = s["speedup"]["predicted"], s["speedup"]["measured"]
-        counts: dict[str, int] = {}
-        for cand in s["plan"].values():
-            counts[cand] = counts.get(cand, 0) + 1
-        row.update(trials=s["trials"], predicted=round(pred, 3), measured=round(meas, 3),
-                   pred_vs_meas_within_25=abs(pred / meas - 1) <= 0.25 if meas else None,
-                   range=s.get("speedup_range"), bound=round(s.get("speedup_bound", 1.0), 3),
-                   device=s["device"],
-                   stages={x["name"]: (x["spent_s"], x["planned_s"]) for x in s.get("stages", [])}
-                   or {k: round(v, 1) for k, v in s["stage_seconds"].items()},
-                   verdicts=[f"{v['judge']} {v['status']} on {v['n']} {v['unit']}" for v in s.get("verdicts", [])],
-                   plan=", ".join(f"{c} x{n}" for c, n in sorted(counts.items())) or "unchanged (bf16)",
-                   decisions=[d["kind"] for d in s.get("decisions", [])])
+        row.update(summarize(json.loads((out / "summary.json").read_text())))
+    for f in out.glob("*"):
+        if f.name not in KEEP:
+            shutil.rmtree(f) if f.is_dir() else f.unlink()
     return row
+
+
+def summarize(s: dict) -> dict:
+    """A run's row from its summary.json."""
+    counts: dict[str, int] = {}
+    for cand in s["plan"].values():
+        counts[cand] = counts.get(cand, 0) + 1
+    stages = {x["name"]: x["spent_s"] for x in s.get("stages", [])}
+    return {"shipped": bool(s["plan"]), "measured": round(s["speedup"]["measured"] or 1.0, 3),
+            "bound": round(s.get("speedup_bound", 1.0), 3), "rounds": s.get("rounds", 0), "trials": s["trials"],
+            "plan": ", ".join(f"{c} x{n}" for c, n in sorted(counts.items(), key=lambda cn: -cn[1])) or "unchanged",
+            "verdicts": [f"{v['judge']} {v['status']} {v['drop']:+.4f} on {v['n']} {v['unit']}"
+                         for v in s.get("verdicts", [])],
+            "verifying_s": round(stages.get("verifying plans", 0.0), 1),
+            "curve": [(p["seconds"], round(p["speedup"], 3)) for p in s.get("curve", [])],
+            "decisions": [d["kind"] for d in s.get("decisions", [])], "device": s["device"],
+            "stages": {k: round(v, 1) for k, v in stages.items()}}
+
+
+def table(header: str, rows: list[dict]) -> str:
+    lines = [header, "| run | machine | wall s | limit s | within | shipped | measured | at least (95%) | plan | "
+             "verifying s | curve (s: x) | verdicts | decisions |", "|" + "---|" * 13]
+    for r in rows:
+        curve = " -> ".join(f"{s:.0f}: {x:.2f}" for s, x in r.get("curve", []))
+        lines.append(f"| {r['run']} | {'loaded' if r['loaded'] else 'quiet'} | {r['wall_s']} | {r['limit_s']:.0f} | "
+                     f"{'yes' if r['within'] else 'NO'} | {'yes' if r.get('shipped') else 'no'} | "
+                     f"{r.get('measured', '-')} | {r.get('bound', '-')} | {r.get('plan', 'rc=' + str(r['rc']))} | "
+                     f"{r.get('verifying_s', '-')} | {curve} | {'; '.join(r.get('verdicts', []))} | "
+                     f"{', '.join(r.get('decisions', []))} |")
+    measured = [r for r in rows if not r["run"].endswith("-cold")]
+    shipped = sum(bool(r.get("shipped")) for r in measured)
+    lines.append(f"\nshipped a plan in {shipped} of {len(measured)} runs"
+                 f"{' (the warm-up runs on each cache, marked -cold, not counted)' if len(measured) < len(rows) else ''}; "
+                 f"within the wall-time rule: {sum(r['within'] for r in measured)} of {len(measured)}")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budgets", default="90s,5m")
-    ap.add_argument("--runs", type=int, default=3, help="runs per budget and condition")
-    ap.add_argument("--hog-cores", type=float, default=2.0, help="cores the competing processes keep busy")
+    ap.add_argument("--budgets", default="default", help="comma-separated: 90s, 5m, ... or default (no --budget flag)")
+    ap.add_argument("--runs", type=int, default=3, help="quiet runs per budget")
+    ap.add_argument("--loaded-runs", type=int, default=None, help="loaded runs per budget (default: --runs)")
+    ap.add_argument("--hog-cores", type=float, default=1.0, help="cores the competing process keeps busy")
+    ap.add_argument("--model", default=None, help="--model for the search (default: the demo)")
+    ap.add_argument("--warm", action="store_true", help="each measured run after one earlier run on its cache")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    default_cache = Path(os.environ.get("AUTOAO_CACHE_DIR") or Path.home() / ".cache" / "autoao")
-    models = default_cache / "models" if (default_cache / "models").is_dir() else None
-    rows = []
-    header = (f"# autoao search budget benchmark\n\ncommand: `python benchmarks/budget_bench.py "
+    loaded_runs = args.runs if args.loaded_runs is None else args.loaded_runs
+    header = (f"# autoao search: what a budget ships\n\ncommand: `python benchmarks/budget_bench.py "
               f"{' '.join(sys.argv[1:])}`\ndate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
               f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch "
               f"{torch.__version__}, python {platform.python_version()}\nrule: wall <= budget + max(10%, 15 s); "
-              f"loaded = a competing process keeping {args.hog_cores} cores busy\n")
+              f"loaded = a competing process keeping {args.hog_cores:g} cores busy; each run on a fresh cache"
+              f"{' after one earlier run on it' if args.warm else ''}\n")
+    rows: list[dict] = []
     for budget in args.budgets.split(","):
-        for i in range(args.runs):
-            for loaded in (False, True):
-                tag = f"{budget}-{'loaded' if loaded else 'quiet'}-{i}"
-                row = run_one(budget, loaded, args.out / tag, args.out / ".cache", models, args.hog_cores)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                with open(args.out / "budget.csv", "w", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
-                    w.writeheader()
-                    w.writerows(rows)
-                lines = [header, "| budget | machine | wall s | limit s | within | trials | predicted | measured "
-                         "| at least (95%) | pred/meas within 25% | plan | verdicts | threads | decisions | "
-                         "stages: spent, planned (s) |", "|" + "---|" * 15]
-                for r in rows:
-                    lines.append(f"| {r['budget']} | {'loaded' if r['loaded'] else 'quiet'} | {r['wall_s']} | "
-                                 f"{r['limit_s']:.0f} | {'yes' if r['within'] else 'NO'} | {r.get('trials', '-')} | "
-                                 f"{r.get('predicted', '-')} | {r.get('measured', '-')} | {r.get('bound', '-')} | "
-                                 f"{r.get('pred_vs_meas_within_25', '-')} | {r.get('plan', 'rc=' + str(r['rc']))} | "
-                                 f"{'; '.join(r.get('verdicts', []))} | "
-                                 f"{r.get('device', '').rpartition('(')[2].rstrip(')')} | "
-                                 f"{', '.join(r.get('decisions', []))} | {r.get('stages', '')} |")
-                (args.out / "budget.md").write_text("\n".join(lines) + "\n")
+        plan = [(False, i) for i in range(args.runs)] + [(True, i) for i in range(loaded_runs)]
+        for loaded, i in sorted(plan, key=lambda li: (li[1], li[0])):  # quiet and loaded alternate
+            tag = f"{budget}-{'loaded' if loaded else 'quiet'}-{i}"
+            cache = args.out / ".cache" / tag
+            shutil.rmtree(cache, ignore_errors=True)
+            if args.warm:
+                rows.append(run_one(budget, args.model, loaded, args.out / f"{tag}-cold", cache, args.hog_cores))
+            rows.append(run_one(budget, args.model, loaded, args.out / tag, cache, args.hog_cores))
+            shutil.rmtree(cache, ignore_errors=True)
+            print(json.dumps(rows[-1]), flush=True)
+            with open(args.out / "budget.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+                w.writeheader()
+                w.writerows(rows)
+            (args.out / "budget.md").write_text(table(header, rows))
+    print(table(header, rows).splitlines()[-1])
     shutil.rmtree(args.out / ".cache", ignore_errors=True)
 
 

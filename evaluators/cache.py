@@ -9,6 +9,10 @@ where cache_dir() is `$AUTOAO_CACHE_DIR` or `~/.cache/autoao`.
 Concurrency: WAL journal + a 60 s busy timeout; every put is its own transaction, so two
 processes writing at once both land. A file that is not a readable SQLite database is renamed
 `timings.sqlite.corrupt-<time>` with a warning and a fresh cache starts: the cache is a cache.
+
+Tensors (the unmodified model's side of the label-free judges: reference outputs and their
+float32 noise) are not JSON: `TensorCache` keeps them as one safetensors file per key under
+`references/` next to the SQLite file, written atomically; an unreadable file is a miss.
 """
 
 from __future__ import annotations
@@ -22,11 +26,15 @@ import sqlite3
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from autoao.common import cache_dir  # noqa: F401  (re-exported: the one cache root)
+from autoao.common import atomic_write, cache_dir  # noqa: F401  (cache_dir re-exported: the one cache root)
 from autoao.kernels.algorithms import FIT_VERSION
+
+if TYPE_CHECKING:
+    import torch
 
 
 CACHE_FILE = "timings.sqlite"
@@ -40,7 +48,8 @@ CREATE TABLE IF NOT EXISTS timings (
     discarded INTEGER NOT NULL DEFAULT 0,  -- samples dropped: the process lost the CPU during them
     reliable INTEGER NOT NULL DEFAULT 1,   -- 0: too few clean samples; never reused as a clean timing
     single_us REAL,                        -- an unreliable multi-threaded cell's clean 1-thread time
-    threads INTEGER NOT NULL DEFAULT 0     -- the thread count of median_us (CPU; 0: not recorded)
+    threads INTEGER NOT NULL DEFAULT 0,    -- the thread count of median_us (CPU; 0: not recorded)
+    coarse INTEGER NOT NULL DEFAULT 0      -- 1: sampled at the coarse rate; a later run with time re-times it
 );
 CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL);
 """
@@ -67,6 +76,9 @@ class Timing:
     # The cell's undisturbed time then lies in [single_us / threads, single_us].
     single_us: float | None = None
     threads: int = 0  # the thread count median_us was timed at (CPU; 0: not recorded)
+    # True: sampled for less than a full cell's time (a deadline's first pass: every cell coarsely
+    # before any is refined); reused when there is no time, re-timed by a run with time to spare
+    coarse: bool = False
 
     @property
     def ok(self) -> bool:
@@ -145,7 +157,8 @@ class _SQLiteStore:
         conn.executescript(_SCHEMA)
         columns = {row[1] for row in conn.execute("PRAGMA table_info(timings)")}
         for column, decl in (("discarded", "INTEGER NOT NULL DEFAULT 0"), ("reliable", "INTEGER NOT NULL DEFAULT 1"),
-                             ("single_us", "REAL"), ("threads", "INTEGER NOT NULL DEFAULT 0")):
+                             ("single_us", "REAL"), ("threads", "INTEGER NOT NULL DEFAULT 0"),
+                             ("coarse", "INTEGER NOT NULL DEFAULT 0")):
             if column not in columns:  # a cache file written before the column existed
                 conn.execute(f"ALTER TABLE timings ADD COLUMN {column} {decl}")
         conn.execute("SELECT COUNT(*) FROM timings").fetchone()
@@ -174,15 +187,15 @@ class TimingCache(_SQLiteStore):
         """The cached timing, or None. An unreliable record (too few undisturbed samples) counts as
         missing, so it is measured again, unless `unreliable` asks for it."""
         row = self._conn.execute(
-            "SELECT median_us, p20_us, p80_us, reps, emulated, error, discarded, reliable, single_us, threads "
-            "FROM timings WHERE key = ?", (key.digest(),)).fetchone()
+            "SELECT median_us, p20_us, p80_us, reps, emulated, error, discarded, reliable, single_us, threads, "
+            "coarse FROM timings WHERE key = ?", (key.digest(),)).fetchone()
         if row is None or (not row[7] and not unreliable):
             return None
-        med, p20, p80, reps, emulated, error, discarded, reliable, single_us, threads = row
+        med, p20, p80, reps, emulated, error, discarded, reliable, single_us, threads, coarse = row
         inf = float("inf")
         return Timing(inf if med is None else med, inf if p20 is None else p20, inf if p80 is None else p80,
                       reps, emulated, error, discarded=discarded, reliable=bool(reliable), single_us=single_us,
-                      threads=threads)
+                      threads=threads, coarse=bool(coarse))
 
     def put(self, key: TimingKey, t: Timing) -> None:
         def finite(v: float) -> float | None:  # SQLite has no inf literal through every driver
@@ -190,9 +203,10 @@ class TimingCache(_SQLiteStore):
 
         self._conn.execute(
             "INSERT OR REPLACE INTO timings (key, spec, median_us, p20_us, p80_us, reps, emulated, error, created, "
-            "discarded, reliable, single_us, threads) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "discarded, reliable, single_us, threads, coarse) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (key.digest(), json.dumps(key.fields()), finite(t.median_us), finite(t.p20_us), finite(t.p80_us),
-             t.reps, t.emulated, t.error, time.time(), t.discarded, int(t.reliable), t.single_us, t.threads))
+             t.reps, t.emulated, t.error, time.time(), t.discarded, int(t.reliable), t.single_us, t.threads,
+             int(t.coarse)))
 
     def __len__(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM timings").fetchone()[0]
@@ -257,6 +271,91 @@ class ResultCache(_SQLiteStore):
     def put(self, key: str, value: dict) -> None:
         self._conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
                            (self._stored(key), json.dumps(value), time.time()))
+
+
+REFERENCES = "references"  # TensorCache's folder, next to the SQLite file
+
+
+class TensorCache:
+    """Named CPU tensors by string key, one safetensors file per key: `root`/<sha256 of scope and
+    key>.safetensors. `scope` names what every key here depends on (the model's weights, the
+    device, torch's version), so a key need only name the rest (the inputs, the parameters).
+    Writes are atomic (autoao.common.atomic_write); a file that cannot be read is a miss and is
+    removed, so the next put writes it afresh."""
+
+    def __init__(self, root: str | os.PathLike, scope: str) -> None:
+        self.root, self.scope = Path(root), scope
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{digest(self.scope, key)}.safetensors"
+
+    def has(self, key: str) -> bool:
+        """Whether a file for `key` exists (it may still prove unreadable to `get`)."""
+        return self.path(key).is_file()
+
+    def get(self, key: str) -> dict[str, torch.Tensor] | None:
+        """The tensors stored under `key` (on the CPU), or None: never stored, or unreadable."""
+        from safetensors.torch import load_file  # lazy: only a run with a reference cache reads one
+
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        try:
+            return load_file(path)
+        except Exception:  # noqa: BLE001 - truncated or not safetensors: the cache is a cache
+            path.unlink(missing_ok=True)
+            return None
+
+    def put(self, key: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Store `tensors` under `key` (copied to the CPU), replacing what was there; a disk that
+        refuses the write is warned about and the run goes on without the file."""
+        from safetensors.torch import save  # lazy, as in get
+
+        data = save({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, {"key": key})
+        try:
+            atomic_write(self.path(key), lambda f: f.write(data))
+        except OSError as e:
+            warnings.warn(f"could not write the reference cache file {self.path(key)} ({e}): the unmodified "
+                          "model's outputs will be computed again next run", stacklevel=2)
+
+
+def numbered(name: str, tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A list of tensors as TensorCache entries name.0, name.1, ... (`listed` reads them back)."""
+    return {f"{name}.{i}": t for i, t in enumerate(tensors)}
+
+
+def listed(stored: Mapping[str, torch.Tensor], name: str) -> list[torch.Tensor]:
+    """The list `numbered(name, ...)` stored, in its order."""
+    return [stored[f"{name}.{i}"] for i in range(sum(k.startswith(f"{name}.") for k in stored))]
+
+
+def scalar(value: float) -> torch.Tensor:
+    """A float as a 0-dim float64 TensorCache entry: float() of it is the same float."""
+    import torch
+
+    return torch.tensor(value, dtype=torch.float64)
+
+
+def inputs_digest(inputs: Any) -> str:
+    """`digest` of model inputs nested in lists, tuples and mappings (autoao's input convention):
+    every tensor by its contents, with its place in the structure and the containers' kinds (a
+    tuple is positional arguments, a mapping keyword arguments); other values by repr."""
+    parts: list[object] = []
+
+    def walk(x: Any, path: tuple) -> None:
+        if isinstance(x, Mapping):
+            parts.append((path, "mapping", sorted(map(str, x))))
+            for k, v in x.items():
+                walk(v, (*path, str(k)))
+        elif isinstance(x, (list, tuple)):
+            parts.append((path, type(x).__name__, len(x)))
+            for i, v in enumerate(x):
+                walk(v, (*path, i))
+        else:
+            parts.extend((path, x))
+
+    walk(inputs, ())
+    return digest(*parts)
 
 
 def digest(*parts: object) -> str:

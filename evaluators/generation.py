@@ -20,6 +20,11 @@ weights upcast, then put back bit-exact) teacher-forced along the same continuat
 agrees with bf16 as often as float32 does has dropped nothing. An fp32 reference has no noise: its
 baseline agreement is 1.
 
+With `references` (evaluators.cache.TensorCache, scoped to the model's weights, the device and
+torch's version), the reference's continuation [P, N], its noise [P, N] and the seconds computing
+them took are kept on disk by the prompts' digest, the new tokens and the decode path: a judge
+built again from them is bit-identical and does not run the model.
+
 This module knows nothing of plans, budgets or the search: it turns a model into Evidence.
 """
 
@@ -28,12 +33,14 @@ from __future__ import annotations
 import inspect
 import math
 import sys
+import time
 from typing import Callable, Generator
 
 import torch
 from torch import nn
 
 from autoao.common import call_model, model_device
+from autoao.evaluators.cache import TensorCache, digest, scalar
 from autoao.evaluators.sensitivity import _logits, token_ids, upcast
 from autoao.types import Evidence, Stratum
 
@@ -145,16 +152,25 @@ def prompts_from(inputs: list, *, n_prompts: int, length: int) -> torch.Tensor:
 
 ##### the judge #################################################################################
 
+def _reference_key(reference: nn.Module, prompts: torch.Tensor, new_tokens: int) -> str:
+    """A judge's key in the reference cache: its prompts [P, L], new tokens and decode path."""
+    path = "kv-cache" if uses_kv_cache(reference) else "recomputed"
+    return f"generation:{digest(prompts.long().cpu())}:new_tokens={new_tokens}:decode={path}"
+
+
 class GenerationJudge:
     """Tier 1 for causal LMs: greedy-continuation agreement with the unmodified model, on the
     decode path users run, against the model's own float32-vs-bf16 noise (see the module
     docstring). Built once from the reference; `evidence(model)` scores any model of the same
     vocabulary on the same prompts."""
 
-    def __init__(self, reference: nn.Module, prompts: torch.Tensor, new_tokens: int) -> None:
+    def __init__(self, reference: nn.Module, prompts: torch.Tensor, new_tokens: int, *,
+                 references: TensorCache | None = None) -> None:
         """reference: the unmodified model (upcast and put back bit-exact for the noise; otherwise
         unchanged). prompts: [P, L] integer token ids, P >= 1 prompts of one length L >= 1.
-        new_tokens: greedy steps per prompt, >= 1. ValueError naming the bad argument."""
+        new_tokens: greedy steps per prompt, >= 1. references: where the reference's side is kept
+        on disk (module docstring); None computes it. ValueError naming the bad argument.
+        `seconds`: what computing the reference's side took (when it was computed)."""
         if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.dtype.is_floating_point \
                 or prompts.dtype == torch.bool or prompts.numel() == 0:
             got = (f"a {prompts.dtype} tensor of shape {tuple(prompts.shape)}" if isinstance(prompts, torch.Tensor)
@@ -164,14 +180,27 @@ class GenerationJudge:
             raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
         self.prompts = prompts.long().cpu()  # [P, L]
         self.new_tokens = new_tokens
-        self.tokens = greedy(reference, self.prompts, new_tokens).cpu()  # [P, N] the reference's continuation
-        with upcast(reference) as changed:
-            if changed:
-                argmax, finite = forced_argmax(reference, self.prompts, self.tokens)
-                self.noise = (argmax == self.tokens) & finite  # [P, N] float32 agrees with bf16
-            else:
-                self.noise = torch.ones_like(self.tokens, dtype=torch.bool)
+        key = _reference_key(reference, self.prompts, new_tokens) if references is not None else ""
+        hit = references.get(key) if references is not None else None
+        if hit is not None:
+            self.tokens, self.noise, self.seconds = hit["tokens"], hit["noise"], float(hit["seconds"])
+        else:
+            t0 = time.perf_counter()
+            self.tokens, self.noise = self._reference_side(reference)
+            self.seconds = time.perf_counter() - t0
+            if references is not None:
+                references.put(key, {"tokens": self.tokens, "noise": self.noise, "seconds": scalar(self.seconds)})
         self.noise_floor = self.noise.float().mean().item()
+
+    def _reference_side(self, reference: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the reference's greedy continuation [P, N], its float32 twin's agreement along it
+        [P, N] bool; all True for a model without a lower precision), on the CPU."""
+        tokens = greedy(reference, self.prompts, self.new_tokens).cpu()  # [P, N]
+        with upcast(reference) as changed:
+            if not changed:
+                return tokens, torch.ones_like(tokens, dtype=torch.bool)
+            argmax, finite = forced_argmax(reference, self.prompts, tokens)
+        return tokens, (argmax == tokens) & finite  # [P, N] float32 agrees with bf16
 
     def agreement(self, model: nn.Module) -> torch.Tensor:
         """[P, N] bool: at each step of the reference's continuation, teacher-forced, whether
@@ -210,11 +239,13 @@ class GenerationLooks:
     reference's continuation and its float32 noise) built from the unmodified model the first time
     a look needs it, so a plan that resolves on the first chunk costs only that chunk."""
 
-    def __init__(self, chunks: list[torch.Tensor], new_tokens: int) -> None:
-        """chunks: [P_i, L] prompt tensors, one per look (GenerationJudge's prompts)."""
+    def __init__(self, chunks: list[torch.Tensor], new_tokens: int, *,
+                 references: TensorCache | None = None) -> None:
+        """chunks: [P_i, L] prompt tensors, one per look (GenerationJudge's prompts). references:
+        where each look's reference side is kept on disk (GenerationJudge)."""
         if not chunks:
             raise ValueError("the generation check needs at least one chunk of prompts")
-        self.chunks, self.new_tokens = chunks, new_tokens
+        self.chunks, self.new_tokens, self.references = chunks, new_tokens, references
         self.judges: dict[int, GenerationJudge] = {}
 
     @property
@@ -224,7 +255,14 @@ class GenerationLooks:
     def prepare(self, reference: nn.Module, look: int) -> None:
         """Build look `look`'s judge from the unmodified model (once)."""
         if look not in self.judges:
-            self.judges[look] = GenerationJudge(reference, self.chunks[look], self.new_tokens)
+            self.judges[look] = GenerationJudge(reference, self.chunks[look], self.new_tokens,
+                                                references=self.references)
+
+    def on_disk(self, reference: nn.Module, look: int) -> bool:
+        """Whether look `look`'s judge is built or its reference side is in the reference cache:
+        what preparing it still costs is (nearly) nothing."""
+        return look in self.judges or (self.references is not None and self.references.has(
+            _reference_key(reference, self.chunks[look], self.new_tokens)))
 
     def evidence(self, model: nn.Module, look: int) -> Evidence:
         """Look `look`'s evidence alone (prepare it first); a judge merges the looks it took."""

@@ -25,6 +25,12 @@ whose screen drops were lucky) is judged on positions it was not chosen on.
 
 Reference outputs are kept on the CPU (log-probabilities in float32 for LMs: B*T*V*4 bytes; 1024
 tokens of a 49k vocabulary are 200 MB). Results are cached on disk by `key` (the plan's digest).
+With `references` (a TensorCache scoped to the model's weights, the device and torch's version),
+the unmodified model's side is cached on disk too, by the inputs' digest: the screen's outputs as
+the model returned them (an LM's bf16 logits, from which the log-probabilities are computed as
+they would be) with the seconds that pass took (`pass_seconds` prices a trial), the float32 twin's
+agreement and metrics, and per confirmation chunk an LM's top-1 tokens and noise (other modes: its
+outputs). What comes from there is bit-identical to computing it, and the model is not run.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from autoao.evaluators.cache import ResultCache, digest
+from autoao.common import model_device
+from autoao.evaluators.cache import ResultCache, TensorCache, digest, inputs_digest, listed, numbered, scalar
 from autoao.evaluators.sensitivity import _neighbours, _pooled, output_mode, run_model, token_ids, upcast
 from autoao.types import Accuracy, Evidence, Stratum, finite
 
@@ -46,16 +53,18 @@ BLOCK = 32  # positions of one sequence per evidence unit
 class _Part:
     """One set of inputs with its reference outputs and per-item noise. `light` (an LM's
     confirmation chunk): only the reference's top-1 tokens are kept, enough for agreement, not the
-    [B, T, V] log-probabilities KL and loss need."""
+    [B, T, V] log-probabilities KL and loss need; a light part may be given those tokens (`top`,
+    [B, T] each) instead of the outputs."""
 
-    def __init__(self, inputs: list[Any], outs: list[torch.Tensor], mode: str, light: bool = False) -> None:
+    def __init__(self, inputs: list[Any], outs: list[torch.Tensor] | None, mode: str, light: bool = False,
+                 top: list[torch.Tensor] | None = None) -> None:
         self.inputs, self.mode = inputs, mode
         if mode == "lm":
             tokens = [token_ids(ex) for ex in inputs]
             # next tokens [B, T-1] where there is text to score (T >= 2)
             self.labels = [t[:, 1:].cpu() if t.shape[1] >= 2 and not light else None for t in tokens]  # type: ignore[union-attr]
             self.ref = None if light else [torch.log_softmax(o.float(), -1).cpu() for o in outs]  # [B, T, V]
-            self.top = [o.float().argmax(-1).cpu() for o in outs]  # [B, T]
+            self.top = top if top is not None else [o.float().argmax(-1).cpu() for o in outs]  # [B, T]
         elif mode == "embedding":
             self.ref = [_pooled(o, ex) for o, ex in zip(outs, inputs)]  # [B, D] each
             self.ref_nn = _neighbours(torch.cat(self.ref))
@@ -77,17 +86,18 @@ class ProxyEvaluator:
     reference less than the model's own numerics do is never rejected."""
 
     def __init__(self, reference: nn.Module, inputs: Any, *, cache: ResultCache | None = None,
-                 reference_key: str | None = None, confirm: list[list[Any]] | None = None) -> None:
+                 reference_key: str | None = None, confirm: list[list[Any]] | None = None,
+                 references: TensorCache | None = None) -> None:
         """reference_key: the `key` that names the reference model itself (a plan that changes no
         layer): scored as the baseline without running the model again. confirm: further input
-        chunks for verdicts (their references computed by `prepare`)."""
+        chunks for verdicts (their references computed by `prepare`). references: where the
+        unmodified model's side is kept on disk (module docstring); None computes it every time."""
         examples = inputs if isinstance(inputs, list) else [inputs]
         if not examples:
             raise ValueError("the proxy needs at least one held-out input")
-        self.cache, self.reference_key = cache, reference_key
-        t0 = time.perf_counter()
-        outs = run_model(reference, examples)
-        self.pass_seconds = time.perf_counter() - t0  # one pass over the screen: what a trial's scoring costs
+        self.cache, self.reference_key, self.references = cache, reference_key, references
+        # one pass over the screen: what a trial's scoring costs (measured when the outputs were)
+        outs, self.pass_seconds = self._outputs(reference, examples, "proxy-screen")
         self.mode = output_mode(outs, examples)
         self.lm = self.mode == "lm"
         self.screen = _Part(examples, outs, self.mode)
@@ -108,14 +118,23 @@ class ProxyEvaluator:
         An fp32 model has no lower precision to compare with: its floor stays 1."""
         if self.mode != "lm":
             return
-        with upcast(reference) as changed:
-            if not changed:
-                return
-            metrics, noise = self._metrics(self.screen, run_model(reference, self.screen.inputs))
-        self.screen.noise = noise
-        self.floor = min(self.floor, metrics["accuracy"])
-        self.baseline["noise_agreement"] = metrics["accuracy"]
-        self.baseline["noise_kl"] = metrics["kl"]
+        key = self._key("proxy-noise", self.screen.inputs)
+        hit = self.references.get(key) if key is not None else None
+        if hit is not None:  # stored only for a model that has a lower precision
+            noise, accuracy, kl = listed(hit, "noise"), float(hit["accuracy"]), float(hit["kl"])
+        else:
+            with upcast(reference) as changed:
+                if not changed:
+                    return
+                metrics, noise = self._metrics(self.screen, run_model(reference, self.screen.inputs))
+            accuracy, kl = metrics["accuracy"], metrics["kl"]
+            if key is not None:
+                stored = {**numbered("noise", noise), "accuracy": scalar(accuracy), "kl": scalar(kl)}
+                self.references.put(key, stored)
+        self.screen.noise = noise  # [B, T] each: 1 where the float32 twin agrees
+        self.floor = min(self.floor, accuracy)
+        self.baseline["noise_agreement"] = accuracy
+        self.baseline["noise_kl"] = kl
         self.noise = "float32-vs-bf16"
 
     def prepare(self, reference: nn.Module, chunk: int) -> bool:
@@ -125,13 +144,21 @@ class ProxyEvaluator:
             return True
         if chunk >= len(self.confirm_inputs):
             return False
-        part = _Part(self.confirm_inputs[chunk], run_model(reference, self.confirm_inputs[chunk]), self.mode,
-                     light=self.lm)
-        if self.noise:
-            with upcast(reference):
-                part.noise = self._metrics(part, run_model(reference, part.inputs))[1]
-        self.confirm[chunk] = part
+        inputs = self.confirm_inputs[chunk]
+        if self.lm:
+            self.confirm[chunk] = self._light_part(reference, inputs)
+        else:
+            self.confirm[chunk] = _Part(inputs, self._outputs(reference, inputs, "proxy-confirm")[0], self.mode)
         return True
+
+    def on_disk(self, chunk: int) -> bool:
+        """Whether confirmation chunk `chunk`'s reference side is prepared or in the reference
+        cache: what preparing it still costs is (nearly) nothing."""
+        if chunk in self.confirm:
+            return True
+        if self.references is None or chunk >= len(self.confirm_inputs):
+            return False
+        return self.references.has(self._key("proxy-confirm", self.confirm_inputs[chunk]))
 
     def score(self, model: nn.Module, key: str | None = None, chunk: int | None = None) -> tuple[Accuracy, Evidence]:
         """Tier-1 accuracy of `model` and its evidence, on the screen (chunk None) or a prepared
@@ -169,6 +196,49 @@ class ProxyEvaluator:
         if self.mode == "embedding":
             return f"mean cosine similarity to the unmodified model's embeddings of {self.screen.items} held-out rows"
         return "1 - the mean relative L2 error of the output rows on held-out inputs"
+
+    ##### the reference side ####################################################################
+
+    def _key(self, kind: str, inputs: list[Any]) -> str | None:
+        """The reference cache's key of what `kind` stores about `inputs` (None: no cache). An LM's
+        confirmation chunk holds its noise once calibrated."""
+        if self.references is None:
+            return None
+        noise = f":noise={self.noise}" if kind == "proxy-confirm" and self.lm else ""
+        return f"{kind}:{inputs_digest(inputs)}{noise}"
+
+    def _outputs(self, reference: nn.Module, inputs: list[Any], kind: str) -> tuple[list[torch.Tensor], float]:
+        """The reference's outputs on `inputs` and the seconds that pass took: from the reference
+        cache where it holds them (put on the model's device, where they were computed; the
+        seconds measured then), else run and stored."""
+        key = self._key(kind, inputs)
+        hit = self.references.get(key) if key is not None else None
+        if hit is not None:
+            device = model_device(reference)
+            return [o.to(device) for o in listed(hit, "out")], float(hit["seconds"])
+        t0 = time.perf_counter()
+        outs = run_model(reference, inputs)
+        seconds = time.perf_counter() - t0
+        if key is not None:
+            self.references.put(key, {**numbered("out", outs), "seconds": scalar(seconds)})
+        return outs, seconds
+
+    def _light_part(self, reference: nn.Module, inputs: list[Any]) -> _Part:
+        """An LM's confirmation chunk: the reference's top-1 tokens [B, T] and, once calibrated,
+        the float32 twin's agreement with them [B, T]; from the reference cache where it holds them."""
+        key = self._key("proxy-confirm", inputs)
+        hit = self.references.get(key) if key is not None else None
+        if hit is not None:
+            part = _Part(inputs, None, self.mode, light=True, top=listed(hit, "top"))
+            part.noise = listed(hit, "noise") if self.noise else None
+            return part
+        part = _Part(inputs, run_model(reference, inputs), self.mode, light=True)
+        if self.noise:
+            with upcast(reference):
+                part.noise = self._metrics(part, run_model(reference, part.inputs))[1]
+        if key is not None:
+            self.references.put(key, {**numbered("top", part.top), **numbered("noise", part.noise or [])})
+        return part
 
     ##### per item ##############################################################################
 

@@ -10,39 +10,48 @@ timed as a stream of copies whose weights exceed twice the last-level cache (str
 
 A candidate that raises, runs out of memory or returns NaN/Inf gets `inf` and the error string;
 the caller goes on. Emulated candidates are timed and flagged; they are never a speed-up.
+
+Many cells at once (measure_latencies): the baseline first, then the cells that weigh most in the
+workload; under a deadline every cell is timed coarsely before any is refined, so a short deadline
+leaves the lightest cells coarse rather than untimed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable
 
 import torch
 from torch import nn
 
 from autoao import search_space
 from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
-from autoao.common import BASELINE, __version__, call_model, triton_version
+from autoao.common import BASELINE, __version__, triton_version
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
+from autoao.evaluators.latency import (KERNEL_MARGIN, LatencyRow, LatencyTable, kernel_info,  # noqa: F401  (re-exported)
+                                       kernel_names, pick_kernel, pick_route, route_timing, workload_us)
+from autoao.evaluators.model_timing import measure_model  # noqa: F401  (re-exported)
 from autoao.kernels import KernelInfo
 from autoao.kernels._base import canonical_on_device
 from autoao.kernels.ops import cdiv
-from autoao.kernels.routes import parse_route, route_from_timings, route_kernel
 from autoao.search_space import Candidate, LayerSpec
 
 # Part of every cache key: bump it when the measurement method or a kernel changes, so old timings
 # are not reused. 5: CPU samples during which the process lost the CPU are dropped and re-taken.
-HARNESS_VERSION = 12  # 12: int8_wo and fp8_wo run eager calls of 1-64 rows on one CUDA kernel (cuda_rows)
-# CPU sampling per cell: about CELL_SECONDS of samples, less (down to MIN_CELL_SECONDS) when a
-# deadline leaves less per cell; a candidate over SLOW_CUT x the baseline's time at a cell ends at
-# one clean sample (int8_dyn on a 49152x576 LM head at M=256 takes 2.6 s a call on a 2-core EPYC
-# without VNNI: 5 samples of it were a third of a 90 s budget, to learn that it loses 3x).
+# 13: the run-queue delay that judges a CPU sample is read through files kept open
+# (clock._KeptFiles), so small cells' samples no longer pay for reading it.
+HARNESS_VERSION = 13
+# CPU sampling per cell and M: about CELL_SECONDS of samples, or COARSE_SECONDS in the first pass
+# under a deadline (every cell coarsely before any is refined: measure_latencies); a candidate over
+# SLOW_CUT x the baseline's time at a cell ends at one clean sample (int8_dyn on a 49152x576 LM head
+# at M=256 takes 2.6 s a call on a 2-core EPYC without VNNI: 5 samples of it were a third of a 90 s
+# budget, to learn that it loses 3x), which no refinement changes (such a timing is not coarse).
 CELL_SECONDS = 0.5
-MIN_CELL_SECONDS = 0.05
+COARSE_SECONDS = 0.05
 SLOW_CUT = 2.0
 # A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time:
 # a poisoned cache sat 200x off; a healthy one re-timed on a loaded 2-core machine read 116 us
@@ -92,11 +101,14 @@ def build_layer(cand: Candidate, k: int, n: int, dtype: torch.dtype, device: tor
 def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: torch.device, *,
                 compile: bool = False, graph: bool = True, reps: int | None = None,
                 threads: int | None = None, max_seconds: float = CELL_SECONDS,
-                stop_above_us: float | None = None) -> Timing:
+                stop_above_us: float | None = None,
+                copies: Callable[[], list[nn.Module]] | None = None) -> Timing:
     """Time module(x) for x [m, k]; inf with the reason on failure or non-finite output.
     graph: on CUDA, replay a captured CUDA graph (False: time eager launches).
     max_seconds, stop_above_us: on the CPU, about how long to sample, and a time past which one
-    clean sample ends the timing (see autoao.clock.time_cpu)."""
+    clean sample ends the timing (see autoao.clock.time_cpu); a CPU timing sampled for less than
+    CELL_SECONDS and not ended so is Timing.coarse. copies: the module's streaming copies when
+    asked (a caller timing several M makes them once); default streaming_copies(module)."""
     device = torch.device(device)
     try:
         x_src = torch.randn(m, k, device=device, dtype=dtype)
@@ -112,167 +124,49 @@ def time_module(module: nn.Module, m: int, k: int, dtype: torch.dtype, device: t
                 med, p20, p80, n = time_cuda(lambda: fn(x), reps=reps or 50, graph=graph,
                                              prime=lambda: x.copy_(x_src))
                 return Timing(med, p20, p80, n)
-            copies = streaming_copies(fn) if not compile else [fn]
-            calls = [lambda c=c: c(x) for c in copies]
-            n_threads = threads or torch.get_num_threads()
-            s = time_cpu(calls, reps=reps or 20, threads=threads, max_seconds=max_seconds,
-                         stop_above_us=stop_above_us, first_s=first_s)
-            if s.cut and n_threads > 1:
-                # Cut early (far behind the baseline), so a sample or two decide the cell. A thread
-                # stalled at a barrier for a descheduled peer is not this process's lost CPU time,
-                # so a clean-looking multi-threaded sample can be a stall (next to busy loops,
-                # int8_dyn 192x576 was cut at 271 us, 84 us quiet: tests/test_load.py). One thread
-                # cannot stall so, and this slow a kernel is no faster on one thread than on
-                # several: the cell is the lesser of the two, and unreliable (re-timed by the next
-                # run) when one thread gave no clean sample either.
-                one = time_cpu(calls, reps=1, threads=1, max_seconds=max_seconds / 2, warmup=1, min_samples=1)
-                if not one.reliable:
-                    return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded + one.discarded,
-                                  reliable=False, threads=n_threads)
-                if one.median < s.median:
-                    return Timing(one.median, one.median, one.median, 1, discarded=s.discarded + one.discarded,
-                                  threads=n_threads)
-            single = None
-            if not s.reliable and n_threads > 1:
-                # a busy neighbour stalls every thread at each barrier; one thread runs undisturbed
-                one = time_cpu(calls, reps=reps or 20, threads=1, max_seconds=max_seconds / 2, warmup=1)
-                single = one.median if one.reliable else None
-            return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable,
-                          single_us=single, threads=n_threads)
+            streamed = [fn] if compile else copies() if copies is not None else streaming_copies(fn)
+            return _cpu_timing([lambda c=c: c(x) for c in streamed], reps or 20, threads, max_seconds,
+                               stop_above_us, first_s)
     except torch.cuda.OutOfMemoryError as e:
         return Timing.failed(f"out of memory: {str(e).splitlines()[0]}")
     except Exception as e:  # noqa: BLE001 - a failing kernel is data, not a crash
         return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
+def _cpu_timing(calls: list[Callable[[], object]], reps: int, threads: int | None, max_seconds: float,
+                stop_above_us: float | None, first_s: float) -> Timing:
+    """time_module's CPU timing of a layer's warm `calls` (its streaming copies), first_s the
+    seconds of the validation call just made; with more than one thread, capped or bounded by one
+    thread's time where the samples cannot be trusted alone."""
+    n_threads = threads or torch.get_num_threads()
+    s = time_cpu(calls, reps=reps, threads=threads, max_seconds=max_seconds, stop_above_us=stop_above_us,
+                 first_s=first_s)
+    if s.cut and n_threads > 1:
+        # Cut early (far behind the baseline), so a sample or two decide the cell. A thread stalled
+        # at a barrier for a descheduled peer is not this process's lost CPU time, so a clean-looking
+        # multi-threaded sample can be a stall (next to busy loops, int8_dyn 192x576 was cut at
+        # 271 us, 84 us quiet: tests/test_load.py). One thread cannot stall so, and this slow a
+        # kernel is no faster on one thread than on several: the cell is the lesser of the two, and
+        # unreliable (re-timed by the next run) when one thread gave no clean sample either. The
+        # calls are warm: no warm-up (a 49152x576 LM head's slow kernels take 0.1-0.4 s a call on
+        # one thread), and a colder first call only keeps the several threads' time.
+        one = time_cpu(calls, reps=1, threads=1, max_seconds=max_seconds / 2, warmup=0, min_samples=1)
+        if not one.reliable:
+            return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded + one.discarded,
+                          reliable=False, threads=n_threads)
+        if one.median < s.median:
+            return Timing(one.median, one.median, one.median, 1, discarded=s.discarded + one.discarded,
+                          threads=n_threads)
+    single = None
+    if not s.reliable and n_threads > 1:
+        # a busy neighbour stalls every thread at each barrier; one thread runs undisturbed
+        one = time_cpu(calls, reps=reps, threads=1, max_seconds=max_seconds / 2, warmup=1)
+        single = one.median if one.reliable else None
+    return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable,
+                  single_us=single, threads=n_threads, coarse=max_seconds < CELL_SECONDS and not s.cut)
+
+
 ##### many (shape, candidate, M) at once, through the on-disk cache ##############################
-
-@dataclass(frozen=True)
-class LatencyRow:
-    candidate: str  # Candidate.name
-    m: int
-    k: int
-    n: int
-    timing: Timing
-    cached: bool  # True when read from the cache instead of measured now
-
-
-@dataclass
-class LatencyTable:
-    """The result of measure_latencies. `measured` counts kernel timings actually run (cache misses)."""
-
-    device: str
-    dtype: str
-    mode: str
-    rows: list[LatencyRow]
-    measured: int
-    seconds: float
-    # (candidate, K, N) -> kernel -> M -> Timing, for candidates with several kernels on the device: every
-    # kernel's timings (rows hold the chosen kernel's), for reports and benchmarks
-    kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = dataclasses.field(default_factory=dict)
-    # "candidate" or "candidate@kernel" -> wall seconds spent building, compiling and timing it
-    # (cache misses only): where a search's timing stage went
-    seconds_by_kernel: dict[str, float] = dataclasses.field(default_factory=dict)
-    _index: dict[tuple[str, int, int, int], Timing] = dataclasses.field(default_factory=dict, repr=False)
-
-    def get(self, candidate: str, m: int, k: int, n: int) -> Timing:
-        if len(self._index) != len(self.rows):  # built on first use (the cost model asks ~N*C*M times)
-            self._index = {(r.candidate, r.m, r.k, r.n): r.timing for r in self.rows}
-        try:
-            return self._index[(candidate, m, k, n)]
-        except KeyError:
-            raise KeyError(f"no timing for {candidate} at M={m}, K={k}, N={n}") from None
-
-    def find(self, candidate: str, m: int, k: int, n: int) -> Timing | None:
-        """`get`, or None where the cell was not timed."""
-        try:
-            return self.get(candidate, m, k, n)
-        except KeyError:
-            return None
-
-    def merged(self, other: LatencyTable) -> LatencyTable:
-        """This table and `other` (more shapes or candidates, same device, dtype and mode) as one."""
-        if (other.device, other.dtype, other.mode) != (self.device, self.dtype, self.mode):
-            raise ValueError(f"cannot merge timings of {other.device}/{other.dtype}/{other.mode} into "
-                             f"{self.device}/{self.dtype}/{self.mode}")
-        seconds = dict(self.seconds_by_kernel)
-        for label, sec in other.seconds_by_kernel.items():
-            seconds[label] = seconds.get(label, 0.0) + sec
-        return LatencyTable(self.device, self.dtype, self.mode, self.rows + other.rows, self.measured + other.measured,
-                            self.seconds + other.seconds, {**self.kernel_timings, **other.kernel_timings}, seconds)
-
-    def kernel_for(self, candidate: str, k: int, n: int) -> str | None:
-        """The kernel chosen for `candidate` on the (N, K) shape (None: the candidate has one; the
-        same kernel serves every M, see pick_kernel)."""
-        m = next((r.m for r in self.rows), None)
-        try:
-            return self.get(candidate, m, k, n).kernel if m is not None else None
-        except KeyError:
-            return None
-
-
-def kernel_names(cand: Candidate, device: torch.device) -> tuple[str | None, ...]:
-    """The kernels to time for `cand` on `device`: its kernels there (Candidate.kernels) when it
-    has several, else (None,) (one implementation)."""
-    kernels = cand.kernels(device)
-    return tuple(k.name for k in kernels) if len(kernels) > 1 else (None,)
-
-
-def _kernel_info(cand: Candidate, device: torch.device, kernel: str | None) -> KernelInfo:
-    """The record of `kernel`, a kernel_names entry (None: the candidate's only kernel), among
-    `cand`'s kernels on `device`."""
-    kernels = cand.kernels(device)
-    return kernels[0] if kernel is None else next(k for k in kernels if k.name == kernel)
-
-
-def workload_us(times: dict[int, Timing], calls: dict[int, int] | None = None) -> float:
-    """Sum over M of calls[M] x median time (calls default to once each; a failure counts inf)."""
-    return sum((calls or {}).get(m, 1) * (t.median_us if t.ok else math.inf) for m, t in times.items())
-
-
-KERNEL_MARGIN = 0.02  # a kernel listed later must be this much faster to be chosen (noise, memory)
-
-
-def pick_kernel(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, int] | None = None) -> str | None:
-    """The kernel with the least total time over the workload: sum over M of calls[M] x median
-    (calls: how often the layer runs with M rows; default once each): pick_route's choice where the
-    kernels fastest at each M cannot share one module (their runtime layouts differ). The first-listed kernel within
-    KERNEL_MARGIN of the fastest wins, so timing noise does not flip plans and the default (and
-    leaner) kernels are kept on near ties. Failed timings count as inf."""
-    totals = {kern: workload_us(times, calls) for kern, times in by_kernel.items()}
-    best = min(totals.values())
-    return next(kern for kern, total in totals.items() if total <= best * (1 + KERNEL_MARGIN))
-
-
-def pick_route(by_kernel: dict[str | None, dict[int, Timing]], calls: dict[int, int] | None = None,
-               layouts: Mapping[str, str] | None = None) -> str | None:
-    """The kernel, or route of kernels (kernels.parse_route), that serves the workload fastest:
-    at each timed M the kernel fastest there (the first-listed within KERNEL_MARGIN of it), cut
-    between two timed M at their geometric mean (route_from_timings). Where those winners read
-    different runtime layouts (layouts: kernel -> KernelInfo.layout), one module cannot hold them
-    all, and the one kernel pick_kernel chooses serves every M. None: the candidate has one
-    implementation."""
-    if None in by_kernel:
-        return None
-    winners: dict[int, str] = {}
-    for m in sorted(next(iter(by_kernel.values()))):
-        at = {kern: (t[m].median_us if t[m].ok else math.inf) for kern, t in by_kernel.items()}
-        best = min(at.values())
-        if best == math.inf:  # nothing ran at this M: no per-M choice to make
-            return pick_kernel(by_kernel, calls)
-        winners[m] = next(kern for kern, us in at.items() if us <= best * (1 + KERNEL_MARGIN))  # type: ignore[misc]
-    if len(set(winners.values())) > 1 and layouts is not None \
-            and len({layouts[kern] for kern in winners.values()}) > 1:
-        return pick_kernel(by_kernel, calls)
-    return route_from_timings(winners)
-
-
-def route_timing(by_kernel: dict[str | None, dict[int, Timing]], route: str | None, m: int) -> Timing:
-    """The timing at M of `route` (pick_route's answer): its kernel for M rows, labelled with the route."""
-    if route is None:
-        return by_kernel[None][m]
-    return dataclasses.replace(by_kernel[route_kernel(parse_route(route), m)][m], kernel=route)
-
 
 def device_name(device: torch.device) -> str:
     """What a timing depends on: the GPU model, or the CPU model and the thread count."""
@@ -297,6 +191,12 @@ def default_mode(device: torch.device) -> str:
     return "compile" if device.type == "cuda" else "eager"
 
 
+# With a deadline, refining the coarse cells takes at most this x the coarse pass's seconds, or half
+# of what the deadline leaves, whichever is more: the time after timing is worth more to the run's
+# first verified plan than to finer cells (a later run with time to spare refines what is cached coarse).
+REFINE_SHARE = 1.0
+
+
 def measure_latencies(
     shapes: list[tuple[int, int]],
     tokens: list[int],
@@ -309,6 +209,7 @@ def measure_latencies(
     progress: bool = True,
     calls: dict[tuple[int, int], dict[int, int]] | None = None,
     deadline: float | None = None,
+    extra: tuple[list[tuple[int, int]], list[Candidate]] | None = None,
 ) -> LatencyTable:
     """Time every candidate on every (N, K) shape at every M in `tokens`, reusing cached timings.
 
@@ -322,38 +223,32 @@ def measure_latencies(
     the rows hold the kernel or route that pick_route chooses for the shape (Timing.kernel: the
     route's text, its kernel's time at each M), kernel_timings every kernel's.
     cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
-    calls: (N, K) -> {M: calls per forward}, the workload's weights for choosing a kernel (default:
-    each M once).
-    deadline: a time.perf_counter() after which cells not in the cache are not timed (a failed
-    Timing, NOT_TIMED); the baseline is always timed. Cells are timed baseline first, then by their
-    weight in the workload, largest first.
+    calls: (N, K) -> {M: calls per forward}, the workload's weights for ordering the cells and
+    choosing a kernel (default: each M once).
+    extra: (shapes, candidates) timed in the same work list, each shape on those candidates only
+    (the sibling groups' fused shapes, on the candidates that fuse).
+    deadline: a time.perf_counter() by which to finish. Without one, every cell is timed at
+    CELL_SECONDS. With one, two passes over the cells in _work_order's order: every cell coarsely
+    (Timing.coarse: COARSE_SECONDS of samples per M) or from the cache, then, while the deadline
+    (bounded by REFINE_SHARE) allows a cell's estimated cost (_refine_seconds),
+    its coarse timings again at CELL_SECONDS (replacing them in the table and the cache). Cells the first pass reaches past the deadline
+    are not timed (a failed Timing, NOT_TIMED), but for the baseline, which is always timed.
     Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
     """
     device = torch.device(device)
     mode = _checked_mode(mode or default_mode(device), device)
     run = _Run(cache if cache is not None else TimingCache(), key_base(device, dtype, mode), dtype, device, mode,
                deadline)
-    work = _work_order(shapes, tokens, candidates if candidates is not None else search_space.all_candidates(), calls)
-    rows: list[LatencyRow] = []
-    kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = {}
+    cands = candidates if candidates is not None else search_space.all_candidates()
+    more = [(n, k, c) for n, k in extra[0] for c in extra[1]] if extra is not None else []
+    work = _work_order([(n, k, c) for n, k in shapes for c in cands] + more, tokens, calls)
     t0 = time.perf_counter()
-    bar = _progress(len(work) * len(tokens), progress, f"timing on {run.base['device']}")
-    for i, (n, k, cand) in enumerate(work):
-        sampling = _sampling(deadline, (len(work) - i) * len(tokens))
-        by_kernel, timed_now = _time_kernels(run, cand, n, k, tokens, sampling)
-        layouts = {kern.name: kern.layout for kern in cand.kernels(device)}
-        chosen = pick_route(by_kernel, (calls or {}).get((n, k)), layouts)
-        if chosen is not None:
-            kernel_timings[(cand.name, k, n)] = by_kernel  # type: ignore[assignment]
-        for m in tokens:
-            timed = route_timing(by_kernel, chosen, m)
-            rows.append(LatencyRow(cand.name, m, k, n, timed, cached=m not in timed_now))
-            if cand.family == BASELINE and timed.ok:
-                run.base_us[(n, k, m)] = timed.high_us  # a busy machine's samples, capped
-            bar.update(1)
-    bar.close()
-    return LatencyTable(run.base["device"], run.base["dtype"], mode, rows, run.measured, time.perf_counter() - t0,
-                        kernel_timings, run.seconds_by_kernel)
+    cells = _first_pass(run, work, tokens, calls, progress)
+    if deadline is not None:  # refining buys precision, not candidates: a bounded part of what is left
+        now = time.perf_counter()
+        run.deadline = min(deadline, now + max(REFINE_SHARE * (now - t0), 0.5 * (deadline - now)))
+    _refine_pass(run, work, cells, tokens, calls, progress)
+    return _table(run, work, cells, tokens, calls, time.perf_counter() - t0)
 
 
 def _checked_mode(mode: str, device: torch.device) -> str:
@@ -365,24 +260,16 @@ def _checked_mode(mode: str, device: torch.device) -> str:
     return mode
 
 
-def _work_order(shapes: list[tuple[int, int]], tokens: list[int], candidates: list[Candidate],
+def _work_order(cells: list[tuple[int, int, Candidate]], tokens: list[int],
                 calls: dict[tuple[int, int], dict[int, int]] | None) -> list[tuple[int, int, Candidate]]:
-    """(N, K, candidate) cells: the baseline everywhere first (every prediction divides by it), then
-    the shapes that weigh most in the workload (calls x M x N x K), so a deadline leaves the least
-    important cells out."""
+    """The (N, K, candidate) cells in timing order: the baseline everywhere first (every prediction
+    divides by it), then by the shape's weight in the workload (calls x M x N x K), largest first
+    (the demo's 1536x576 gate/up before its 192x576 k/v), so a deadline leaves the least important
+    cells out; cells of one shape in the order given."""
     def weight(n: int, k: int) -> float:
         return sum(c * m for m, c in ((calls or {}).get((n, k)) or {m: 1 for m in tokens}).items()) * n * k
 
-    return sorted(((n, k, c) for n, k in shapes for c in candidates),
-                  key=lambda w: (w[2].family != BASELINE, -weight(w[0], w[1])))
-
-
-def _sampling(deadline: float | None, cells_left: int) -> float:
-    """Seconds of CPU samples per cell: CELL_SECONDS, or a deadline's share of what is left of it
-    among the cells left (a cell costs about twice its sampling: building, copies, warm-up)."""
-    if deadline is None:
-        return CELL_SECONDS
-    return min(CELL_SECONDS, max(MIN_CELL_SECONDS, (deadline - time.perf_counter()) / (2 * cells_left)))
+    return sorted(cells, key=lambda w: (w[2].family != BASELINE, -weight(w[0], w[1])))
 
 
 @dataclass
@@ -395,54 +282,168 @@ class _Run:
     device: torch.device
     mode: str
     deadline: float | None  # time.perf_counter() after which cells not in the cache are not timed
-    measured: int = 0  # kernel timings run (cache misses)
+    measured: int = 0  # kernel timings run (cache misses and refinements)
     seconds_by_kernel: dict[str, float] = dataclasses.field(default_factory=dict)
     base_us: dict[tuple[int, int, int], float] = dataclasses.field(default_factory=dict)  # (N, K, M) -> bf16's
 
 
-def _time_kernels(run: _Run, cand: Candidate, n: int, k: int, tokens: list[int], sampling: float
+@dataclass
+class _Cell:
+    """One (N, K, candidate) cell: each kernel's timing at each M, the M timed by this call (not read
+    from the cache), and the seconds spent timing it."""
+
+    by_kernel: dict[str | None, dict[int, Timing]]
+    fresh: set[int]
+    seconds: float
+
+    @property
+    def coarse(self) -> int:
+        """How many of its (kernel, M) timings are coarse."""
+        return sum(t.coarse for times in self.by_kernel.values() for t in times.values())
+
+
+def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[int],
+                calls: dict[tuple[int, int], dict[int, int]] | None, progress: bool) -> list[_Cell]:
+    """Every cell of `work` from the cache, or timed now: coarsely (COARSE_SECONDS per M) when there
+    is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline)."""
+    sampling = CELL_SECONDS if run.deadline is None else COARSE_SECONDS
+    cells = []
+    bar = _progress(len(work) * len(tokens), progress, f"timing on {run.base['device']}")
+    for n, k, cand in work:
+        t0 = time.perf_counter()
+        by_kernel, fresh = _time_kernels(run, cand, n, k, tokens, sampling)
+        cells.append(_Cell(by_kernel, fresh, time.perf_counter() - t0 if fresh else 0.0))
+        _note_baseline(run, cand, n, k, by_kernel, calls)
+        bar.update(len(tokens))
+    bar.close()
+    return cells
+
+
+def _refine_pass(run: _Run, work: list[tuple[int, int, Candidate]], cells: list[_Cell], tokens: list[int],
+                 calls: dict[tuple[int, int], dict[int, int]] | None, progress: bool) -> None:
+    """Re-time the coarse timings of `cells` at CELL_SECONDS, in the order of `work`, each cell whose
+    estimated cost (_refine_seconds) fits before the deadline; the refined cells replace the coarse
+    ones in `cells` and in the cache."""
+    todo = [i for i, cell in enumerate(cells) if cell.coarse]
+    bar = _progress(len(todo), progress and bool(todo), f"refining timings on {run.base['device']}")
+    for i in todo:
+        n, k, cand = work[i]
+        if run.deadline is not None and time.perf_counter() + _refine_seconds(cells[i]) > run.deadline:
+            continue  # a cheaper cell later may still fit
+        t0 = time.perf_counter()
+        by_kernel, fresh = _time_kernels(run, cand, n, k, tokens, CELL_SECONDS, have=cells[i].by_kernel)
+        cells[i] = _Cell(by_kernel, cells[i].fresh | fresh, cells[i].seconds + time.perf_counter() - t0)
+        _note_baseline(run, cand, n, k, by_kernel, calls)
+        bar.update(1)
+    bar.close()
+
+
+def _table(run: _Run, work: list[tuple[int, int, Candidate]], cells: list[_Cell], tokens: list[int],
+           calls: dict[tuple[int, int], dict[int, int]] | None, seconds: float) -> LatencyTable:
+    """The cells as measure_latencies returns them: a row per cell and M, its chosen kernel's or route's."""
+    rows: list[LatencyRow] = []
+    kernel_timings: dict[tuple[str, int, int], dict[str, dict[int, Timing]]] = {}
+    for (n, k, cand), cell in zip(work, cells):
+        chosen = _chosen(run, cand, n, k, cell.by_kernel, calls)
+        if chosen is not None:
+            kernel_timings[(cand.name, k, n)] = cell.by_kernel  # type: ignore[assignment]
+        rows += [LatencyRow(cand.name, m, k, n, route_timing(cell.by_kernel, chosen, m), cached=m not in cell.fresh)
+                 for m in tokens]
+    return LatencyTable(run.base["device"], run.base["dtype"], run.mode, rows, run.measured, seconds, kernel_timings,
+                        run.seconds_by_kernel)
+
+
+def _refine_seconds(cell: _Cell) -> float:
+    """About what re-timing `cell`'s coarse timings costs: what its first timing cost here (building,
+    copies; 0 when it came from the cache) and, per coarse (kernel, M), CELL_SECONDS of samples and a
+    warm-up of a quarter of that (time_cpu)."""
+    return cell.seconds + cell.coarse * CELL_SECONDS * 5 / 4
+
+
+def _chosen(run: _Run, cand: Candidate, n: int, k: int, by_kernel: dict[str | None, dict[int, Timing]],
+            calls: dict[tuple[int, int], dict[int, int]] | None) -> str | None:
+    """The kernel or route pick_route chooses for `cand` on the (N, K) shape (None: one kernel)."""
+    layouts = {kern.name: kern.layout for kern in cand.kernels(run.device)}
+    return pick_route(by_kernel, (calls or {}).get((n, k)), layouts)
+
+
+def _note_baseline(run: _Run, cand: Candidate, n: int, k: int, by_kernel: dict[str | None, dict[int, Timing]],
+                   calls: dict[tuple[int, int], dict[int, int]] | None) -> None:
+    """Keep the baseline's time at each M of the shape (the SLOW_CUT of later cells): a busy
+    machine's samples, capped (Timing.high_us)."""
+    if cand.family != BASELINE:
+        return
+    chosen = _chosen(run, cand, n, k, by_kernel, calls)
+    for m in next(iter(by_kernel.values())):
+        timed = route_timing(by_kernel, chosen, m)
+        if timed.ok:
+            run.base_us[(n, k, m)] = timed.high_us
+
+
+@dataclass
+class _Ask:
+    """What each kernel of one cell is timed with: `cand` on the (N, K) shape at each M of `tokens`,
+    about `sampling` seconds of samples per M, past cut[M] one clean sample ends it (SLOW_CUT), the
+    layer built once for all its kernels."""
+
+    cand: Candidate
+    n: int
+    k: int
+    tokens: list[int]
+    sampling: float
+    cut: dict[int, float] | None
+    layer: _Layer
+
+
+def _time_kernels(run: _Run, cand: Candidate, n: int, k: int, tokens: list[int], sampling: float,
+                  have: dict[str | None, dict[int, Timing]] | None = None
                   ) -> tuple[dict[str | None, dict[int, Timing]], set[int]]:
     """Each kernel of `cand` (kernel_names) on the (N, K) shape at each M, in the listed order, but
     for a kernel outrun at every M by one that ran (KernelInfo.outrun_by): never chosen, not timed.
-    Returns kernel -> M -> Timing (labelled with the kernel) and the M not read from the cache."""
+    have: a first pass's timings of the cell, to refine: its kernels, their coarse M timed again.
+    Returns kernel -> M -> Timing (labelled with the kernel) and the M timed now (not from the cache)."""
     cut = None if cand.family == BASELINE else {m: SLOW_CUT * run.base_us[(n, k, m)] for m in tokens
                                                  if (n, k, m) in run.base_us}
+    ask = _Ask(cand, n, k, tokens, sampling, cut, _Layer(cand, n, k, run.dtype, run.device))
     by_kernel: dict[str | None, dict[int, Timing]] = {}
-    uncached: set[int] = set()
-    for kern in kernel_names(cand, run.device):
-        info = _kernel_info(cand, run.device, kern)
-        if kern is not None and _outrun(info, n, k, tokens, by_kernel):
+    fresh: set[int] = set()
+    for kern in kernel_names(cand, run.device) if have is None else list(have):
+        info = kernel_info(cand, run.device, kern)
+        if have is None and kern is not None and _outrun(info, n, k, tokens, by_kernel):
             continue
-        found, missing = _time_kernel(run, cand, kern, info, n, k, tokens, by_kernel, sampling, cut)
-        uncached.update(missing)
+        found, timed_now = _time_kernel(run, ask, kern, info, by_kernel, None if have is None else have[kern])
+        fresh.update(timed_now)
         by_kernel[kern] = {m: dataclasses.replace(t, kernel=kern) for m, t in found.items()}  # type: ignore[misc]
-    return by_kernel, uncached
+    return by_kernel, fresh
 
 
-def _time_kernel(run: _Run, cand: Candidate, kern: str | None, info: KernelInfo, n: int, k: int, tokens: list[int],
-                 done: dict[str | None, dict[int, Timing]], sampling: float, cut: dict[int, float] | None
-                 ) -> tuple[dict[int, Timing], list[int]]:
-    """One kernel's timing at each M: the cache's, a kernel's in `done` that runs the same code
-    (KernelInfo.same_code), NOT_TIMED past the deadline (but for the baseline), or measured now and
-    cached. Returns M -> Timing and the M the cache did not have."""
+def _time_kernel(run: _Run, ask: _Ask, kern: str | None, info: KernelInfo, done: dict[str | None, dict[int, Timing]],
+                 have: dict[int, Timing] | None) -> tuple[dict[int, Timing], list[int]]:
+    """One kernel's timing at each M: the cache's (or, refining, `have`'s where not coarse), a
+    kernel's in `done` that runs the same code (KernelInfo.same_code), NOT_TIMED past the deadline
+    in the first pass (but for the baseline), or measured now and cached. Returns M -> Timing and
+    the M not read from the cache (or, refining, the coarse M)."""
+    cand, n, k = ask.cand, ask.n, ask.k
     # GPTQ / HQQ run round-to-nearest's kernels: one cached cell serves both (timing_name)
     label = cand.timing_name if kern is None else f"{cand.timing_name}@{kern}"
-    keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, options=info.options, **run.base) for m in tokens}
-    found = {m: run.cache.get(key) for m, key in keys.items()}
+    keys = {m: TimingKey(candidate=label, m=m, k=k, n=n, options=info.options, **run.base) for m in ask.tokens}
+    found = {m: run.cache.get(key) for m, key in keys.items()} if have is None else \
+        {m: None if t.coarse else t for m, t in have.items()}
     uncached = [m for m, t in found.items() if t is None]
     twins = {m: info.same_code(m, n, k) for m in uncached}  # the same code as a kernel timed before: its numbers
     found.update({m: done[twin][m] for m, twin in twins.items() if twin in done})
     missing = [m for m, twin in twins.items() if twin not in done]
-    if missing and run.deadline is not None and time.perf_counter() > run.deadline and cand.family != BASELINE:
+    late = run.deadline is not None and time.perf_counter() > run.deadline
+    if missing and have is None and late and cand.family != BASELINE:
         found.update({m: Timing.failed(NOT_TIMED) for m in missing})
     elif missing:
         t0 = time.perf_counter()
-        fresh = _time_missing(cand, kern, n, k, missing, run.dtype, run.device, run.mode, sampling, cut)
+        fresh = _time_missing(cand, kern, n, k, missing, run.dtype, run.device, run.mode, ask.sampling, ask.cut,
+                              ask.layer)
         run.seconds_by_kernel[label] = run.seconds_by_kernel.get(label, 0.0) + time.perf_counter() - t0
         run.measured += len(missing)
         for m, t in fresh.items():
-            if t.error != NOT_TIMED:
-                run.cache.put(keys[m], t)
+            run.cache.put(keys[m], t)
             found[m] = t
     return found, uncached  # type: ignore[return-value]
 
@@ -511,34 +512,51 @@ def _outrun(info: KernelInfo, n: int, k: int, tokens: list[int], timed: dict[str
     return True
 
 
+class _Layer:
+    """`cand`'s module on a random (N, K) layer, built (quantized) once for all the kernels a cell
+    times: each kernel re-packs the canonical tensors (QuantizedLinear.set_kernel), where building
+    anew quantized again (0.3-0.9 s a kernel on a 49152x576 LM head on a 2-core EPYC)."""
+
+    def __init__(self, cand: Candidate, n: int, k: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.build = (cand, k, n, dtype, device)
+        self.module: nn.Module | None = None
+
+    def with_kernel(self, kernel: str | None) -> nn.Module:
+        """The module, running `kernel` (None: the candidate's only one)."""
+        with canonical_on_device():  # a module built to be timed: no host copy of its weights
+            if self.module is None:
+                self.module = build_layer(*self.build)
+            if kernel is not None:
+                self.module.set_kernel(kernel)
+        return self.module
+
+
 def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: list[int], dtype: torch.dtype,
                   device: torch.device, mode: str, max_seconds: float = CELL_SECONDS,
-                  stop_above_us: dict[int, float] | None = None) -> dict[int, Timing]:
-    """Build `cand` (with `kernel`) on a random (N, K) layer and time it at each M in `tokens`
-    (max_seconds, stop_above_us[M]: see time_module); failures become failed Timings with the
-    reason."""
+                  stop_above_us: dict[int, float] | None = None, layer: _Layer | None = None) -> dict[int, Timing]:
+    """Build `cand` (with `kernel`) on a random (N, K) layer, or take it from `layer` (built once for
+    a cell's kernels), and time it at each M in `tokens` (max_seconds, stop_above_us[M]: see
+    time_module); failures become failed Timings with the reason."""
     reason = cand.supports(LayerSpec("", k, n, False, dtype), device)
     if reason:
         return {m: Timing.failed(f"unsupported: {reason}") for m in tokens}
-    module = fn = None
     eager = single_op_tokens(cand, kernel, n, k, tokens, device, mode)
     try:
-        with canonical_on_device():  # a module built to be timed: no host copy of its weights
-            module = build_layer(cand, k, n, dtype, device)
-            if kernel is not None:
-                module.set_kernel(kernel)
+        module = (layer or _Layer(cand, n, k, dtype, device)).with_kernel(kernel)
         fn = module
         if mode == "compile" and len(eager) < len(tokens):
             torch._dynamo.reset()  # one compiled module at a time: dynamo's caches stay small
             fn = torch.compile(module, fullgraph=True)  # compiles on its first call, per M it sees
+        # the eager module's streaming copies, made once for every M (copying int8_dyn(act=tensor)'s
+        # packed weights takes up to 0.5 s a shape on a 2-core EPYC)
+        copies = functools.cache(lambda mod=module: streaming_copies(mod))
         # compiled modules are captured in CUDA graphs too: that is how the model will run
         fresh = {m: time_module(module if m in eager else fn, m, k, dtype, device,
                                 graph=device.type == "cuda" and mode != "eager", max_seconds=max_seconds,
-                                stop_above_us=(stop_above_us or {}).get(m))
+                                stop_above_us=(stop_above_us or {}).get(m), copies=copies if fn is module else None)
                  for m in tokens}
     except Exception as e:  # noqa: BLE001
         fresh = {m: Timing.failed(f"build failed: {type(e).__name__}: {e}") for m in tokens}
-    del module, fn
     return {m: t.flagged(cand.emulated(device)) for m, t in fresh.items()}
 
 
@@ -551,7 +569,7 @@ def single_op_tokens(cand: Candidate, kernel: str | None, n: int, k: int, tokens
     on the H200)."""
     if mode != "compile" or device.type != "cuda":
         return set()
-    info = _kernel_info(cand, device, kernel)
+    info = kernel_info(cand, device, kernel)
     return {m for m in tokens if info.single_op(m, n, k)}
 
 
@@ -559,40 +577,3 @@ def _progress(total: int, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, unit="kernel", leave=False)
-
-
-##### whole model ###############################################################################
-
-def measure_model(model: nn.Module, example_input, *, compile: bool = False, graph: bool | None = None,
-                  reps: int | None = None, warmup: int = 2, max_seconds: float = 3.0) -> Timing:
-    """End-to-end latency of one forward of `model` on `example_input` (one input, by
-    `autoao.profile`'s convention: tensor, tuple of args, or dict of kwargs): the ground truth that
-    predicted plan latencies are compared with.
-
-    compile: torch.compile(model) first (as the model will run). graph: on CUDA, capture the
-    forward in a CUDA graph and time replays (default True; set False for models that cannot be
-    captured). L2 is flushed before each repeat, as for layer timings. Failures score inf.
-    max_seconds: on the CPU, about how long to sample (autoao.clock.time_cpu); with reps=1 and
-    max_seconds=0, exactly one sample, disturbed or not.
-    """
-    params = list(model.parameters()) + list(model.buffers())
-    device = params[0].device if params else torch.device("cpu")
-    fn = torch.compile(model) if compile else model
-    try:
-        with torch.no_grad():
-            if device.type == "cuda":
-                call_model(fn, example_input)  # compiles
-                med, p20, p80, n = time_cuda(lambda: call_model(fn, example_input), reps=reps or 30,
-                                             graph=True if graph is None else graph, max_seconds=1.0)
-                return Timing(med, p20, p80, n)
-            first_s = None
-            if warmup:  # the first call is one warm-up (time_cpu: a slow one is the whole warm-up)
-                t0 = time.perf_counter()
-                call_model(fn, example_input)
-                first_s = time.perf_counter() - t0
-            # warmup=0 from the caller: it alternates warm models, one clean sample each (see time_cpu)
-            s = time_cpu(lambda: call_model(fn, example_input), reps=reps or 10, max_seconds=max_seconds,
-                         warmup=max(warmup - 1, 0), min_samples=reps or 5, first_s=first_s)
-    except Exception as e:  # noqa: BLE001
-        return Timing.failed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return Timing(s.median, s.p20, s.p80, s.reps, discarded=s.discarded, reliable=s.reliable)

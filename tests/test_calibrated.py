@@ -334,11 +334,11 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
                 for m in tokens}
 
     monkeypatch.setattr(timing, "_time_missing", fake)
-    from autoao import bench, measure  # end-to-end times as data too: 1000 us unchanged, 500 us with any plan
-    from autoao.anchors import Anchored
+    from autoao import anchors, bench, measure  # end-to-end times as data too: 1000 us unchanged, 500 us with any plan
 
-    # the cells as timed, compared below
-    monkeypatch.setattr(api, "anchor_cost", lambda bench, bf16_us, ledger, deadline: Anchored(bench.cost, ()))
+    # the cells as timed, compared below: a measured uniform plan anchors nothing
+    monkeypatch.setattr(anchors, "anchor", lambda cost, name, plan, speedup, rounds: (cost, anchors.AnchorRecord(
+        name, len(plan.layers), rounds, speedup, speedup, 1.0)))
 
     def whole(model, examples, *a, **kw):
         return (500.0,) * 3 if any(isinstance(m, autoao.kernels.QuantizedLinear) for m in model.modules()) else (1000.0,) * 3

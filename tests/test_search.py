@@ -342,8 +342,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
         assert base.compile is compiled and base.bf16_us == 1000.0
         bench = B.ModelBench(model, work.prof, examples, compile=base.compile, groups=[Group("g", ("0",), ("bf16",))],
                              cost=cost)
-        assert bench.measure({"g": "bf16"}) == 500.0
-        assert seen == [compiled, compiled], mode
+        assert bench.compile is compiled and seen == [compiled], mode  # the bench measures plans so (interleaved)
 
 
 def _fake_timings(monkeypatch, per_layer: dict[str, float], default: float | None = None, by: str = "name",

@@ -58,8 +58,6 @@ def test_second_measurement_runs_no_kernel(tmp_path, monkeypatch):
     # where the time went: every candidate measured the first time, nothing the second
     assert {label.split("@")[0] for label in first.seconds_by_kernel} == {c.name for c in SMALL}
     assert all(sec > 0 for sec in first.seconds_by_kernel.values()) and again.seconds_by_kernel == {}
-    merged = first.merged(first)
-    assert merged.seconds_by_kernel == {k: 2 * v for k, v in first.seconds_by_kernel.items()}
     for a, b in zip(first.rows, again.rows):
         assert a.timing.median_us == b.timing.median_us or not a.timing.ok
 
@@ -484,21 +482,15 @@ def test_cost_model_fuses_only_what_timing_measured_fused():
 
     prof = profile(Pair(), torch.randn(1, 2, 64))
     t = lambda us: timing.Timing(us, us, us, 5)  # noqa: E731
-    layers = timing.LatencyTable("cpu", "bfloat16", "eager", [
-        timing.LatencyRow(c, 2, 64, n, t(us), False) for c, us in (("bf16", 10.0), ("int8_wo", 6.0)) for n in (32, 64)],
-        4, 0.0)
-    fused = timing.LatencyTable("cpu", "bfloat16", "eager", [timing.LatencyRow("int8_wo", 2, 64, 96, t(8.0), False)],
-                                1, 0.0)
-    table = layers.merged(fused)
-    assert table.measured == 5 and table.get("int8_wo", 2, 64, 96).median_us == 8.0
+    table = timing.LatencyTable("cpu", "bfloat16", "eager", [
+        timing.LatencyRow(c, 2, 64, n, t(us), False) for c, us in (("bf16", 10.0), ("int8_wo", 6.0)) for n in (32, 64)]
+        + [timing.LatencyRow("int8_wo", 2, 64, 96, t(8.0), False)], 5, 0.0)
     cost = CostModel.build(prof, table)
     assert cost.fused_us == {("a", "b"): {"int8_wo": 8.0}}
     assert cost.fusion_pays(("a", "b"), "int8_wo") and not cost.fusion_pays(("a", "b"), "bf16")
     int8 = search_space.get("int8_wo")
     plan = Plan({"a": int8, "b": int8})
     assert cost.predict(plan) == 12.0 and cost.predict(Plan({"a": int8, "b": int8}, fusions=[("a", "b")])) == 8.0
-    with pytest.raises(ValueError, match="cannot merge"):
-        layers.merged(timing.LatencyTable("gpu", "bfloat16", "eager", [], 0, 0.0))
 
 
 def test_tuners_pick_the_fastest_option_that_ran(monkeypatch):
@@ -547,3 +539,164 @@ def test_a_paired_speed_up_bounds_what_the_rounds_show():
     assert one.estimate == pytest.approx(2.0) and one.low == 0.0 and math.isinf(one.high)
     with pytest.raises(ValueError):
         paired_speedup([], [])
+
+
+##### a deadline: every cell coarsely first, heaviest first, then refined ########################
+
+class _Clock:
+    """time.perf_counter for evaluators.timing, advanced by the fake kernel timings only."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _fake_cells(monkeypatch, seconds: dict[bool, float]) -> tuple[_Clock, list[tuple[str, str | None, tuple, bool]]]:
+    """Kernel timings as data, on a fake clock: each (candidate, kernel) timing takes seconds[coarse]
+    per M; returns the clock and the timings asked for, as (candidate, kernel, (N, K), coarse)."""
+    clock_ = _Clock()
+    asked = []
+
+    def fake(cand, kern, n, k, tokens, dtype, device, mode, max_seconds=timing.CELL_SECONDS, *rest):
+        coarse = max_seconds < timing.CELL_SECONDS
+        asked.append((cand.name, kern, (n, k), coarse))
+        clock_.now += seconds[coarse] * len(tokens)
+        return {m: Timing(10.0 * m + (5.0 if coarse else 0.0), 0, 0, 5, coarse=coarse) for m in tokens}
+
+    monkeypatch.setattr(timing, "time", clock_)
+    monkeypatch.setattr(timing, "_time_missing", fake)
+    return clock_, asked
+
+
+CELLS = [search_space.get(c) for c in ("bf16", "int8_wo", "int8_dyn(act=tensor)", "fp32_compute")]
+FUSED = [c for c in CELLS if c.fusable]  # int8_wo, fp32_compute
+# calls per forward at each M: weights (calls x M x N x K) of 4.3M, 0.6M and, fused, 2.2M
+SHAPE_CALLS = {(64, 32): {1: 64, 256: 8}, (32, 64): {1: 32, 256: 1}, (128, 32): {1: 32, 256: 2}}
+
+
+def test_a_short_deadline_times_every_cell_coarsely_before_refining_any(tmp_path, monkeypatch):
+    clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
+    every = {(c.name, kern, shape) for shape in [(64, 32), (32, 64)] for c in CELLS
+             for kern in timing.kernel_names(c, torch.device("cpu"))}
+    every |= {(c.name, kern, (128, 32)) for c in FUSED for kern in timing.kernel_names(c, torch.device("cpu"))}
+    # time for the coarse pass (2 M x 0.1 s per kernel) and a few refinements, not all
+    deadline = 0.2 * len(every) + 5.0
+    table = measure_latencies([(64, 32), (32, 64)], [1, 256], CELLS, cache=TimingCache(tmp_path / "t.sqlite"),
+                              progress=False, calls=SHAPE_CALLS, deadline=deadline, extra=([(128, 32)], FUSED))
+    first_refined = next(i for i, a in enumerate(asked) if not a[3])
+    assert {a[:3] for a in asked[:first_refined]} == every and len(asked[:first_refined]) == len(every)
+    assert all(t.error is None for t in (r.timing for r in table.rows))  # nothing left NOT_TIMED
+    # the baseline on every shape first, then the shapes by weight in the workload: the fused shape
+    # between the layer shapes, not after them
+    order = list(dict.fromkeys((a[0], a[2]) for a in asked[:first_refined]))
+    assert order[:2] == [("bf16", (64, 32)), ("bf16", (32, 64))]
+    shapes = list(dict.fromkeys(shape for name, shape in order[2:]))
+    assert shapes == [(64, 32), (128, 32), (32, 64)]
+    # refinements go in the same order, each cell's kernels together, while the deadline allows
+    refined = list(dict.fromkeys((a[0], a[2]) for a in asked[first_refined:]))
+    assert refined == order[:len(refined)] and 0 < len(refined) < len(order)
+    assert clock_.now <= deadline
+    for name, shape in order:
+        t = table.get(name, 1, shape[1], shape[0])
+        assert t.coarse == ((name, shape) not in refined) and t.median_us == (15.0 if t.coarse else 10.0)
+    stored = TimingCache(tmp_path / "t.sqlite")
+    key = _key_for(table, "bf16", 256, 32, 64)
+    assert stored.get(key).median_us == 2560.0 and not stored.get(key).coarse  # refined, in place
+
+
+def test_a_cached_coarse_cell_is_reused_without_time_and_refined_with_it(tmp_path, monkeypatch):
+    clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
+    path = tmp_path / "t.sqlite"
+
+    def measure(deadline):
+        asked.clear()
+        return measure_latencies([(64, 32)], [1, 256], CELLS, cache=TimingCache(path), progress=False,
+                                 deadline=deadline)
+
+    coarse = measure(deadline=0.1)  # time for the baseline only (always timed)
+    n_cells = len(coarse.rows)
+    assert sum(r.timing.error == timing.NOT_TIMED for r in coarse.rows) == n_cells - 2
+    measure(deadline=clock_.now + 5.0)  # the rest, coarsely, and no time to refine them all
+    assert any(not a[3] for a in asked) and any(a[3] for a in asked)
+    again = measure(deadline=clock_.now)  # no time at all: the cache's cells, coarse or not
+    assert again.measured == 0 and all(r.cached for r in again.rows) and any(r.timing.coarse for r in again.rows)
+    left = sum(r.timing.coarse for r in again.rows)
+    refined = measure(deadline=clock_.now + 100.0)  # time to spare: every coarse cell is timed again
+    assert refined.measured >= left > 0 and asked and not any(a[3] for a in asked)
+    assert not any(r.timing.coarse for r in refined.rows) and all(r.timing.ok for r in refined.rows)
+    assert measure(deadline=None).measured == 0  # and kept
+
+
+def test_without_a_deadline_cached_coarse_cells_are_timed_again_at_full_precision(tmp_path, monkeypatch):
+    _, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
+    path = tmp_path / "t.sqlite"
+    coarse = measure_latencies([(64, 32)], [1], CELLS, cache=TimingCache(path), progress=False, deadline=0.0)
+    assert coarse.measured == 1 and coarse.get("bf16", 1, 32, 64).coarse  # past the deadline: only the baseline
+    asked.clear()
+    full = measure_latencies([(64, 32)], [1], CELLS, cache=TimingCache(path), progress=False)
+    assert asked and not any(a[3] for a in asked)  # `autoao kernels` and benchmarks: every cell at CELL_SECONDS
+    assert all(r.timing.ok and not r.timing.coarse for r in full.rows)
+
+
+def test_an_old_cache_file_without_the_coarse_column_still_reads(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "t.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE timings (key TEXT PRIMARY KEY, spec TEXT NOT NULL, median_us REAL, p20_us REAL, "
+                 "p80_us REAL, reps INTEGER, emulated TEXT, error TEXT, created REAL NOT NULL, discarded INTEGER "
+                 "NOT NULL DEFAULT 0, reliable INTEGER NOT NULL DEFAULT 1, single_us REAL, threads INTEGER NOT NULL "
+                 "DEFAULT 0)")
+    conn.execute("INSERT INTO timings (key, spec, median_us, p20_us, p80_us, reps, created) VALUES (?, '{}', 5, 4, 6, "
+                 "10, 0)", (key(1).digest(),))
+    conn.commit()
+    conn.close()
+    t = TimingCache(path).get(key(1))
+    assert t.median_us == 5.0 and not t.coarse
+
+
+def test_a_coarse_cpu_timing_is_marked_and_a_cut_one_is_final():
+    lin = torch.nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    cpu = torch.device("cpu")
+    assert timing.time_module(lin, 1, 64, torch.bfloat16, cpu, max_seconds=timing.COARSE_SECONDS).coarse
+    assert not timing.time_module(lin, 1, 64, torch.bfloat16, cpu, max_seconds=timing.CELL_SECONDS).coarse
+    # far behind the baseline: one clean sample decides it, as a refinement's would
+    cut = timing.time_module(lin, 1, 64, torch.bfloat16, cpu, max_seconds=timing.COARSE_SECONDS, stop_above_us=0.001)
+    assert cut.ok and not cut.coarse
+
+
+##### the lost-CPU detector judges a sample on its own window ####################################
+
+def test_a_sample_is_judged_on_the_run_queue_delay_of_its_own_window(monkeypatch):
+    """Run-queue delay that accrues while the cgroup's throttling is read (before the sample starts,
+    after it ends) is not the sample's: only the delay between its two schedstat reads counts."""
+    lost = [0]
+
+    def throttled():  # each read of the cgroup's file is where the process waits for a CPU
+        lost[0] += 10**9
+        return 0
+
+    monkeypatch.setattr(clock, "throttled_ns", throttled)
+    monkeypatch.setattr(clock, "cpu_lost_ns", lambda: lost[0])
+    s = clock.time_cpu(lambda: None, reps=5, warmup=0)
+    assert s.reliable and s.discarded == 0 and s.reps == 5
+
+
+def test_the_clock_keeps_each_threads_schedstat_open(monkeypatch):
+    """Reading the process's run-queue delay opens each thread's schedstat once, not per sample:
+    opened anew before and after every sample, the reads outlasted a small layer's call and widened
+    the window each sample was judged on."""
+    import builtins
+    import os
+
+    opened = []
+    real_open, real_os_open = builtins.open, os.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k))
+    monkeypatch.setattr(os, "open", lambda f, *a, **k: opened.append(str(f)) or real_os_open(f, *a, **k))
+    threads = len(os.listdir("/proc/self/task"))
+    s = clock.time_cpu(lambda: None, reps=200, warmup=0, max_seconds=0.01)
+    assert s.reps + s.discarded >= 100
+    assert 0 < clock.cpu_lost_ns()
+    assert sum("schedstat" in f for f in opened) <= threads
