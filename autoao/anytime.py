@@ -45,6 +45,7 @@ from autoao.search import SearchOutcome, plan_from_params
 from autoao.types import BREAKS, HOLDS, Accuracy, Verdict
 
 MIN_GAIN = 0.02  # a plan is judged only if predicted this much faster than the incumbent
+MIN_VALUE = 0.005  # nor when its odds times that gain is below this: a search slice is worth more
 MIN_ROUNDS, MAX_ROUNDS = 3, 10  # interleaved rounds of a verification's measurement (CPU)
 HOLD_ODDS = (0.05, 0.9)  # no plan is sure to hold or to break before it is judged
 
@@ -125,9 +126,9 @@ class Anytime:
         """measure_s: what a verification's measurement costs (both sides, MIN_ROUNDS rounds, their
         compiles); incumbent and tried: what an earlier run of the same command verified and tried."""
         self.bench, self.judges, self.time_plan, self.ledger = bench, judges, time_plan, ledger
-        self.cost, self.measure_s, self.on_better = cost, measure_s, on_better
-        # an earlier run's incumbent is this run's from its start
-        self.incumbent = replace(incumbent, found_s=ledger.elapsed()) if incumbent else Incumbent(found_s=ledger.elapsed())
+        self.cells, self.cost, self.measure_s, self.on_better = cost, cost, measure_s, on_better
+        # the model as it came, or an earlier run's incumbent, is this run's from its start
+        self.incumbent = replace(incumbent, found_s=0.0) if incumbent else Incumbent()
         self.tried: dict[str, str] = dict(tried or {})
         self.judged: list[Judged] = []
         self.decisions: list[Decision] = []
@@ -172,11 +173,11 @@ class Anytime:
     ##### verifying #############################################################################
 
     def step(self, outcome: SearchOutcome) -> TrialRecord | None:
-        """Verify the most valuable plan of `outcome` if its first looks and measurement fit the
-        time plan (without a time budget: while fewer than MAX_CHECKS plans were tried); the trial
-        tried, or None (nothing worth it, or no room)."""
+        """Verify the most valuable plan of `outcome` if its value is at least MIN_VALUE and its
+        first looks and measurement fit the time plan (without a time budget: while fewer than
+        MAX_CHECKS plans were tried); the trial tried, or None (nothing worth it, or no room)."""
         ranked = self.ranked(outcome)
-        if not ranked or not self.time_plan.allows(self.first_price()):
+        if not ranked or ranked[0][0] < MIN_VALUE or not self.time_plan.allows(self.first_price()):
             return None
         if self.ledger.remaining() is None and self.verifications >= MAX_CHECKS:
             return None
@@ -303,13 +304,15 @@ class Anytime:
 
     def _anchor(self, r: TrialRecord, shipped: Plan, speedup: float, rounds: int) -> None:
         """Scale a uniform plan's candidate cells to its measured speed-up (anchors.anchor: the
-        rounds' median ratio, so one disturbed round cannot set it), where the cost model sums cells
-        the model does not run alike (the CPU, eager)."""
+        rounds' median ratio, so one disturbed round cannot set it), and every unmeasured
+        candidate's by the median factor (anchors.anchored), where the cost model sums cells the
+        model does not run alike (the CPU, eager)."""
         names = set(r.params.values()) - {BASELINE}
         if self.bench.compile or len(names) != 1 or any(a.candidate == next(iter(names)) for a in self.anchors):
             return
-        self.cost, record = anchors.anchor(self.cost, next(iter(names)), shipped, speedup, rounds)
+        record = anchors.anchor(self.cells, next(iter(names)), shipped, speedup, rounds)
         self.anchors.append(record)
+        self.cost = anchors.anchored(self.cells, self.anchors)
         self.ledger.say(f"anchored {record.candidate}: {record.measured:.2f}x measured, {record.predicted:.2f}x from "
                         f"its cells (scaled {record.factor:.2f})")
 

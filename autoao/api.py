@@ -40,7 +40,7 @@ from autoao.options import Options, RunHooks
 from autoao.outputs import pareto_rows, read_state, run_context, run_summary, write_outputs, write_state
 from autoao.plan import Plan
 from autoao.records import ParetoRow, RunSummary, TimingHealth, write
-from autoao.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search
+from autoao.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search, uniform_names
 from autoao.workload import Workload, build_workload, grid_warning, settle_cpu_threads
 
 
@@ -199,9 +199,9 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
 
 
 def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: RunLedger) -> tuple[StudyClosed, ...]:
-    """The anytime loop: the warm start's seeds scored, then, while the budget lasts, the most
-    valuable plan verified (Anytime.step) or, when none is worth its time, a slice of search; a
-    shared study is published first and closed after."""
+    """The anytime loop: the warm start's uniform plans scored, then, while the budget lasts, the
+    most valuable plan verified (Anytime.step) or, when none is worth its time, a slice of search
+    (the warm start's other seeds first); a shared study is published first and closed after."""
     if opts.shared:
         workers.publish(p.config, p.bench.groups, p.meas.cost, p.meas.sqnr, p.judges, p.bench.model, p.work)
         ledger.say(f"study {p.config.study_name} published on {workers.shown(p.config.storage)}: "
@@ -211,9 +211,9 @@ def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: R
     deadline = p.time_plan.deadline("search trials")
     seeds = replace(p.config, seconds=None if deadline is None else max(deadline - ledger.clock(), 1.0))
     with ledger.stage("search trials"):
-        ledger.say(f"searching: {len(p.bench.groups)} choices, the warm start's plans first "
+        ledger.say(f"searching: {len(p.bench.groups)} choices, the uniform plans first "
                    f"({ledger.elapsed():.0f} s spent on measurements)")
-        p.outcome = search(run, p, opts, seeds, queued_only=True)
+        p.outcome = search(run, p, opts, seeds, queued_only=len(uniform_names(p.bench.groups)))
     slices = 0
     while True:
         with ledger.stage("verifying plans"):
@@ -222,7 +222,7 @@ def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: R
             continue
         if opts.budget.trials is not None and slices:
             break  # a trial budget: its trials ran in the first slice
-        seconds = p.time_plan.slice_seconds(run.price())
+        seconds = p.time_plan.slice_seconds(run.first_price())  # a verification's first looks fit after it
         if seconds == 0.0 or (opts.budget.trials is None and seconds is None):
             break
         slices += 1
@@ -239,7 +239,7 @@ def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: R
     return (closed,)
 
 
-def search(run: Anytime, p: Prepared, opts: Options, config: SearchConfig, queued_only: bool = False) -> SearchOutcome:
+def search(run: Anytime, p: Prepared, opts: Options, config: SearchConfig, queued_only: int | None = None) -> SearchOutcome:
     """One slice of the study, scored by the judges' screen on the anytime run's cost model; the
     best screened plan so far on disk (best_plan.json) after every trial."""
     def on_trial(r: Any, outcome: SearchOutcome) -> None:

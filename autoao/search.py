@@ -160,12 +160,16 @@ def fallback_params(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, 
     return out
 
 
+def uniform_names(groups: list[Group]) -> list[str]:
+    """Every candidate some group may take, the unchanged one first: the warm start's uniform plans."""
+    return list(dict.fromkeys(c for g in groups for c in g.choices))
+
+
 def warm_start(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[str, float]] | None) -> list[dict[str, str]]:
-    """All-bf16, each uniform plan, the fastest candidates but on the most sensitive groups
-    (fallback_params, at FALLBACK_SHARES), and greedy plans at noise budgets 1e-4 .. 0.3
-    (deduplicated)."""
-    names = list(dict.fromkeys(c for g in groups for c in g.choices))
-    seeds = [uniform_params(groups, n) for n in names]
+    """All-bf16 and each uniform plan (uniform_names' order), the fastest candidates but on the most
+    sensitive groups (fallback_params, at FALLBACK_SHARES), and greedy plans at noise budgets 1e-4 ..
+    0.3 (deduplicated)."""
+    seeds = [uniform_params(groups, n) for n in uniform_names(groups)]
     if layer_sqnr:
         seeds += [fallback_params(groups, cost, layer_sqnr, share) for share in FALLBACK_SHARES]
         seeds += [greedy_params(groups, cost, layer_sqnr, b) for b in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)]
@@ -226,15 +230,15 @@ def run_search(
     on_trial: Callable[[TrialRecord, SearchOutcome], None] | None = None,
     stop: Callable[[], bool] | None = None,
     progress: bool = True,
-    queued_only: bool = False,
+    queued_only: int | None = None,
 ) -> SearchOutcome:
     """Run (or continue) the study until the budget is spent; return every trial and the Pareto set.
 
     evaluate(plan) -> Accuracy (the proxy's, with its screen verdict) must not raise for a bad plan
     (score it inf/-inf instead); if it does raise, the trial fails and the search goes on (Optuna's
     `catch`). `stop()`, asked after every trial, ends the search early (the time plan's re-planned
-    deadline). `queued_only`: run only the trials queued in the study (the warm start's seeds, the
-    plans a first verification picks from), none sampled. A KeyboardInterrupt (Ctrl-C, the run's
+    deadline). `queued_only`: run at most that many of the trials queued in the study (the warm
+    start's seeds, in their order: the plans a first verification picks from), none sampled. A KeyboardInterrupt (Ctrl-C, the run's
     Interrupted) fails the running trial and propagates: every finished trial is in the storage.
     """
     study = open_study(config)
@@ -262,8 +266,8 @@ def run_search(
             st.stop()
 
     n_trials, timeout, stopped = _limits(study, groups, config, len(done_before))
-    if queued_only:
-        waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+    if queued_only is not None:
+        waiting = min(queued_only, len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))))
         n_trials, stopped = min(n_trials if n_trials is not None else waiting, waiting), "the warm start's seeds scored"
     try:
         if n_trials != 0 and (timeout is None or timeout > 0):

@@ -192,9 +192,10 @@ def default_mode(device: torch.device) -> str:
 
 
 # With a deadline, refining the coarse cells takes at most this x the coarse pass's seconds, or half
-# of what the deadline leaves, whichever is more: the time after timing is worth more to the run's
-# first verified plan than to finer cells (a later run with time to spare refines what is cached coarse).
-REFINE_SHARE = 1.0
+# this of what the deadline leaves, whichever is more: the time after timing is worth more to the
+# run's first verified plan than to finer cells (a later run with time to spare refines what is
+# cached coarse).
+REFINE_SHARE = 0.5
 
 
 def measure_latencies(
@@ -246,7 +247,7 @@ def measure_latencies(
     cells = _first_pass(run, work, tokens, calls, progress)
     if deadline is not None:  # refining buys precision, not candidates: a bounded part of what is left
         now = time.perf_counter()
-        run.deadline = min(deadline, now + max(REFINE_SHARE * (now - t0), 0.5 * (deadline - now)))
+        run.deadline = min(deadline, now + max(REFINE_SHARE * (now - t0), REFINE_SHARE / 2 * (deadline - now)))
     _refine_pass(run, work, cells, tokens, calls, progress)
     return _table(run, work, cells, tokens, calls, time.perf_counter() - t0)
 

@@ -182,3 +182,18 @@ def test_the_first_check_that_did_not_fit_is_named_with_a_budget_that_holds_it(m
     (said,) = run.decisions
     assert said.kind == "check_did_not_fit" and said.ends_unchanged and said.trial == 0
     assert said.needed_s >= 60.0 + 5.0 and said.suggest_s >= said.needed_s and "a budget of about" in said.describe()
+
+
+def test_candidates_not_measured_take_the_median_anchor_factor():
+    """A measured uniform plan scales its candidate's cells to the measured speed-up; a candidate not
+    measured takes the median of the measured factors, the unchanged layers none."""
+    from autoao import anchors
+
+    cells = _cost()
+    plan = plan_from_params(GROUPS, {"l0": "int8_wo", "l1": "int8_wo"})
+    record = anchors.anchor(cells, "int8_wo", plan, 2.5, 3)  # cells predict 200/120 = 1.67x
+    assert record.predicted == pytest.approx(200 / 120) and record.factor == pytest.approx(80 / 120)
+    cost = anchors.anchored(cells, [record])
+    assert cost.predict(plan) == pytest.approx(80.0)
+    assert cost.layer_us["l0"]["int8_dyn"] == pytest.approx(50.0 * 80 / 120) and cost.layer_us["l0"]["bf16"] == 100.0
+    assert anchors.anchored(cells, []) is cells

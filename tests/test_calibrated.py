@@ -337,8 +337,8 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
     from autoao import anchors, bench, measure  # end-to-end times as data too: 1000 us unchanged, 500 us with any plan
 
     # the cells as timed, compared below: a measured uniform plan anchors nothing
-    monkeypatch.setattr(anchors, "anchor", lambda cost, name, plan, speedup, rounds: (cost, anchors.AnchorRecord(
-        name, len(plan.layers), rounds, speedup, speedup, 1.0)))
+    monkeypatch.setattr(anchors, "anchor", lambda cost, name, plan, speedup, rounds: anchors.AnchorRecord(
+        name, len(plan.layers), rounds, speedup, speedup, 1.0))
 
     def whole(model, examples, *a, **kw):
         return (500.0,) * 3 if any(isinstance(m, autoao.kernels.QuantizedLinear) for m in model.modules()) else (1000.0,) * 3

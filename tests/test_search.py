@@ -379,8 +379,8 @@ def _no_anchors(monkeypatch) -> None:
     """A measured uniform plan leaves the cost model's cells as timed."""
     from autoao import anchors
 
-    monkeypatch.setattr(anchors, "anchor", lambda cost, name, plan, speedup, rounds: (cost, anchors.AnchorRecord(
-        name, len(plan.layers), rounds, speedup, speedup, 1.0)))
+    monkeypatch.setattr(anchors, "anchor", lambda cost, name, plan, speedup, rounds: anchors.AnchorRecord(
+        name, len(plan.layers), rounds, speedup, speedup, 1.0))
 
 
 @pytest.mark.parametrize("plan_us, ships", [(2000.0, False), (500.0, True)])
