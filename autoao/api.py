@@ -22,7 +22,7 @@ from torch import nn
 from autoao import workers
 from autoao.anytime import MIN_ROUNDS, Anytime, Incumbent
 from autoao.bench import ModelBench
-from autoao.budget import TimePlan
+from autoao.budget import MIN_FLEXIBLE_S, TimePlan
 from autoao.common import BASELINE, cache_dir
 from autoao.decisions import NothingToTry, Resumed, RunInterrupted, StudyClosed, Verified
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
@@ -167,8 +167,9 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
             ledger.say(note.describe())
         ledger.say(grid_warning(work, list(opts.candidates)) or f"{len(work.prof.layers)} linear layers")
         base = measure_baselines(model, work, cache=rcache, ledger=ledger, workload=opts.workload)
+        left = ledger.remaining()  # under MIN_FLEXIBLE_S left, no plan can be judged: build what trials need
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
-                              ledger=ledger)
+                              ledger=ledger, light=left is not None and left < MIN_FLEXIBLE_S)
         # an estimated plan is not measured: nothing to price its measurement at
         time_plan = TimePlan(ledger, costs(base, judges, 0 if engine.estimate else MIN_ROUNDS))
         notes = work.notes + too_short(time_plan, ledger)
@@ -209,7 +210,7 @@ def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: R
         if hooks.on_study is not None:
             hooks.on_study(p.config.study_name)
     deadline = p.time_plan.deadline("search trials")
-    seeds = replace(p.config, seconds=None if deadline is None else max(deadline - ledger.clock(), 1.0))
+    seeds = replace(p.config, seconds=None if deadline is None else deadline - ledger.clock())
     with ledger.stage("search trials"):
         ledger.say(f"searching: {len(p.bench.groups)} choices, the uniform plans first "
                    f"({ledger.elapsed():.0f} s spent on measurements)")

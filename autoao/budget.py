@@ -196,4 +196,6 @@ class TimePlan:
         if remaining is None or remaining - self.reserve() >= MIN_FLEXIBLE_S:
             return None
         spent, reserve = self.ledger.elapsed(), self.reserve()
+        # a reserve never priced (the judges were not built: no time) is guessed at what was spent
+        reserve = reserve if math.isfinite(reserve) else spent
         return spent, reserve, spent + reserve + 4 * MIN_FLEXIBLE_S

@@ -10,6 +10,7 @@ Everything here is measured once and handed on frozen; the later stages read it.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -220,13 +221,14 @@ GENERATION = {"proxy": ((16, 16, 32), 64), "tier2": ((16, 16, 32), 32)}  # who d
 
 
 def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJudge | None, max_drop: float, *,
-                 cache: ResultCache, weights_key: str, ledger: RunLedger) -> Judges:
+                 cache: ResultCache, weights_key: str, ledger: RunLedger, light: bool = False) -> Judges:
     """The proxy's reference outputs and noise floor, the generation check's reference
     continuations (causal LMs), the tier-2 baseline's first look; each one's cost, for the time plan.
     The unmodified model's side of the proxy and the generation check is kept on disk
     (`reference_cache`): a later run of the same model on this machine loads it, prices trials and
     checks at the seconds measured when it was computed, and counts as one-off only what is not on
-    disk yet."""
+    disk yet. `light`: the time budget has no room left to judge a plan: only the proxy's screen is
+    built (what a trial reads), and a check is priced out of reach."""
     ledger.say("reference outputs for the accuracy judges")
     base_key = f"{weights_key}:{plan_key(Plan())}"
     references = reference_cache(cache, weights_key, work.device)
@@ -236,6 +238,10 @@ def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJu
     proxy_s = proxy.pass_seconds
     if proxy.noise:
         ledger.say(f"the proxy's floor: {proxy.floor:.4f} top-1 agreement ({proxy.noise} of the unchanged model)")
+    if light:
+        ledger.say("too little of the time budget is left to judge a plan: the other judges are not built")
+        budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, unit=proxy.describe())
+        return Judges(budget, proxy, None, tier2, weights_key, proxy_s, math.inf, 0.0, 0.0)
     generation, gen_s, gen_once = (generation_looks(model, work, tier2 is not None, references) if proxy.lm
                                    else (None, 0.0, 0.0))
     check_s, once_s = gen_s, gen_once

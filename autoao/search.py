@@ -286,6 +286,8 @@ def _limits(study: optuna.Study, groups: list[Group], config: SearchConfig, done
     """(trials to run, seconds, why they stop). Alone: the config's trials less those done before
     and its seconds; in a shared study: the study's budget, whoever runs the trials (a worker also
     stops at its own trial count), and the shared deadline."""
+    if config.seconds is not None and config.seconds <= 0:
+        return 0, 0.0, "no time was left for trials"
     timeout = max(config.seconds, 1.0) if config.seconds is not None else None
     n_trials = None if config.trials is None else max(config.trials - done, 0)
     if config.role is not None:
