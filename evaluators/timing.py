@@ -306,18 +306,47 @@ class _Cell:
 def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[int],
                 calls: dict[tuple[int, int], dict[int, int]] | None, progress: bool) -> list[_Cell]:
     """Every cell of `work` from the cache, or timed now: coarsely (COARSE_SECONDS per M) when there
-    is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline)."""
+    is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline). In the
+    order of value: the baseline everywhere, every candidate on its heaviest shape (its probe),
+    then the rest, the candidates whose probe ran fastest first (_by_probe), so a deadline leaves
+    out the candidates least likely to be picked, not the smallest shapes of the fastest."""
     sampling = CELL_SECONDS if run.deadline is None else COARSE_SECONDS
-    cells = []
+    cells: dict[int, _Cell] = {}
     bar = _progress(len(work) * len(tokens), progress, f"timing on {run.base['device']}")
-    for n, k, cand in work:
-        t0 = time.perf_counter()
-        by_kernel, fresh = _time_kernels(run, cand, n, k, tokens, sampling)
-        cells.append(_Cell(by_kernel, fresh, time.perf_counter() - t0 if fresh else 0.0))
-        _note_baseline(run, cand, n, k, by_kernel, calls)
-        bar.update(len(tokens))
+    first = {}  # candidate name -> index of its probe: its heaviest cell in `work` (sorted by weight)
+    for i, (_, _, cand) in enumerate(work):
+        first.setdefault(cand.name, i)
+    probes = [i for i, (_, _, cand) in enumerate(work) if cand.family == BASELINE or first[cand.name] == i]
+    for order in (probes, None):
+        for i in order if order is not None else _by_probe(work, cells, first, tokens, calls):
+            n, k, cand = work[i]
+            t0 = time.perf_counter()
+            by_kernel, fresh = _time_kernels(run, cand, n, k, tokens, sampling)
+            cells[i] = _Cell(by_kernel, fresh, time.perf_counter() - t0 if fresh else 0.0)
+            _note_baseline(run, cand, n, k, by_kernel, calls)
+            bar.update(len(tokens))
     bar.close()
-    return cells
+    return [cells[i] for i in range(len(work))]
+
+
+def _by_probe(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], first: dict[str, int],
+              tokens: list[int], calls: dict[tuple[int, int], dict[int, int]] | None) -> list[int]:
+    """The cells of `work` not timed yet, the candidates whose probe (first[name]: their heaviest
+    cell) ran fastest against the baseline's cell of its shape first (failed, unsupported or untimed
+    probes last), each candidate's cells in `work`'s order (heaviest first)."""
+    base = {(n, k): cells[i].by_kernel for i, (n, k, cand) in enumerate(work) if cand.family == BASELINE}
+
+    def speedup(name: str) -> float:
+        n, k, _ = work[first[name]]
+        probe, ref = cells[first[name]].by_kernel, base.get((n, k))
+        if ref is None:
+            return 0.0
+        best = min(workload_us(times, (calls or {}).get((n, k))) for times in probe.values())
+        return workload_us(next(iter(ref.values())), (calls or {}).get((n, k))) / best if best > 0 else 0.0
+
+    gain = {name: speedup(name) for name in first if first[name] in cells}
+    rest = [i for i in range(len(work)) if i not in cells]
+    return sorted(rest, key=lambda i: (-gain.get(work[i][2].name, 0.0), i))
 
 
 def _refine_pass(run: _Run, work: list[tuple[int, int, Candidate]], cells: list[_Cell], tokens: list[int],

@@ -576,6 +576,35 @@ FUSED = [c for c in CELLS if c.fusable]  # int8_wo, fp32_compute
 SHAPE_CALLS = {(64, 32): {1: 64, 256: 8}, (32, 64): {1: 32, 256: 1}, (128, 32): {1: 32, 256: 2}}
 
 
+def test_the_candidate_whose_probe_runs_fastest_is_timed_on_every_shape_first(tmp_path, monkeypatch):
+    """After the baseline, every candidate is timed on its heaviest shape; then the one that ran
+    fastest there is timed on its other shapes before the others: a deadline that cuts the pass
+    leaves the slow candidates' light shapes untimed, never the fastest one's."""
+    clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
+    fast = {"int8_dyn(act=tensor)"}
+
+    def fake(cand, kern, n, k, tokens, dtype, device, mode, max_seconds=timing.CELL_SECONDS, *rest):
+        coarse = max_seconds < timing.CELL_SECONDS
+        asked.append((cand.name, kern, (n, k), coarse))
+        clock_.now += 0.1 * len(tokens)
+        us = 10.0 * (0.4 if cand.name in fast else 1.0)
+        return {m: Timing(us * m, 0, 0, 5, coarse=coarse) for m in tokens}
+
+    monkeypatch.setattr(timing, "_time_missing", fake)
+    # the baseline (2 shapes), 3 probes (5 kernels), then room for one more cell of 2 kernels
+    deadline = 0.2 * (2 + 5 + 2) + 0.05
+    table = measure_latencies([(64, 32), (32, 64)], [1, 256], CELLS, cache=TimingCache(tmp_path / "t.sqlite"),
+                              progress=False, calls=SHAPE_CALLS, deadline=deadline)
+    cells = list(dict.fromkeys((a[0], a[2]) for a in asked))
+    assert cells[:2] == [("bf16", (64, 32)), ("bf16", (32, 64))]
+    assert {c for c, shape in cells[2:5]} == {"int8_wo", "int8_dyn(act=tensor)", "fp32_compute"}
+    assert all(shape == (64, 32) for _, shape in cells[2:5])  # each candidate's heaviest shape first
+    assert cells[5] == ("int8_dyn(act=tensor)", (32, 64))  # the fastest probe's other shape next
+    assert table.get("int8_dyn(act=tensor)", 1, 64, 32).ok
+    assert table.get("int8_wo", 1, 64, 32).ok and table.get("int8_wo", 1, 64, 32).error is None
+    assert table.get("int8_wo", 1, 64, 32).ok and table.get("int8_wo", 1, 32, 64).error == timing.NOT_TIMED
+
+
 def test_a_short_deadline_times_every_cell_coarsely_before_refining_any(tmp_path, monkeypatch):
     clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
     every = {(c.name, kern, shape) for shape in [(64, 32), (32, 64)] for c in CELLS
