@@ -31,7 +31,7 @@ from typing import Callable
 
 from autoao import anchors
 from autoao.bench import ModelBench, Sample, interleaved, workload_rounds
-from autoao.budget import MAX_CHECKS, TimePlan
+from autoao.budget import CHECK_LOOKS, MAX_CHECKS, TimePlan
 from autoao.choose import check_seconds, judge_plan
 from autoao.clock import PairedSpeedup, paired_speedup
 from autoao.common import BASELINE
@@ -161,10 +161,12 @@ class Anytime:
         return sorted(out, key=lambda vr: -vr[0])
 
     def price(self) -> float:
-        """Seconds a verification costs at worst, at today's rates: every look of every judge (and,
-        before the first check, the unmodified model's side of them) and the measurement."""
+        """Seconds a verification is expected to cost: CHECK_LOOKS looks of every judge (never more
+        than its check at worst, the unmodified model's side included before the first check) and
+        the measurement: what the time plan reserves for the first one."""
         once = self.judges.once_s if not self.judged else 0.0
-        return self.judges.check_s + once + self.measure_s
+        worst = self.judges.check_s + once
+        return min(CHECK_LOOKS * check_seconds(self.judges, first_looks=True), worst) + self.measure_s
 
     def first_price(self) -> float:
         """Seconds the cheapest verification costs: each judge's first look and the measurement."""

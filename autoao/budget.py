@@ -81,6 +81,7 @@ WRITE_SECONDS = 5.0  # saving the model and rendering the report
 MAX_CHECKS = 4  # without a time budget (a trial budget): plans verified at most
 MIN_FLEXIBLE_S = 30.0  # below this for timing, layer errors and trials, a budget is said to be too short
 SLICE_SHARE, MIN_SLICE_S = 0.25, 10.0  # a search slice between verifications: this share of what is free
+CHECK_LOOKS = 2  # the first verification's check is reserved this many looks of every judge
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Costs:
     run_s: float = 0.0  # one end-to-end run of the workload
     once_s: float = 0.0  # judging's one-off part: the unmodified model's side of the first check
     write_s: float = WRITE_SECONDS
+    first_s: float = 0.0  # every judge's first look (0: unknown; then a check is priced at worst)
 
 
 def _contention(ran_ns: int, lost_ns: int) -> float | None:
@@ -145,9 +147,14 @@ class TimePlan:
         return self.costs.write_s
 
     def reserve(self) -> float:
-        """Seconds kept, before the first verification, for it: a check to its verdict (the
-        unmodified model's side of it included) and its measurement, then the end."""
-        return self.slowdown * (self.costs.check_s + self.costs.once_s + self.costs.measure_s) + self.final_reserve()
+        """Seconds kept, before the first verification, for it: a check of CHECK_LOOKS looks of every
+        judge (at worst, a check to its verdict where a look's price is unknown; never more) and its
+        measurement, then the end. Not the check at worst: that priced the first check at ten times
+        what it took and left a 60 s budget no time to try one; a check that needs more looks asks
+        for each while the time lasts."""
+        c = self.costs
+        check = min(CHECK_LOOKS * c.first_s, c.check_s + c.once_s) if c.first_s > 0 else c.check_s + c.once_s
+        return self.slowdown * (check + c.measure_s) + self.final_reserve()
 
     def deadline(self, stage: str) -> float | None:
         """The ledger.clock() by which `stage` (one of SHARES) ends: its share of what the budget

@@ -28,7 +28,7 @@ from autoao.bench import ModelBench
 from autoao.budget import TimePlan
 from autoao.decisions import Judged
 from autoao.ledger import RunLedger
-from autoao.measure import Judges
+from autoao.measure import Judges, deciding_looks, look_prices
 from autoao.records import TrialRecord
 from autoao.types import BREAKS, UNRESOLVED, Evidence, Verdict, combine
 
@@ -36,7 +36,7 @@ from autoao.types import BREAKS, UNRESOLVED, Evidence, Verdict, combine
 def check_seconds(judges: Judges, first_looks: bool = False) -> float:
     """Seconds a check costs at worst: every look of every judge; with `first_looks`, each judge's
     first look (a check starts only when those fit: each later look asks the time plan again)."""
-    return sum(_look_prices(judges)) if first_looks else judges.check_s
+    return sum(look_prices(judges)) if first_looks else judges.check_s
 
 
 def judge_plan(r: TrialRecord, bench: ModelBench, judges: Judges, time_plan: TimePlan, ledger: RunLedger) -> Judged:
@@ -121,23 +121,11 @@ def _judges(judges: Judges, swap: _Swap, key: str) -> list[_Judge]:
         generation.prepare(swap.reference(), look)
         return merged("generation", generation.evidence(swap.plan(), look)), {}
 
-    deciding_price, generation_price = _look_prices(judges)
-    out = [_Judge(deciding, _deciding_looks(judges), deciding_price)]
+    deciding_price, generation_price = look_prices(judges)
+    out = [_Judge(deciding, deciding_looks(judges), deciding_price)]
     if generation is not None:
         out.append(_Judge(generated, generation.looks, generation_price))
     return out
-
-
-def _deciding_looks(judges: Judges) -> int:
-    return judges.tier2.looks if judges.tier2 is not None else max(len(judges.proxy.confirm_inputs), 1)
-
-
-def _look_prices(judges: Judges) -> tuple[float, float]:
-    """Seconds of one look at worst: the deciding judge's, the generation check's (0: none). Each
-    judge's share of a check, spread evenly over its looks."""
-    deciding = max(judges.check_s - judges.generation_s, 0.0) / _deciding_looks(judges)
-    generation = judges.generation_s / judges.generation.looks if judges.generation is not None else 0.0
-    return deciding, generation
 
 
 def _looks(judge: _Judge, judges: Judges, time_plan: TimePlan, ledger: RunLedger,

@@ -212,6 +212,19 @@ class Judges:
         return self.tier2.describe() if self.tier2 is not None else f"proxy: {self.proxy.describe()}"
 
 
+def deciding_looks(judges: Judges) -> int:
+    """How many looks the deciding judge takes at most: tier 2's, or the proxy's confirmation chunks."""
+    return judges.tier2.looks if judges.tier2 is not None else max(len(judges.proxy.confirm_inputs), 1)
+
+
+def look_prices(judges: Judges) -> tuple[float, float]:
+    """Seconds of one look at worst: the deciding judge's, the generation check's (0: none). Each
+    judge's share of a check, spread evenly over its looks."""
+    deciding = max(judges.check_s - judges.generation_s, 0.0) / deciding_looks(judges)
+    generation = judges.generation_s / judges.generation.looks if judges.generation is not None else 0.0
+    return deciding, generation
+
+
 # The generation check: prompts of PROMPT_TOKENS held-out tokens (at most the workload's
 # GENERATION_PROMPTS), each continued greedily, in looks of so many prompts, judged two-sided. Where
 # the proxy decides it is judged against the budget itself and needs up to about 4000 positions to
@@ -310,7 +323,8 @@ def prompts(work: Workload, count: int, length: int = PROMPT_TOKENS) -> torch.Te
 
 def costs(base: Baselines, judges: Judges, rounds: int) -> Costs:
     """What the time plan prices the run's repeated steps at (a verification measures `rounds` rounds)."""
-    return Costs(judges.proxy_s, judges.check_s, measure_seconds(base, rounds), base.bf16_us / 1e6, judges.once_s)
+    return Costs(judges.proxy_s, judges.check_s, measure_seconds(base, rounds), base.bf16_us / 1e6, judges.once_s,
+                 first_s=sum(look_prices(judges)))
 
 
 ##### every candidate ###########################################################################
