@@ -7,6 +7,7 @@
     atomic_write(path, fn)   readers see the old file or the new one, never a partial one
     process_age()            seconds since this process started
     model_device(model), triton_version(), is_conv1d(module)
+    step_aside(name, path)   a top-level folder imported by its bare name yields to the package of that name
 """
 
 from __future__ import annotations
@@ -132,3 +133,25 @@ def atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def step_aside(name: str, path: str) -> None:
+    """Called by a top-level folder's __init__.py (kernels/, ...) when it is imported by its bare
+    `name`, not as `autoao.<name>`: Python puts the working directory first on the path, so from the
+    checkout's root `import kernels` finds this folder, not the distribution of that name (Hugging
+    Face's `kernels`, which transformers imports). The distribution found on the rest of the path
+    takes the name (sys.modules[name], which the import statement returns); without one, ImportError
+    says where autoao's folder lives."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    here = Path(path).resolve().parent.parent  # the checkout's root
+    rest = [p for p in sys.path if Path(p or ".").resolve() != here]
+    spec = importlib.machinery.PathFinder.find_spec(name, rest)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no package {name!r} is installed: {here / name} is autoao's folder, imported as "
+                          f"autoao.{name}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)

@@ -8,6 +8,11 @@ Nothing here knows about search or reports.
 
 from __future__ import annotations
 
+if __name__ != "autoao.kernels":  # the bare name from the checkout's root: the installed package's
+    from autoao.common import step_aside
+
+    step_aside(__name__, __file__)
+
 from autoao.kernels import cpu_isa
 from autoao.kernels._base import QuantizedLinear, as_linear, is_conv1d
 from autoao.kernels.routes import KernelInfo, describe_route, parse_route, route_text

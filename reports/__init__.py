@@ -11,6 +11,11 @@ rendered, so importing this package stays light.
 
 from __future__ import annotations
 
+if __name__ != "autoao.reports":  # the bare name from the checkout's root: the installed package's
+    from autoao.common import step_aside
+
+    step_aside(__name__, __file__)
+
 from autoao.reports.html import render
 from autoao.reports.load import ReportData, ReportError, load
 

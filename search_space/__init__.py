@@ -9,6 +9,11 @@
 
 from __future__ import annotations
 
+if __name__ != "autoao.search_space":  # the bare name from the checkout's root: the installed package's
+    from autoao.common import step_aside
+
+    step_aside(__name__, __file__)
+
 from autoao.search_space._base import Candidate, LayerSpec
 from autoao.search_space._registry import all_candidates, candidate_of, families, from_dict, get, register
 

@@ -37,6 +37,30 @@ def test_wheel_maps_top_level_folders_into_one_namespace(tmp_path):
     assert not any(n.startswith(("kernels/", "search_space/", "evaluators/", "reports/")) for n in names)
 
 
+def test_the_checkout_root_does_not_shadow_packages_of_the_same_name(tmp_path):
+    """From the checkout's root, Python finds the top-level folders by their bare names first
+    (kernels/ before Hugging Face's `kernels`, which transformers imports): each yields the name to
+    the installed distribution, or says it is autoao's folder where none is installed."""
+    import importlib.util
+
+    code = ("import importlib, json; out = {}\n"
+            "for name in ('kernels', 'evaluators', 'reports', 'search_space'):\n"
+            "    try:\n        out[name] = importlib.import_module(name).__file__\n"
+            "    except ImportError as e:\n        out[name] = 'ImportError: ' + str(e)\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    for name, where in found.items():
+        assert not where.startswith(str(ROOT)), (name, where)  # never autoao's folder under a bare name
+        if importlib.util.find_spec(name) is None or where.startswith("ImportError"):
+            assert f"autoao.{name}" in where, where
+    if importlib.util.find_spec("kernels") is not None and importlib.util.find_spec("transformers") is not None:
+        check = "import autoao, transformers, kernels; from kernels import CUDAProperties"  # as transformers does
+        proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 ##### the README's set-up commands and its links ##################################################
 
 README = ROOT / "README.md"
