@@ -41,7 +41,11 @@ def test_the_checkout_root_does_not_shadow_packages_of_the_same_name(tmp_path):
     """From the checkout's root, Python finds the top-level folders by their bare names first
     (kernels/ before Hugging Face's `kernels`, which transformers imports): each yields the name to
     the installed distribution, or says it is autoao's folder where none is installed."""
-    import importlib.util
+    import importlib.machinery
+
+    def installed(name: str) -> bool:  # on the path but for the checkout's root
+        path = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+        return importlib.machinery.PathFinder.find_spec(name, path) is not None
 
     code = ("import importlib, json; out = {}\n"
             "for name in ('kernels', 'evaluators', 'reports', 'search_space'):\n"
@@ -53,9 +57,9 @@ def test_the_checkout_root_does_not_shadow_packages_of_the_same_name(tmp_path):
     found = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
     for name, where in found.items():
         assert not where.startswith(str(ROOT)), (name, where)  # never autoao's folder under a bare name
-        if importlib.util.find_spec(name) is None or where.startswith("ImportError"):
+        if not installed(name) or where.startswith("ImportError"):
             assert f"autoao.{name}" in where, where
-    if importlib.util.find_spec("kernels") is not None and importlib.util.find_spec("transformers") is not None:
+    if installed("kernels") and installed("transformers"):
         check = "import autoao, transformers, kernels; from kernels import CUDAProperties"  # as transformers does
         proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
