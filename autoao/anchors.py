@@ -4,7 +4,7 @@
     cost = anchored(cells, [record, ...])                              # the cells, every candidate scaled
 
 On the CPU the cells' sum misjudges how much a plan saves inside the model: SmolLM2 on a 2-core
-EPYC, uniform int4 g64 predicted 1.21x from its cells, measured 1.58x end to end; in the model its
+CPU without AMX, uniform int4 g64 predicted 1.21x from its cells, measured 1.58x end to end; in the model its
 layers ran 0.91x their cells, bf16's 1.11x (docs/python-api.md, "Measure"). When
 the anytime run measures a uniform plan (one candidate wherever it applies), the candidate's cells
 are scaled so that the plan's predicted speed-up is the measured one (`anchor`); candidates not

@@ -573,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "on a busy machine), `clear` deletes them so the next run measures again.")
     c.add_argument("action", choices=["info", "clear"], help="info: what is cached; clear: delete timings")
     c.add_argument("--device", default=None, help="only the devices whose name contains this text, "
-                   "e.g. 'H200' or 'EPYC' (default: all)")
+                   "e.g. 'NVIDIA' or 'AMD' (default: all)")
     c.add_argument("--cache-dir", default=None, help="cache directory (default: $AUTOAO_CACHE_DIR or "
                    "~/.cache/autoao)")
     c.set_defaults(func=cmd_cache)

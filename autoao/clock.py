@@ -83,7 +83,7 @@ def tuning_us(fn: Callable[[], object]) -> float:
     launch configs, cuSPARSELt's algorithms): 20 runs, no graph, L2 flushed by a *read* before
     each. (triton's do_bench flushes by zeroing: the write-back of those dirty lines lands on the
     timed kernel: ranked that way, the int4 GEMV configs ran llama8's decode step in 1.092 ms on
-    the H200, ranked this way in 0.793 ms; benchmarks/README.md.)"""
+    a datacenter GPU, ranked this way in 0.793 ms; benchmarks/NOTES.md, benchmarks/README.md.)"""
     return time_cuda(fn, reps=20, graph=False, max_seconds=0.05)[0]
 
 
@@ -130,7 +130,8 @@ LOST_FRACTION = 0.05
 MIN_CLEAN = 5
 # Samples at least this long need only LONG_MIN_CLEAN clean ones: a call of 50+ ms is compute- or
 # bandwidth-bound and many scheduler ticks long, so its run-to-run spread is small next to what
-# it costs (a bf16 LM head at 256 rows takes 0.8 s a call on a 2-core EPYC without AVX-512).
+# it costs (a bf16 LM head at 256 rows takes 0.8 s a call on a 2-core CPU without AVX-512:
+# benchmarks/NOTES.md).
 LONG_SAMPLE_S = 0.05
 LONG_MIN_CLEAN = 3
 RETAKE_FACTOR = 4  # samples and seconds allowed for re-takes, as a multiple of what was asked
@@ -276,7 +277,7 @@ class _KeptFiles:
     """/proc and /sys files kept open and read again with os.pread: about 1 us a file, where opening
     each anew took 5-15 us. _sample reads every thread's schedstat before and after each sample;
     opened anew, those reads took 150-340 us a sample (4-12 threads) next to a 50 us layer call on a
-    2-core EPYC, the samples themselves ran 15-19% slower (bf16 192x576 at M=1: a median of 55-58 us
+    2-core CPU without AMX, the samples themselves ran 15-19% slower (bf16 192x576 at M=1: a median of 55-58 us
     against 47-49 us, in alternating blocks on a quiet machine), and run-queue delay anywhere in
     that wider window was charged to the sample."""
 
@@ -342,9 +343,9 @@ def paired_speedup(a_us: Sequence[float], b_us: Sequence[float]) -> PairedSpeedu
     that slows a whole round), and the bound widens with what does not. A round disturbed on one
     side only widens the interval: it can keep a plan unchanged but never make one look faster.
     (Asking for B faster in every round instead makes a modest gain a coin toss that more rounds
-    only lose: on a quiet 2-core Xeon the bf16 demo workload measured 2.1 to 2.8 s in consecutive
-    rounds, and one plan's per-round ratios spread from 1.11x to 2.06x;
-    benchmarks/results/2026-12-02-cpu/inmodel-vs-cells/.)"""
+    only lose: on a quiet 2-core CPU with AMX the bf16 demo workload measured 2.1 to 2.8 s in
+    consecutive rounds, and one plan's per-round ratios spread from 1.11x to 2.06x;
+    benchmarks/NOTES.md.)"""
     logs = [math.log(a / b) for a, b in zip(a_us, b_us)]
     n = len(logs)
     if n == 0:

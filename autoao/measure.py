@@ -43,7 +43,7 @@ Allowed = Callable[[Candidate, LayerSpec], "str | None"]  # a serving target's r
 
 def plan_key(plan: Plan) -> str:
     """A plan's result-cache key: its candidates, and where it names them its kernels and fusions
-    (a kernel's rounding moves a task's score: benchmarks/results/2026-12-02-epyc/kernels-move-accuracy/)."""
+    (a kernel's rounding moves a task's score: benchmarks/NOTES.md)."""
     layers = sorted((f, c.name) for f, c in plan.layers.items())
     if not plan.kernels and not plan.fusions:
         return digest(layers)
@@ -66,7 +66,7 @@ class Baselines:
     final_seen: float = 0.0
     workload_s: float = 0.0  # one warm call of the user's workload on the unchanged model (0: none given)
     # its first call: a loop that compiles itself pays that once per model (transformers' generate()
-    # with a static cache on CUDA: 15 s, against 0.23 s warm; results/2026-12-03-h200/generate-1b-workload)
+    # with a static cache on CUDA: 15 s, against 0.23 s warm; benchmarks/NOTES.md)
     workload_cold_s: float = 0.0
 
 
@@ -377,8 +377,8 @@ def estimated_cells(table: LatencyTable, work: Workload, cands: list[Candidate],
     candidate's weight bytes over the unchanged layer's (weight_bytes(None, layer)). A call of more
     tokens is bound by compute, not bytes: its cell keeps the unchanged time, so no gain is claimed
     there (in llama.cpp a 256-token prefill of the demo took 437 ms in BF16, 415 ms in Q8_0 and
-    834 ms in Q4_1: benchmarks/results/2026-12-03-cpu/export-llamacpp/). A candidate that does not
-    run on the shape, or whose unchanged cell failed, gets a failed cell saying why."""
+    834 ms in Q4_1 on a 2-core CPU). A candidate that does not run on the shape, or whose unchanged
+    cell failed, gets a failed cell saying why."""
     specs = {(lay.in_features, lay.out_features): lay.spec for lay in work.prof.layers}
     rows = list(table.rows)
     for (k, n), spec in specs.items():

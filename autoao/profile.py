@@ -150,7 +150,7 @@ class _Recorder:
     (a 256-token prefill, 32 such steps) the 33 largest of a 256-row sample held 88-100% of the
     energy in six of SmolLM2's down_proj layers (36-100% among the prefill's rows alone), and GPTQ
     int4 g128 fitted on all rows reached KL 0.196 from bf16 against 0.063 fitted on the prefill's
-    (benchmarks/results/2026-12-02-cpu/algorithms-accuracy/).
+    (benchmarks/ACCURACY.md, "Calibrated quantization end to end").
     The statistics come from the other rows whenever there are any; the token counts and shapes,
     which timing reads, count every row."""
 

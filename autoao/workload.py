@@ -74,8 +74,8 @@ class Workload:
 
 # On a CPU shared with other work, each of torch's parallel regions waits at its barrier for a
 # thread that lost its core: a bf16 576x1536 layer at M=256 took 18.8 ms on 2 threads and 0.55 ms
-# on 1 next to other jobs (benchmarks/results/2026-12-01-cpu/threads-under-load/). A run whose
-# smallest example is this much faster on one thread than on torch's threads runs on one ...
+# on 1 next to other jobs (benchmarks/NOTES.md). A run whose smallest example is this much faster
+# on one thread than on torch's threads runs on one ...
 BUSY_CPU_FACTOR = 1.5
 # ... and at least this many seconds slower: a stalled barrier costs whole scheduler slices
 # (milliseconds), while a tiny model's call takes tens of microseconds and a microsecond's hiccup

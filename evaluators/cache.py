@@ -71,7 +71,7 @@ class Timing:
     # as a clean timing: re-measured by the next run)
     reliable: bool = True
     # An unreliable cell timed with several threads is timed again on one thread, which a busy
-    # neighbour leaves alone (measured on a 2-core Xeon next to two busy loops: a bf16 1536x576
+    # neighbour leaves alone (measured on a 2-core CPU with AMX next to two busy loops: a bf16 1536x576
     # layer at M=1 took 7.9 ms a call on 2 threads, 0.14 ms on 1 thread, 60 of 60 samples clean).
     # The cell's undisturbed time then lies in [single_us / threads, single_us].
     single_us: float | None = None
@@ -389,7 +389,8 @@ def device_fingerprint(t) -> bytes:
     a 64-bit mix of the word's index (one stream per sum). Changing any one word changes both sums
     (an odd multiplier is invertible mod 2**64); moving words changes their multipliers. Not a
     cryptographic hash: a cache key for weights that stay on a GPU, where sha256 would first copy
-    them to the host (measured: ~20 s of a 290 s llama8 search on the H200, 5.6 GB hashed twice)."""
+    them to the host (measured: ~20 s of a 290 s llama8 search on a datacenter GPU, 5.6 GB hashed twice:
+    benchmarks/NOTES.md)."""
     import torch
 
     b = t.detach().contiguous().reshape(-1).view(torch.uint8)

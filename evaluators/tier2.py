@@ -38,7 +38,7 @@ from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, UNMODIFIED_A
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
 # seconds per document when every probed document came from the cache and no rate was stored with
-# them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core Xeon (one forward each), so a
+# them: SmolLM2-135M scored about 0.1 s a document on a quiet 2-core CPU with AMX (one forward each), so a
 # guess on the slow side keeps the time plan's reserve for a check
 UNKNOWN_RATE_S = 0.5
 

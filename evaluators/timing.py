@@ -48,8 +48,9 @@ HARNESS_VERSION = 13
 # CPU sampling per cell and M: about CELL_SECONDS of samples, or COARSE_SECONDS in the first pass
 # under a deadline (every cell coarsely before any is refined: measure_latencies); a candidate over
 # SLOW_CUT x the baseline's time at a cell ends at one clean sample (int8_dyn on a 49152x576 LM head
-# at M=256 takes 2.6 s a call on a 2-core EPYC without VNNI: 5 samples of it were a third of a 90 s
-# budget, to learn that it loses 3x), which no refinement changes (such a timing is not coarse).
+# at M=256 takes 2.6 s a call on a 2-core CPU without VNNI: 5 samples of it were a third of a 90 s
+# budget, to learn that it loses 3x; benchmarks/NOTES.md), which no refinement changes (such a timing
+# is not coarse).
 CELL_SECONDS = 0.5
 COARSE_SECONDS = 0.05
 SLOW_CUT = 2.0
@@ -80,8 +81,9 @@ def streaming_copies(module: nn.Module, max_copies: int = 64) -> list[nn.Module]
     """The module plus enough deep copies that their weights together exceed twice the last-level
     cache: timing them back to back streams weights from DRAM, as a model running through its layers
     does. (Timing one layer over and over measures its weights hot in cache: measured on a 2-core
-    EPYC, that predicted a SmolLM2 decode step at ~9 ms when it ran at ~36 ms; flushing the cache
-    before each call instead overshot 2x, since it also evicts the TLB and idles the threads.)"""
+    CPU without AMX, that predicted a SmolLM2 decode step at ~9 ms when it ran at ~36 ms; flushing
+    the cache before each call instead overshot 2x, since it also evicts the TLB and idles the
+    threads: benchmarks/NOTES.md.)"""
     import copy
 
     n = max(1, min(max_copies, cdiv(2 * last_level_cache_bytes(), max(_module_bytes(module), 1))))
@@ -545,7 +547,7 @@ def _outrun(info: KernelInfo, n: int, k: int, tokens: list[int], timed: dict[str
 class _Layer:
     """`cand`'s module on a random (N, K) layer, built (quantized) once for all the kernels a cell
     times: each kernel re-packs the canonical tensors (QuantizedLinear.set_kernel), where building
-    anew quantized again (0.3-0.9 s a kernel on a 49152x576 LM head on a 2-core EPYC)."""
+    anew quantized again (0.3-0.9 s a kernel on a 49152x576 LM head on a 2-core CPU without AMX)."""
 
     def __init__(self, cand: Candidate, n: int, k: int, dtype: torch.dtype, device: torch.device) -> None:
         self.build = (cand, k, n, dtype, device)
@@ -578,7 +580,7 @@ def _time_missing(cand: Candidate, kernel: str | None, n: int, k: int, tokens: l
             torch._dynamo.reset()  # one compiled module at a time: dynamo's caches stay small
             fn = torch.compile(module, fullgraph=True)  # compiles on its first call, per M it sees
         # the eager module's streaming copies, made once for every M (copying int8_dyn(act=tensor)'s
-        # packed weights takes up to 0.5 s a shape on a 2-core EPYC)
+        # packed weights takes up to 0.5 s a shape on a 2-core CPU without AMX)
         copies = functools.cache(lambda mod=module: streaming_copies(mod))
         # compiled modules are captured in CUDA graphs too: that is how the model will run
         fresh = {m: time_module(module if m in eager else fn, m, k, dtype, device,
@@ -596,7 +598,7 @@ def single_op_tokens(cand: Candidate, kernel: str | None, n: int, k: int, tokens
     (None: its only one) eagerly in a CUDA graph, not compiled: where its forward is one opaque op
     (KernelInfo.single_op), which torch.compile would only wrap. Each M a compiled module sees
     costs a compile (dynamo/inductor: 86 s of the 181 s timing stage of a cold llama8 2048+1 search
-    on the H200)."""
+    on a datacenter GPU: benchmarks/NOTES.md)."""
     if mode != "compile" or device.type != "cuda":
         return set()
     info = kernel_info(cand, device, kernel)

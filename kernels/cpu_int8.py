@@ -94,7 +94,7 @@ def linear_dynamic(x: torch.Tensor, handle: int, out_features: int, reduce_range
     """x [..., K] float32 -> [..., N] float32 through the packed weight `handle`: the custom op
     dynamic_qlinear where torch.compile traces, the engine's op directly in eager mode (kernels/ops:
     a custom op's Python dispatch costs 10-35 us a call, as much as fbgemm's whole 576x576 product
-    at M=1: 23 us raw, 58 us through the custom op, 2 threads, AMD EPYC with AVX512-VNNI)."""
+    at M=1: 23 us raw, 58 us through the custom op, 2 threads, a CPU with AVX512-VNNI)."""
     return call_op("dynamic_qlinear", x, handle, out_features, reduce_range)
 
 

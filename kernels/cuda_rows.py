@@ -6,13 +6,12 @@ prompt's forward in transformers' generate(), which runs its prefill uncompiled)
 
 Why: an eager call's cost there is the host's. The dequantizing path (weight cast, bf16 GEMM,
 scale multiply) is three launches where nn.Linear makes one, and a Triton kernel's Python launcher
-costs the host what those three do (benchmarks/results/2026-12-04-h200/prefill/); the Triton GEMV's
-eager path cost the host 16.4 us a one-row call before its launcher, this kernel's 9.4 us with its
-C call (benchmarks/results/2026-12-04-cpu/host-paths/); on the H200, SmolLM2's fp8_wo plan ran eager
-64-token generate() 1.063x of the model as it came on this kernel, 0.826x on the GEMV
-(benchmarks/results/2026-12-05-h200/eager-rows1-ab/). This kernel
-(kernels/cuda/wo_rows.cu, tensor cores, the weight converted exactly in registers) is one C call
-through ctypes on torch's current stream. Compiled callers keep the Triton GEMV (up to 8 rows) and
+costs the host what those three do (benchmarks/NOTES.md); the Triton GEMV's eager path cost the
+host 16.4 us a one-row call before its launcher, this kernel's 9.4 us with its C call
+(benchmarks/NOTES.md); on a datacenter GPU, SmolLM2's fp8_wo plan ran eager 64-token generate()
+1.063x of the model as it came on this kernel, 0.826x on the GEMV (benchmarks/ACCURACY.md). This
+kernel (kernels/cuda/wo_rows.cu, tensor cores, the weight converted exactly in registers) is one C
+call through ctypes on torch's current stream. Compiled callers keep the Triton GEMV (up to 8 rows) and
 the dequantizing path, which inductor fuses: torch.compile cannot trace a ctypes call.
 
 Built by cuda_build on a module's first packing on a CUDA device (sm_80 or newer); where that is

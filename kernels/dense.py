@@ -4,7 +4,7 @@ Bf16Linear: the `bf16_compute` candidate, for models in another dtype (fp32, fp1
 in bf16, computed in bf16 (the baseline candidate `bf16` leaves every nn.Linear as it came).
 
 Fp32ComputeLinear: a bf16 / fp16 layer's own weights, multiplied in float32 where that is faster:
-on a CPU fp32 GEMV beats bf16 at a few rows (measured 1536x576 at M=1 on an AMX Xeon: 76 us vs
+on a CPU fp32 GEMV beats bf16 at a few rows (measured 1536x576 at M=1 on a CPU with AMX: 76 us vs
 124 us), and a CPU without AMX or AVX512-BF16 runs every bf16 matmul several times slower than
 fp32. Kernels: "fp32" (an fp32 copy of the weight made at pack time, x cast to fp32 and the result
 back) and "native" (the layer's own F.linear in its dtype), which read the same weight, so a

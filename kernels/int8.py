@@ -123,8 +123,7 @@ class Int8DynLinear(_Int8Weights):
             if self.bias is not None:
                 # in place, in float32, before the one rounding to x.dtype: a second [M, N] tensor
                 # for the sum held MiniLM's 32-sentence batch at 0.78x quantize_dynamic's speed
-                # (the same fbgemm kernel); in place, 0.93x (benchmarks/results/2026-12-02-epyc/
-                # minilm/minilm_speed.json before, minilm_speed_bias.json after)
+                # (the same fbgemm kernel); in place, 0.93x (benchmarks/NOTES.md)
                 y.add_(self.bias.float())
             return y.to(x.dtype)
         x2 = flatten_tokens(x)
@@ -153,7 +152,7 @@ class Int8WeightOnlyLinear(_Int8Weights):
 
     @classmethod
     def declared_kernels(cls, **params) -> tuple[KernelInfo, ...]:
-        # All four read one layout (w_q, w_scale). CUDA: the GEMV is 2.2-4.8x faster at M=1 on the H200.
+        # All four read one layout (w_q, w_scale). CUDA: the GEMV is 2.2-4.8x faster at M=1 on a datacenter GPU.
         return (KernelInfo("triton", "cuda", layout="int8", single_op=_gemv_one_op),
                 KernelInfo("dequant", "cuda", layout="int8", same_code=_dequant_code),
                 KernelInfo("int8pack", "cpu", layout="int8"),

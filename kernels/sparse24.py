@@ -47,7 +47,7 @@ def _cslt_linear(w_compressed: torch.Tensor, x2: torch.Tensor, alpha: torch.Tens
 # cuSPARSELt offers several algorithms (alg_id 0..max) per problem; torch uses 0 unless told, and
 # which is fastest depends on the shape and dtype (torch's own search op is deprecated). It also
 # computes W @ x^T, i.e. y^T [N, Mp]; y must reach the rest of the model row-major: a transposed
-# view makes everything downstream strided (measured on the H200: under torch.compile, attention
+# view makes everything downstream strided (measured on a datacenter GPU: under torch.compile, attention
 # fell back to the fp32 math kernel, 0.56x bf16). cuSPARSELt can write y row-major itself
 # (transpose_result), which is free where supported; otherwise y^T is copied. Each (N, K, M,
 # dtype) problem tries every (algorithm, way) once per process on first use and keeps the fastest,
@@ -234,7 +234,7 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
         if not x2.is_cuda:
             return super()._forward(x)
         xq, xs = quantize_per_token(x2, FP8_DTYPE)
-        # cuSPARSELt 0.8 refuses alpha-vector scaling for fp8 (measured on the H200):
+        # cuSPARSELt 0.8 refuses alpha-vector scaling for fp8 (measured on a datacenter GPU: benchmarks/NOTES.md):
         # both scales go in the (fused) epilogue.
         y = _cslt_linear(self.w_q, xq, None, torch.bfloat16, self.out_features)
         return unflatten_tokens(dequantize_output(y, xs, self.w_scale, self.bias, x.dtype), x)

@@ -1,14 +1,14 @@
 """Weight-only GEMV / skinny GEMM (M <= 8 rows) in Triton: int4 group-wise, int8 and fp8 per-channel.
 
 Why: at decode (M = 1) a linear layer's only job is to stream its weights once; torch's kernels
-do not: tinygemm reaches ~45% of the H200's bandwidth roofline at M=1, and int8 weight-only through
+do not: tinygemm reaches ~45% of a datacenter GPU's bandwidth roofline at M=1, and int8 weight-only through
 `F.linear(x, w.to(bf16))` reads 5 bytes per weight instead of 1 (benchmarks/gemv_bench.py and
 int4_sweep.py; see benchmarks/README.md).
 
 Two numbers per layer N x K at M rows: bytes = N*K*b (b = 1/2 int4, 1 int8/fp8) + scales (+ zeros)
 + 2*M*(K + N); FLOPs = 2*M*N*K. Memory-bound by ~100x at M = 1.
 
-Design (what the H200 measurements of benchmarks/gemv_bench.py kept): plain tiles. Each program
+Design (what the datacenter-GPU measurements of benchmarks/gemv_bench.py kept): plain tiles. Each program
 loads a [BLOCK_N, BLOCK_K] weight tile straight from the canonical layout (int4: [N, K/2] uint8 read
 as [BLOCK_N, groups, G/2] bytes; int8/fp8: [N, K]), converts in registers, multiplies by the
 activation (shared by all rows) and reduces along K. int4 applies scales and zeros once per group
@@ -23,8 +23,8 @@ kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does.
 Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
 it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed and cast by a
 second small kernel, for layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them
-inside the kernel, the last program of a block reducing, measured slower end to end on the H200:
-see benchmarks/README.md.)
+inside the kernel, the last program of a block reducing, measured slower end to end on a
+datacenter GPU: see benchmarks/README.md.)
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
 or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
@@ -250,7 +250,7 @@ def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stri
 @triton.jit
 def _sum_splits_kernel(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     # p [SPLIT_K, M*N] fp32 partials -> y [M*N] in y's dtype: the sum and the cast in one launch
-    # (torch's `p.sum(0).to(bf16)` takes two, ~3.7 + 0.9 us a call on the H200)
+    # (torch's `p.sum(0).to(bf16)` takes two, ~3.7 + 0.9 us a call on a datacenter GPU: benchmarks/NOTES.md)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -301,7 +301,7 @@ class Config:
     num_stages: int = 3  # software-pipelining depth of the K loop (Triton's default)
 
 
-# What the int8/fp8 tuner times: every config that was fastest on at least one cell of an H200 table
+# What the int8/fp8 tuner times: every config that was fastest on at least one cell of a datacenter GPU's table
 # of all 24 earlier ones (BLOCK_N/BLOCK_K/warps of 2-16 KB of weights per step x split-K 1/2/4)
 # on llama8's and SmolLM2's 14 weight shapes x M = 1, 8 x int8/fp8 (benchmarks/tuner_table.py,
 # see benchmarks/README.md). Split-K serves long K and narrow N (4096 x 14336, whose
@@ -309,9 +309,9 @@ class Config:
 CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, sk, w in [
     (16, 1024, 1, 8), (16, 2048, 1, 8), (32, 256, 4, 4), (16, 512, 1, 4), (32, 256, 1, 4), (16, 256, 4, 4),
     (16, 1024, 4, 8), (8, 512, 4, 4), (32, 256, 2, 4), (4, 512, 1, 2)])
-# int4: the byte kernel on the tiles that won its H200 sweep (gemv_v3), the words kernel (22-33%
+# int4: the byte kernel on the tiles that won its datacenter-GPU sweep (gemv_v3), the words kernel (22-33%
 # fewer SASS instructions per byte, benchmarks/sass_stats.py) on its leanest tiles, and the
-# tensor-core kernel on the tiles that won H200 sweeps (64 wide for the 4096/14336 layers, 128 wide
+# tensor-core kernel on the tiles that won datacenter-GPU sweeps (64 wide for the 4096/14336 layers, 128 wide
 # with split-K 8 for 4096x14336, 256 wide for the 128256-wide lm_head; a sweep of ~330 tensor-core
 # configs, benchmarks/int4_sweep.py, found nothing > 2% faster than this list on llama8's shapes);
 # kept short because every group size compiles its own set on first use.

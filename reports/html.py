@@ -107,11 +107,11 @@ class Headline:
 
 
 # How the speed-up was measured, and so how the model must run to see it. Eagerly, autoao's
-# quantized modules pay their kernels' launches per call: on the H200 a plan measured 1.88x compiled
-# ran 0.81x in eager generate() (benchmarks/results/2026-12-03-h200/generate-1b/). Replayed graphs
-# leave out the host's work per call: SmolLM2's compiled generate() spends about 3 ms of host time a
-# token against 1.9-2.8 ms of kernels, so a plan's kernel saving mostly does not show there
-# (benchmarks/results/2026-12-03-h200/generate-smollm2-synth/).
+# quantized modules pay their kernels' launches per call: on a datacenter GPU a plan measured 1.88x
+# compiled ran 0.81x in eager generate() (benchmarks/NOTES.md). Replayed graphs leave out the host's
+# work per call: SmolLM2's compiled generate() spends about 3 ms of host time a token against
+# 1.9-2.8 ms of kernels, so a plan's kernel saving mostly does not show there
+# (docs/results.md#smollm2s-decode-step-and-generate-on-the-h200-searched-at-05-1-and-2-points).
 MODES = {
     "compile": "measured compiled (torch.compile, replayed as CUDA graphs, so without the host's work per call): "
                "the speed-up needs the model run that way; a loop that calls the compiled model once a step "
