@@ -52,7 +52,8 @@ def test_the_checkout_root_does_not_shadow_packages_of_the_same_name(tmp_path):
             "    try:\n        out[name] = importlib.import_module(name).__file__\n"
             "    except ImportError as e:\n        out[name] = 'ImportError: ' + str(e)\n"
             "print(json.dumps(out))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}  # as a user runs python -c there
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
     for name, where in found.items():
@@ -61,7 +62,7 @@ def test_the_checkout_root_does_not_shadow_packages_of_the_same_name(tmp_path):
             assert f"autoao.{name}" in where, where
     if installed("kernels") and installed("transformers"):
         check = "import autoao, transformers, kernels; from kernels import CUDAProperties"  # as transformers does
-        proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
 
 
