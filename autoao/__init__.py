@@ -21,12 +21,15 @@ __all__ = ["OptimizeResult", "Plan", "PlanError", "apply", "fingerprint", "load"
            "search_space", "validate"]
 
 _LAZY = {"optimize": "autoao.api", "OptimizeResult": "autoao.api"}
+_LAZY_MODULES = ("models",)  # autoao.models: the built-in models (autoao.models.load("smollm2-135m"))
 
 
 def __getattr__(name: str):
     # optimize pulls in optuna and the evaluators; load them on first use, not on `import autoao`.
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"autoao.{name}")
     raise AttributeError(f"module 'autoao' has no attribute {name!r}")
