@@ -47,6 +47,7 @@ from autoao.types import BREAKS, HOLDS, Accuracy, Verdict
 MIN_GAIN = 0.02  # a plan is judged only if predicted this much faster than the incumbent
 MIN_VALUE = 0.005  # nor when its odds times that gain is below this: a search slice is worth more
 MIN_ROUNDS, MAX_ROUNDS = 3, 10  # interleaved rounds of a verification's measurement (CPU)
+ROUNDS_SHARE = 0.5  # a measurement's rounds past MIN_ROUNDS take at most this share of the time left
 HOLD_ODDS = (0.05, 0.9)  # no plan is sure to hold or to break before it is judged
 
 
@@ -272,8 +273,9 @@ class Anytime:
         return speed
 
     def _rounds(self) -> int:
-        """Interleaved rounds a measurement may take: up to MAX_ROUNDS on the CPU while the time plan
-        allows them, MIN_ROUNDS where each side compiles (each replays many rounds)."""
+        """Interleaved rounds a measurement may take (it stops once they decide: _settled): up to
+        MAX_ROUNDS on the CPU within ROUNDS_SHARE of what is left after a check's first looks and
+        the end, MIN_ROUNDS where each side compiles (each replays many rounds)."""
         if self.bench.compile:
             return MIN_ROUNDS
         per_round = self.measure_s / (MIN_ROUNDS + 0.5)  # a round is two runs; the warm-up one more
@@ -281,7 +283,7 @@ class Anytime:
         if left is None:
             return MAX_ROUNDS
         room = left - self.time_plan.final_reserve() - check_seconds(self.judges, first_looks=True)
-        return max(MIN_ROUNDS, min(MAX_ROUNDS, int(room / max(per_round, 1e-3) * 0.25)))
+        return max(MIN_ROUNDS, min(MAX_ROUNDS, int(ROUNDS_SHARE * room / max(per_round, 1e-3))))
 
     def _settled(self, base: list[Sample], planned: list[Sample]) -> bool:
         """The rounds so far decide: after MIN_ROUNDS, shown faster than the model as it came (the

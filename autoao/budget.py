@@ -81,6 +81,7 @@ WRITE_SECONDS = 5.0  # saving the model and rendering the report
 MAX_CHECKS = 4  # without a time budget (a trial budget): plans verified at most
 MIN_FLEXIBLE_S = 30.0  # below this for timing, layer errors and trials, a budget is said to be too short
 SLICE_SHARE, MIN_SLICE_S = 0.25, 10.0  # a search slice between verifications: this share of what is free
+MIN_TRIAL_S = 2.0  # no slice shorter: it would end before its first trial
 CHECK_LOOKS = 2  # the first verification's check is reserved this many looks of every judge
 
 
@@ -187,13 +188,16 @@ class TimePlan:
 
     def slice_seconds(self, keep: float) -> float | None:
         """Seconds for the next search slice, keeping `keep` (a verification's price) and the end's
-        reserve: SLICE_SHARE of what is free, at least MIN_SLICE_S; 0 when not even that fits; None
-        without a time budget (the search runs its trial budget)."""
+        reserve: SLICE_SHARE of what is free, at least MIN_SLICE_S where that fits, else what is
+        free; 0 when not even MIN_TRIAL_S is; None without a time budget (the search runs its trial
+        budget)."""
         remaining = self.ledger.remaining()
         if remaining is None:
             return None
         free = remaining - self.slowdown * keep - self.final_reserve()
-        return max(SLICE_SHARE * free, MIN_SLICE_S) if free >= MIN_SLICE_S else 0.0
+        if free < MIN_TRIAL_S:
+            return 0.0
+        return max(SLICE_SHARE * free, min(MIN_SLICE_S, free))
 
     def shortfall(self) -> tuple[float, float, float] | None:
         """When the budget leaves the flexible stages less than MIN_FLEXIBLE_S after what was spent

@@ -427,8 +427,8 @@ class NothingToTry(Decision):
         # said when the time plan is built, before timing; the run's record adds the cells left untimed
         untimed = f" ({self.not_timed} timing cells never timed)" if self.not_timed else ""
         return (f"the time budget is too short to try plans: '{self.stage}' took {self.stage_s:.0f} s of it and "
-                f"judging a plan's accuracy and the final measurement need {self.reserve_s:.0f} s{untimed}; a "
-                f"budget of about {self.suggest_s:.0f} s lets the search try plans")
+                f"verifying a first plan (its accuracy checked and its speed measured) needs about "
+                f"{self.reserve_s:.0f} s{untimed}; a budget of about {self.suggest_s:.0f} s lets the search try plans")
 
 
 @decision

@@ -1,14 +1,14 @@
 """What does `autoao search --budget B` ship, and when, on a quiet machine and next to a busy one?
 
     python benchmarks/budget_bench.py --budgets 5m --runs 5 --loaded-runs 3 --out benchmarks/results/<date>-cpu/anytime
-    python benchmarks/budget_bench.py --budgets 90s --runs 3 --warm --out ...      # after one run on the same cache
+    python benchmarks/budget_bench.py --budgets default --then default,90s --runs 3 --loaded-runs 0 --out ...
     python benchmarks/budget_bench.py --budgets 90s --runs 1 --model minilm-l6 --out ...
 
 Each run is the README's main job as a whole process: `autoao search` (plus `--budget B` unless B is
 `default`, plus `--model M` if given), in a folder of its own whose default `--out` it writes, with
 a fresh `AUTOAO_CACHE_DIR` (the built-in model's one-off conversion included, as on a fresh
-machine). `--warm`: each run first makes one run of the same command on its cache (its row is kept
-too, as `cold`), then the measured one. Loaded runs start a competing process that keeps
+machine). `--then B2,B3`: after each run, runs of those budgets on the same cache (timings and the
+unmodified model's side of the judges warm), each in a folder of its own (rows `<run>-then-<i>`). Loaded runs start a competing process that keeps
 `--hog-cores` cores busy (whole cores spin, the fraction duty-cycles), stopped after the run.
 
 Per run: wall time against the rule (budget + max(10%, 15 s)), whether a plan shipped, its measured
@@ -121,11 +121,11 @@ def table(header: str, rows: list[dict]) -> str:
                      f"{r.get('measured', '-')} | {r.get('bound', '-')} | {r.get('plan', 'rc=' + str(r['rc']))} | "
                      f"{r.get('verifying_s', '-')} | {curve} | {'; '.join(r.get('verdicts', []))} | "
                      f"{', '.join(r.get('decisions', []))} |")
-    measured = [r for r in rows if not r["run"].endswith("-cold")]
-    shipped = sum(bool(r.get("shipped")) for r in measured)
-    lines.append(f"\nshipped a plan in {shipped} of {len(measured)} runs"
-                 f"{' (the warm-up runs on each cache, marked -cold, not counted)' if len(measured) < len(rows) else ''}; "
-                 f"within the wall-time rule: {sum(r['within'] for r in measured)} of {len(measured)}")
+    for label, group in (("cold", [r for r in rows if "-then-" not in r["run"]]),
+                         *((f"then-{i}", [r for r in rows if r["run"].endswith(f"-then-{i}")]) for i in range(1, 9))):
+        if group:
+            lines.append(f"\n{label}: shipped a plan in {sum(bool(r.get('shipped')) for r in group)} of {len(group)} "
+                         f"runs; within the wall-time rule: {sum(r['within'] for r in group)} of {len(group)}")
     return "\n".join(lines) + "\n"
 
 
@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--loaded-runs", type=int, default=None, help="loaded runs per budget (default: --runs)")
     ap.add_argument("--hog-cores", type=float, default=1.0, help="cores the competing process keeps busy")
     ap.add_argument("--model", default=None, help="--model for the search (default: the demo)")
-    ap.add_argument("--warm", action="store_true", help="each measured run after one earlier run on its cache")
+    ap.add_argument("--then", default="", help="comma-separated budgets run after each run on its cache")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,7 @@ def main() -> None:
               f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch "
               f"{torch.__version__}, python {platform.python_version()}\nrule: wall <= budget + max(10%, 15 s); "
               f"loaded = a competing process keeping {args.hog_cores:g} cores busy; each run on a fresh cache"
-              f"{' after one earlier run on it' if args.warm else ''}\n")
+              f"{', then ' + args.then + ' on it' if args.then else ''}\n")
     rows: list[dict] = []
     for budget in args.budgets.split(","):
         plan = [(False, i) for i in range(args.runs)] + [(True, i) for i in range(loaded_runs)]
@@ -154,9 +154,10 @@ def main() -> None:
             tag = f"{budget}-{'loaded' if loaded else 'quiet'}-{i}"
             cache = args.out / ".cache" / tag
             shutil.rmtree(cache, ignore_errors=True)
-            if args.warm:
-                rows.append(run_one(budget, args.model, loaded, args.out / f"{tag}-cold", cache, args.hog_cores))
             rows.append(run_one(budget, args.model, loaded, args.out / tag, cache, args.hog_cores))
+            for j, then in enumerate(b for b in args.then.split(",") if b):
+                print(json.dumps(rows[-1]), flush=True)
+                rows.append(run_one(then, args.model, loaded, args.out / f"{tag}-then-{j + 1}", cache, args.hog_cores))
             shutil.rmtree(cache, ignore_errors=True)
             print(json.dumps(rows[-1]), flush=True)
             with open(args.out / "budget.csv", "w", newline="") as f:
@@ -164,7 +165,7 @@ def main() -> None:
                 w.writeheader()
                 w.writerows(rows)
             (args.out / "budget.md").write_text(table(header, rows))
-    print(table(header, rows).splitlines()[-1])
+    print("\n".join(line for line in table(header, rows).splitlines() if "shipped a plan in" in line))
     shutil.rmtree(args.out / ".cache", ignore_errors=True)
 
 
