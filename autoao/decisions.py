@@ -146,30 +146,6 @@ class Judged(Decision):
 
 @decision
 @dataclass(frozen=True)
-class ChoseSlower(Decision):
-    """The fastest plan that held was not the fastest on the front."""
-
-    kind: ClassVar[str] = "chose_slower"
-    trial: int = -1
-    checked: int = 0  # plans judged
-    faster: int = 0  # plans of the front predicted faster
-    broke: int = 0  # of those judged, the ones that broke
-    unresolved: int = 0  # of those judged, the ones the evidence could not settle
-    unchecked: int = 0  # faster plans, between it and the slowest that did not hold, never judged
-
-    def describe(self) -> str:
-        said = (f"chose trial {self.trial}: the fastest plan of the Pareto front that held, in {self.checked} "
-                f"check{_s(self.checked)} by bisection; ")
-        plans = f"{self.faster} plan{_s(self.faster)} predicted faster"
-        if self.unchecked == self.faster:
-            return said + f"the {plans} {'were' if self.faster != 1 else 'was'} not judged (no checks or time left)"
-        return said + (f"of the {plans}, {self.broke} broke the budget and {self.unresolved} stayed unresolved"
-                       + (f" ({self.unchecked} between it and the slowest that failed not judged)"
-                          if self.unchecked else ""))
-
-
-@decision
-@dataclass(frozen=True)
 class NoneHeld(Decision):
     kind: ClassVar[str] = "none_held"
     ends_unchanged: ClassVar[bool] = True
@@ -181,18 +157,6 @@ class NoneHeld(Decision):
                "them within it; a larger budget judges on more)" if self.unresolved else "")
         return (f"none of the {self.checked} plans tried was verified (held on every judge and measured faster){why}: "
                 "keeping the model as it came")
-
-
-@decision
-@dataclass(frozen=True)
-class OutOfTime(Decision):
-    kind: ClassVar[str] = "out_of_time"
-    trial: int | None = None
-    what: str = ""  # "more checks", "the re-rank", "more evidence"
-
-    def describe(self) -> str:
-        after = f" (after trial {self.trial})" if self.trial is not None else ""
-        return f"the time budget left no room for {self.what}{after}"
 
 
 ##### the anytime run ###########################################################################
@@ -290,49 +254,6 @@ class Resumed(Decision):
 
 @decision
 @dataclass(frozen=True)
-class RerankChose(Decision):
-    kind: ClassVar[str] = "rerank_chose"
-    trial: int = -1
-    measured_ms: float = 0.0
-    pick: int = -1  # the cost model's pick
-    pick_measured_ms: float = 0.0
-    pick_predicted_ms: float = 0.0
-
-    def describe(self) -> str:
-        return (f"chose trial {self.trial}: measured end to end at {self.measured_ms:.3f} ms, "
-                f"{self.pick_measured_ms / self.measured_ms:.2f}x faster than trial {self.pick}, the cost model's pick "
-                f"({self.pick_measured_ms:.3f} ms measured, {self.pick_predicted_ms:.3f} ms predicted)")
-
-
-@decision
-@dataclass(frozen=True)
-class RerankKept(Decision):
-    kind: ClassVar[str] = "rerank_kept"
-    trial: int = -1
-    measured_ms: float = 0.0
-    band: float = 0.0
-    margin: float = 0.0
-    others: dict[int, float] = field(default_factory=dict)  # trial -> measured ms
-
-    def describe(self) -> str:
-        others = ", ".join(f"trial {t} {ms:.3f} ms" for t, ms in self.others.items())
-        return (f"kept trial {self.trial} ({self.measured_ms:.3f} ms measured end to end); the plans predicted within "
-                f"{self.band:.0%} of it were not more than {self.margin:.0%} faster: {others}")
-
-
-@decision
-@dataclass(frozen=True)
-class PlanUnmeasurable(Decision):
-    kind: ClassVar[str] = "plan_unmeasurable"
-    trial: int = -1
-    reason: str = ""
-
-    def describe(self) -> str:
-        return f"a plan predicted as fast (trial {self.trial}) could not be measured: {self.reason}"
-
-
-@decision
-@dataclass(frozen=True)
 class KeptUnchanged(Decision):
     """The chosen plan was not shown faster than the model as it came."""
 
@@ -369,28 +290,6 @@ class ShippedOnEstimate(Decision):
 
     def describe(self) -> str:
         return f"the chosen plan (trial {self.trial}) ships on its verdicts; its speed-up, {self.estimate:.2f}x, is {self.why}"
-
-
-@decision
-@dataclass(frozen=True)
-class WorkloadNotFaster(Decision):
-    """The plan ran faster on the forward pass but was not shown faster in the user's workload."""
-
-    kind: ClassVar[str] = "workload_not_faster"
-    ends_unchanged: ClassVar[bool] = True
-    trial: int | None = None
-    forward: float = 1.0  # the forward pass's paired speed-up
-    baseline_ms: float = 0.0  # the workload's median call, as the model came and with the plan
-    plan_ms: float = 0.0
-    estimate: float = 1.0  # the workload's paired speed-up and its 95% lower bound
-    bound: float = 1.0
-    rounds: int = 0
-
-    def describe(self) -> str:
-        return (f"the chosen plan (trial {self.trial}) ran {self.forward:.2f}x on the forward pass, but your workload "
-                f"took {self.plan_ms:.1f} ms with it against {self.baseline_ms:.1f} ms as the model came (paired "
-                f"{self.estimate:.2f}x, at least {self.bound:.2f}x with 95% confidence, {self.rounds} rounds): not "
-                "shown faster where you run it, so the model stays as it came")
 
 
 @decision

@@ -42,6 +42,11 @@ def upgrade_context(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+# Decision kinds earlier runs recorded that this autoao no longer makes (the bisection of the Pareto
+# front, the re-rank, the final comparison's refusals): read back as notes in their own words.
+RETIRED = {"chose_slower", "out_of_time", "rerank_chose", "rerank_kept", "plan_unmeasurable", "workload_not_faster"}
+
+
 def upgrade_summary(d: dict[str, Any]) -> dict[str, Any]:
     if d.get("version", 0) == 0:  # untyped summary.json of autoao 0.1.0: notes were prose
         d = dict(d, version=RUN_FILES_VERSION)
@@ -59,7 +64,18 @@ def upgrade_summary(d: dict[str, Any]) -> dict[str, Any]:
     elif d.get("version") == 1:  # decisions were a kind and a dict of numbers: kept as their words
         d = dict(d, version=RUN_FILES_VERSION)
         d["decisions"] = [{"kind": "note", "reason": _v1_words(x)} for x in d.get("decisions", [])]
+    if any(x.get("kind") in RETIRED for x in d.get("decisions", [])):
+        d = dict(d, decisions=[{"kind": "note", "reason": _retired_words(x)} if x.get("kind") in RETIRED else x
+                               for x in d["decisions"]])
     return d
+
+
+def _retired_words(d: dict[str, Any]) -> str:
+    """A retired decision as text: its kind, its trial and its fields."""
+    trial = f" (trial {d['trial']})" if d.get("trial") is not None else ""
+    fields = ", ".join(f"{k.replace('_', ' ')} {v:.4g}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                       for k, v in d.items() if k not in ("kind", "trial"))
+    return f"{d['kind'].replace('_', ' ')}{trial}: {fields}"
 
 
 def _v1_words(d: dict[str, Any]) -> str:
