@@ -77,7 +77,7 @@ class StackSampler:
         """Markdown: the `top` functions by inclusive wall seconds, with their self seconds; and
         path with suffix .folded: every distinct stack and its seconds."""
         lines = [f"# Sampled wall time: {title}", "",
-                 f"{self.total:.1f} s sampled every {self.interval * 1e3:g} ms (benchmarks/stack_sampler.py); "
+                 f"{self.total:.1f} s sampled every {self.interval * 1e3:g} ms (benchmarks/lib/stack_sampler.py); "
                  "inclusive = on the stack, self = innermost Python frame (time in C code it called included)",
                  "", "| inclusive s | % | self s | function |", "|---|---|---|---|"]
         for name, sec in self.inclusive.most_common(top):

@@ -1,6 +1,6 @@
 """The roofline the benchmarks compare kernels against: a device's measured peak copy bandwidth.
 
-    from bandwidth import copy_bandwidth     # from a script in benchmarks/ (its folder is on sys.path)
+    from bandwidth import copy_bandwidth     # from a script in benchmarks/ (benchmarks/lib/ on sys.path)
 """
 
 from __future__ import annotations
