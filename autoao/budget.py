@@ -28,7 +28,7 @@ from autoao.types import Accuracy, Evidence, Verdict, judge
 # check, up to this x the budget or x the proxy's own noise, whichever is larger. Top-1 agreement
 # moves more than a task's accuracy: SmolLM2 with int8_wo everywhere lost 1.6 to 4.1 points of
 # agreement below its float32 floor while autoao_facts rose 1.1 points
-# (docs/python-api.md#what-max_accuracy_drop-measures, benchmarks/NOTES.md).
+# (docs/python-api.md#what-max_accuracy_drop-measures).
 TIER1_SCREEN = 5.0
 
 

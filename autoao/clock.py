@@ -83,7 +83,7 @@ def tuning_us(fn: Callable[[], object]) -> float:
     launch configs, cuSPARSELt's algorithms): 20 runs, no graph, L2 flushed by a *read* before
     each. (triton's do_bench flushes by zeroing: the write-back of those dirty lines lands on the
     timed kernel: ranked that way, the int4 GEMV configs ran llama8's decode step in 1.092 ms on
-    a datacenter GPU, ranked this way in 0.793 ms; benchmarks/NOTES.md, benchmarks/README.md.)"""
+    a datacenter GPU, ranked this way in 0.793 ms; docs/measuring.md#gpu-timing.)"""
     return time_cuda(fn, reps=20, graph=False, max_seconds=0.05)[0]
 
 
@@ -131,7 +131,7 @@ MIN_CLEAN = 5
 # Samples at least this long need only LONG_MIN_CLEAN clean ones: a call of 50+ ms is compute- or
 # bandwidth-bound and many scheduler ticks long, so its run-to-run spread is small next to what
 # it costs (a bf16 LM head at 256 rows takes 0.8 s a call on a 2-core CPU without AVX-512:
-# benchmarks/NOTES.md).
+# docs/measuring.md#cpu-timing).
 LONG_SAMPLE_S = 0.05
 LONG_MIN_CLEAN = 3
 RETAKE_FACTOR = 4  # samples and seconds allowed for re-takes, as a multiple of what was asked
@@ -345,7 +345,7 @@ def paired_speedup(a_us: Sequence[float], b_us: Sequence[float]) -> PairedSpeedu
     (Asking for B faster in every round instead makes a modest gain a coin toss that more rounds
     only lose: on a quiet 2-core CPU with AMX the bf16 demo workload measured 2.1 to 2.8 s in
     consecutive rounds, and one plan's per-round ratios spread from 1.11x to 2.06x;
-    benchmarks/NOTES.md.)"""
+    docs/measuring.md#the-final-comparison.)"""
     logs = [math.log(a / b) for a, b in zip(a_us, b_us)]
     n = len(logs)
     if n == 0:

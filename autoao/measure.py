@@ -43,7 +43,7 @@ Allowed = Callable[[Candidate, LayerSpec], "str | None"]  # a serving target's r
 
 def plan_key(plan: Plan) -> str:
     """A plan's result-cache key: its candidates, and where it names them its kernels and fusions
-    (a kernel's rounding moves a task's score: benchmarks/NOTES.md)."""
+    (a kernel's rounding moves a task's score: docs/measuring.md#accuracy-verdicts)."""
     layers = sorted((f, c.name) for f, c in plan.layers.items())
     if not plan.kernels and not plan.fusions:
         return digest(layers)
@@ -66,7 +66,7 @@ class Baselines:
     final_seen: float = 0.0
     workload_s: float = 0.0  # one warm call of the user's workload on the unchanged model (0: none given)
     # its first call: a loop that compiles itself pays that once per model (transformers' generate()
-    # with a static cache on CUDA: 15 s, against 0.23 s warm; benchmarks/NOTES.md)
+    # with a static cache on CUDA: 15 s, against 0.23 s warm; docs/measuring.md#end-to-end-on-a-gpu)
     workload_cold_s: float = 0.0
 
 

@@ -74,7 +74,7 @@ class Workload:
 
 # On a CPU shared with other work, each of torch's parallel regions waits at its barrier for a
 # thread that lost its core: a bf16 576x1536 layer at M=256 took 18.8 ms on 2 threads and 0.55 ms
-# on 1 next to other jobs (benchmarks/NOTES.md). A run whose smallest example is this much faster
+# on 1 next to other jobs (docs/measuring.md#a-busy-cpu). A run whose smallest example is this much faster
 # on one thread than on torch's threads runs on one ...
 BUSY_CPU_FACTOR = 1.5
 # ... and at least this many seconds slower: a stalled barrier costs whole scheduler slices

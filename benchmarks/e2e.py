@@ -38,7 +38,7 @@ from torch import nn
 from torch.autograd import DeviceType
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "lib"))  # the helper modules: benchmarks/lib/
 import llama_stack  # noqa: E402
 from bandwidth import copy_bandwidth  # noqa: E402
 from stack_sampler import StackSampler  # noqa: E402

@@ -4,6 +4,7 @@ timed side by side, next to the forward-pass speed-up the run reported.
     python benchmarks/generate_bench.py --run RUN_DIR --out DIR [--modes eager,compiled] [--rounds 5]
     python benchmarks/generate_bench.py --run RUN_DIR --plan "uniform fp8_wo=PLAN.json" --device cuda --out DIR
     python benchmarks/generate_bench.py --synthetic llama-1b --device cuda --out DIR --modes eager,compiled
+    python benchmarks/generate_bench.py --paired DIR/generate.json [...] [--forward 1.454]
 
 --run: an `autoao search` output folder of the built-in --model (default the demo's; its plan.json
 is applied to a fresh copy, with calibration from the bundled text for GPTQ / AWQ / SmoothQuant);
@@ -35,6 +36,9 @@ float32 twin: its noise floor. With --profile, one more generate() per side and 
 torch.profiler: wall and device (kernel) ms a token and the host ranges that say where a compiled
 step's time outside its kernels goes (dynamo's cache lookups, compiled regions, CUDA graph and
 kernel launches, device syncs). Writes DIR/generate.json and DIR/generate.md.
+--paired: reads generate.json files this script wrote and prints each plan's speed-up as autoao
+reads a paired comparison (autoao.clock.paired_speedup: the geometric mean of the rounds' ratios,
+one-sided 95% bounds), with --forward its share of that forward-pass speed-up; measures nothing.
 """
 
 from __future__ import annotations
@@ -285,6 +289,23 @@ def write(args: argparse.Namespace, result: dict, rows: dict, floor: int) -> Non
     print("\n".join(lines))
 
 
+def paired(files: list[Path], forward: float | None) -> None:
+    """Each plan's paired speed-up over the model as it came in the rounds of `files` (generate.json)."""
+    from autoao.clock import paired_speedup
+
+    for path in files:
+        result = json.loads(path.read_text())
+        for mode, row in result["modes"].items():
+            base = [1 / s for s in row["rounds"][BASE]]  # seconds a token, per round
+            for side, speeds in row["rounds"].items():
+                if side == BASE:
+                    continue
+                p = paired_speedup(base, [1 / s for s in speeds])
+                share = (f"; {p.estimate / forward:.1%} ({p.low / forward:.1%} to "
+                         f"{p.high / forward:.1%}) of {forward}x" if forward else "")
+                print(f"{path}: {mode}, {side}: {p.estimate:.3f}x ({p.low:.3f} to {p.high:.3f}), {p.rounds} rounds{share}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = ap.add_mutually_exclusive_group(required=True)
@@ -294,8 +315,11 @@ def main() -> None:
                     "(repeatable; needs --run, --plan-only or --synthetic)")
     source.add_argument("--plan-only", action="store_true", help="only the --plan sides (no --run)")
     source.add_argument("--synthetic", choices=sorted(SYNTHETIC), help="search a random-init Llama here first")
+    source.add_argument("--paired", nargs="+", type=Path, metavar="GENERATE_JSON",
+                        help="read these generate.json files with autoao's paired statistic (measures nothing)")
+    ap.add_argument("--forward", type=float, help="--paired: the forward-pass speed-up each plan's share is read against")
     ap.add_argument("--no-search", action="store_true", help="--synthetic: only its --plan sides, no search")
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="the folder generate.json and generate.md go to (not with --paired)")
     ap.add_argument("--modes", default="eager", help="comma-separated: eager, compiled, compiled-own")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=32)
@@ -310,6 +334,10 @@ def main() -> None:
     ap.add_argument("--workload", default="none", choices=["none", "eager", "compiled"],
                     help="--synthetic: pass optimize a generate() workload in this mode (it then ships only if faster there)")
     args = ap.parse_args()
+    if args.paired:
+        return paired(args.paired, args.forward)
+    if args.out is None:
+        ap.error("--out is required (but with --paired)")
     if any("=" not in spec for spec in args.plan) or ((args.plan_only or args.no_search) and not args.plan):
         ap.error("--plan takes NAME=PATH; --plan-only and --no-search need at least one --plan")
     if args.no_search and not args.synthetic:

@@ -44,7 +44,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "lib"))  # the helper modules: benchmarks/lib/
 import llama_stack  # noqa: E402
 
 import autoao  # noqa: E402

@@ -54,7 +54,7 @@ def reference_paths(model: torch.nn.Module) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--part", choices=["uniform", "search", "speed"], required=True,
                     help="uniform plans' accuracy (minilm_uniform.json), the searches (minilm_search.json) "

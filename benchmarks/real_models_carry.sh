@@ -1,9 +1,10 @@
 #!/bin/bash
-# Carries the real built-in models to the GPU machine, whose calls take 64 MiB each with the working
-# tree (about 20 MB): MiniLM's extracted folder (91 MB) and SmolLM2's package with its GGUF file
-# (98 MB) travel as parts of 30 MiB over consecutive calls on one warm machine; SmolLM2's lm-eval
-# task needs lm-eval's wheels, which travel in a folder of their own. optuna's wheels travel in
-# .whl/ with the first call (the E= prefix in NOTES.md).
+# Carries what the GPU machine lacks, whose calls take 64 MiB each with the working tree (about 20
+# MB): the real built-in models, and a PostgreSQL server for the workers benchmark.
+# Models: MiniLM's extracted folder (91 MB) and SmolLM2's package with its GGUF file (98 MB) travel
+# as parts of 30 MiB over consecutive calls on one warm machine; SmolLM2's lm-eval task needs
+# lm-eval's wheels, which travel in a folder of their own. optuna's wheels travel in .whl/ with the
+# first call (benchmarks/README.md, "The GPU machine").
 #
 # Here (CPU, models and packages installed):
 #   bash benchmarks/real_models_carry.sh prepare [minilm] [smollm2]   # default both; .carry1 ... .carryN
@@ -15,8 +16,27 @@
 #
 # The stash lives outside the working tree (each call sends the tree afresh) and survives while the
 # machine stays warm (30 s idle); a fresh machine needs every part again.
+#
+# PostgreSQL (the device machine has none and no network; workers_bench.py there):
+#   bash benchmarks/real_models_carry.sh pg-pack          # here: .pg/pg15.tar.xz (~20 MB) from this Debian's postgresql
+#   source benchmarks/real_models_carry.sh pg-unpack      # there (root), with .pg in the device call's carry
+# pg-pack: the server's binaries (postgres, initdb, pg_ctl, pg_isready), the modules initdb loads and
+# the share files, laid out as Debian installs them (the server finds its share directory relative
+# to its binary), plus every shared library they link that is not glibc's. pg-unpack: the tree into
+# /usr (new directories only), and into /tmp/pglibs only those libraries the host lacks by soname
+# (ICU, LDAP of Debian's versions), on LD_LIBRARY_PATH; a `postgres` user to run the server as,
+# since PostgreSQL refuses root (tests/pg_cluster.py).
+USAGE="usage: bash benchmarks/real_models_carry.sh prepare [minilm] [smollm2] | stash DIR | pg-pack
+       source benchmarks/real_models_carry.sh install | pg-unpack"
+case "${1:-}" in
+""|-h|--help)
+    echo "$USAGE"
+    if [ -n "${1:-}" ]; then return 0 2>/dev/null || exit 0; fi
+    return 2 2>/dev/null || exit 2
+    ;;
+esac
 set -u
-verb=${1:?prepare [minilm] [smollm2], stash DIR or install}
+verb=$1
 stash=/root/carry-stash
 
 case "$verb" in
@@ -84,8 +104,36 @@ install)
     fi
     export PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}" AUTOAO_CACHE_DIR="$root/cache"
     ;;
+pg-pack)
+    set -e
+    ver=$(basename "$(ls -d /usr/lib/postgresql/*/ | sort -V | tail -1)")
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/usr/lib/postgresql/$ver/bin" "$tmp/usr/lib/postgresql/$ver/lib" "$tmp/usr/share/postgresql" "$tmp/libs"
+    for b in postgres initdb pg_ctl pg_isready; do cp -a "/usr/lib/postgresql/$ver/bin/$b" "$tmp/usr/lib/postgresql/$ver/bin/"; done
+    cp -a /usr/lib/postgresql/"$ver"/lib/{plpgsql,dict_snowball,libpqwalreceiver,pgoutput}.so /usr/lib/postgresql/"$ver"/lib/*_and_*.so \
+        "$tmp/usr/lib/postgresql/$ver/lib/"
+    cp -a "/usr/share/postgresql/$ver" "$tmp/usr/share/postgresql/"
+    for b in "$tmp"/usr/lib/postgresql/"$ver"/bin/*; do ldd "$b"; done | awk '/=>/{print $3}' | sort -u |
+        grep -v -E '/lib(c|m|dl|rt|pthread|resolv|gcc_s|stdc\+\+)\.so' | xargs -I{} cp -L {} "$tmp/libs/"
+    mkdir -p .pg && tar -C "$tmp" -cJf ".pg/pg$ver.tar.xz" . && rm -rf "$tmp"
+    exclude=$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)
+    grep -qx '/.pg/' "$exclude" 2>/dev/null || echo /.pg/ >> "$exclude"
+    ls -la .pg
+    ;;
+pg-unpack)
+    # sourced: exports LD_LIBRARY_PATH for the run that follows
+    x=$(mktemp -d)
+    tar -C "$x" -xJf .pg/pg*.tar.xz
+    cp -an "$x"/usr/. /usr/
+    mkdir -p /tmp/pglibs
+    for l in "$x"/libs/*; do ldconfig -p | grep -q "[[:space:]]$(basename "$l") " || cp "$l" /tmp/pglibs/; done
+    export LD_LIBRARY_PATH="/tmp/pglibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    id postgres >/dev/null 2>&1 || useradd -r -M postgres
+    echo "pg-unpack: $(ls /usr/lib/postgresql/*/bin/postgres) with $(ls /tmp/pglibs | wc -l) carried libraries"
+    ;;
 *)
-    echo "unknown verb '$verb': prepare [minilm] [smollm2], stash DIR or install" >&2
-    exit 2
+    echo "unknown verb '$verb'" >&2
+    echo "$USAGE" >&2
+    return 2 2>/dev/null || exit 2
     ;;
 esac

@@ -390,7 +390,7 @@ def device_fingerprint(t) -> bytes:
     (an odd multiplier is invertible mod 2**64); moving words changes their multipliers. Not a
     cryptographic hash: a cache key for weights that stay on a GPU, where sha256 would first copy
     them to the host (measured: ~20 s of a 290 s llama8 search on a datacenter GPU, 5.6 GB hashed twice:
-    benchmarks/NOTES.md)."""
+    docs/measuring.md#where-a-searchs-time-goes)."""
     import torch
 
     b = t.detach().contiguous().reshape(-1).view(torch.uint8)

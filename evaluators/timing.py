@@ -49,7 +49,7 @@ HARNESS_VERSION = 13
 # under a deadline (every cell coarsely before any is refined: measure_latencies); a candidate over
 # SLOW_CUT x the baseline's time at a cell ends at one clean sample (int8_dyn on a 49152x576 LM head
 # at M=256 takes 2.6 s a call on a 2-core CPU without VNNI: 5 samples of it were a third of a 90 s
-# budget, to learn that it loses 3x; benchmarks/NOTES.md), which no refinement changes (such a timing
+# budget, to learn that it loses 3x; docs/measuring.md#cpu-timing), which no refinement changes (such a timing
 # is not coarse).
 CELL_SECONDS = 0.5
 COARSE_SECONDS = 0.05
@@ -83,7 +83,7 @@ def streaming_copies(module: nn.Module, max_copies: int = 64) -> list[nn.Module]
     does. (Timing one layer over and over measures its weights hot in cache: measured on a 2-core
     CPU without AMX, that predicted a SmolLM2 decode step at ~9 ms when it ran at ~36 ms; flushing
     the cache before each call instead overshot 2x, since it also evicts the TLB and idles the
-    threads: benchmarks/NOTES.md.)"""
+    threads: docs/measuring.md#cpu-timing.)"""
     import copy
 
     n = max(1, min(max_copies, cdiv(2 * last_level_cache_bytes(), max(_module_bytes(module), 1))))
@@ -598,7 +598,7 @@ def single_op_tokens(cand: Candidate, kernel: str | None, n: int, k: int, tokens
     (None: its only one) eagerly in a CUDA graph, not compiled: where its forward is one opaque op
     (KernelInfo.single_op), which torch.compile would only wrap. Each M a compiled module sees
     costs a compile (dynamo/inductor: 86 s of the 181 s timing stage of a cold llama8 2048+1 search
-    on a datacenter GPU: benchmarks/NOTES.md)."""
+    on a datacenter GPU: docs/measuring.md#gpu-timing)."""
     if mode != "compile" or device.type != "cuda":
         return set()
     info = kernel_info(cand, device, kernel)

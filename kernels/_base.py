@@ -14,8 +14,8 @@ A `QuantizedLinear` holds its weights twice-named but once-stored where it can:
 Modules built inside `canonical_on_device()` keep their canonical tensors on their own device
 instead: the search's short-lived modules (timing, layer errors, trials), which are never saved,
 skip a device->host copy of every weight they quantize (on a datacenter GPU, pageable copies of
-freshly allocated host memory took ~50 s of a 290 s llama8 search: benchmarks/stack_sampler.py;
-benchmarks/README.md).
+freshly allocated host memory took ~50 s of a 290 s llama8 search:
+docs/measuring.md#where-a-searchs-time-goes).
 
 Moving the module (`.to(device)`, `.cuda()`) re-packs the runtime tensors from the canonical ones
 for the new device, so a layout never ends up on a device whose kernel cannot read it. Dtype casts

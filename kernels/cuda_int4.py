@@ -4,15 +4,15 @@ of Int4WeightOnlyLinear, for M <= 8 rows (more rows: its dequantizing kernel, th
 Why a CUDA kernel next to the Triton ones: on a datacenter GPU the Triton int4 GEMVs stream weights at
 ~2 TB/s (CUDA-core kernels issue ~3 instructions per nibble; Triton's tensor-core kernel passes x
 and each weight tile through shared memory with CTA barriers), about half the bandwidth roofline
-(benchmarks/int4_sweep.py; see benchmarks/README.md). Here each lane's 16-byte weight load *is*
+(docs/kernels.md#int4_wo). Here each lane's 16-byte weight load *is*
 its mma.m16n8k16 A-operand registers for four k-steps (the layout pack_mma makes), nibbles become
 bf16 by LOP3s, and nothing touches shared memory until the warps of a CTA add their partial sums
 (the .cu file's header has the details). Two numbers per layer N x K at M rows: bytes = N*K/2 +
 4*N*K/g (scales and zeros) + 2*M*(K + N); FLOPs = 2*M*N*K. Measured on a datacenter GPU
-(benchmarks/int4_cuda.py): 1.3-1.5x faster than the Triton int4 kernels on llama8's layers at
+(docs/kernels.md#int4_wo): 1.3-1.5x faster than the Triton int4 kernels on llama8's layers at
 M=1, 56-83% of roofline on the large ones, and M=8 costs what M=1 does; deeper register rings, a
 cp.async shared-memory ring, a persistent stream-K schedule and 1-D bulk copies all measured
-slower (see benchmarks/README.md).
+slower (docs/kernels.md#int4_wo).
 
 On sm_90+ each launch uses programmatic dependent launch (it may start while the previous kernel
 finishes and waits for it before reading x; llama8 M=1: 0.632 -> 0.620 ms; inside CUDA graph
@@ -21,7 +21,7 @@ CTAs prefetches the first 8 MB of the next int4 layer's weights into L2 (the mod
 kernels.int4.link_prefetch; 8 MB measured ~0.01 ms faster, more was slower). LaunchOptions holds
 these three choices; they are part of every timing's cache key.
 
-What limits it (benchmarks/read_floor.py): a read-only kernel over the same bytes streams at
+What limits it (docs/kernels.md#the-gpus-ceilings): a read-only kernel over the same bytes streams at
 ~4.36 TB/s + 1.1 us per launch, and its bandwidth grows with warps per SM, not with loads in
 flight per warp; the GEMV's math costs registers, hence warps. So the configs include
 register-capped ones (min_blocks: __launch_bounds__ minimum CTAs per SM, one-unit rings), which
@@ -185,7 +185,7 @@ class Config:
 
 # What the tuner times: every config that was fastest on at least one cell of a datacenter GPU's table of all
 # 52 earlier ones (13 instantiations x split-K 1/2/4/8) on llama8's and SmolLM2's 14 weight shapes
-# x M = 1, 8 x group 32/64/128 (benchmarks/tuner_table.py; see benchmarks/README.md).
+# x M = 1, 8 x group 32/64/128 (docs/kernels.md#int8_wo-and-fp8_wo-the-triton-weight-only-gemvs).
 CONFIGS = (Config(1, 8, 2, 1, 1), Config(1, 8, 0, 1, 4), Config(1, 2, 0, 1, 16), Config(1, 4, 0, 1, 8),
            Config(1, 8, 2, 1, 4), Config(1, 8, 0, 2, 4), Config(1, 8, 0, 4, 4), Config(1, 4, 0, 4, 8),
            Config(2, 8, 2, 1, 1), Config(1, 8, 2, 4, 4), Config(2, 8, 2, 4, 1))
@@ -210,13 +210,13 @@ class LaunchOptions:
 
     # Programmatic dependent launch: a GEMV may launch while the kernel before it finishes, and
     # waits for it (griddepcontrol.wait) before reading x. llama8 M=1, int4 g128 fused: 0.632 ->
-    # 0.620 ms on a datacenter GPU (benchmarks/README.md). Env: AUTOAO_CUDA_PDL (0 or 1).
+    # 0.620 ms on a datacenter GPU (docs/kernels.md#int4_wo). Env: AUTOAO_CUDA_PDL (0 or 1).
     pdl: bool = True
     # MB of the next GEMV's weights (and the same leading fraction of its scales) that the CTAs of
     # the last wave prefetch into L2 after their main loop, while the DRAM would idle between GEMVs;
     # only where the module knows its next GEMV (kernels.int4.link_prefetch); 0: no prefetch. 8 was
     # the fastest of 0, 8, 16, 24, 32, 48 on llama8 M=1 with both PDLs (0 / 8 / 24 / 48 MB: 0.610 /
-    # 0.592 / 0.618 / 0.630 ms on a datacenter GPU: benchmarks/NOTES.md). Env: AUTOAO_CUDA_PREFETCH_MB.
+    # 0.592 / 0.618 / 0.630 ms on a datacenter GPU: docs/kernels.md#int4_wo). Env: AUTOAO_CUDA_PREFETCH_MB.
     prefetch_mb: float = 8.0
     # Early weight loads (with pdl): the first ring of weight loads goes out before the wait,
     # overlapping the previous kernel's tail (0.5-1 us per layer in chains of GEMVs). Only inside

@@ -6,9 +6,9 @@ prompt's forward in transformers' generate(), which runs its prefill uncompiled)
 
 Why: an eager call's cost there is the host's. The dequantizing path (weight cast, bf16 GEMM,
 scale multiply) is three launches where nn.Linear makes one, and a Triton kernel's Python launcher
-costs the host what those three do (benchmarks/NOTES.md); the Triton GEMV's eager path cost the
+costs the host what those three do (docs/kernels.md#eager-calls-the-hosts-share); the Triton GEMV's eager path cost the
 host 16.4 us a one-row call before its launcher, this kernel's 9.4 us with its C call
-(benchmarks/NOTES.md); on a datacenter GPU, SmolLM2's fp8_wo plan ran eager 64-token generate()
+(docs/kernels.md#eager-calls-the-hosts-share); on a datacenter GPU, SmolLM2's fp8_wo plan ran eager 64-token generate()
 1.063x of the model as it came on this kernel, 0.826x on the GEMV (benchmarks/ACCURACY.md). This
 kernel (kernels/cuda/wo_rows.cu, tensor cores, the weight converted exactly in registers) is one C
 call through ctypes on torch's current stream. Compiled callers keep the Triton GEMV (up to 8 rows) and

@@ -6,8 +6,8 @@ input runs the one kernel for all of them and each member returns its columns of
 view [..., N_i] of the fused [..., sum N] (last-dim stride 1, so attention's fused kernels still
 accept it). Why: at decode (M = 1) each GEMV pays ~5 us of fixed cost on a datacenter GPU (launch,
 ramp, tail: 5.3 us per kernel fitted to llama8's int8 profile, benchmarks/e2e.py --profile;
-benchmarks/NOTES.md), and one larger GEMV or GEMM also uses the GPU better than three small
-(benchmarks/fusion_check.py).
+docs/kernels.md#the-gpus-ceilings), and one larger GEMV or GEMM also uses the GPU better than three small
+(docs/kernels.md#sibling-fusion).
 
 Numbers: the members' formats keep each output row independent of the others (per-channel /
 group-wise scales, 2:4 within a row: `QuantizedLinear.rows_independent`), and the fused module is

@@ -192,7 +192,7 @@ def block_matmul(qx: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor | None,
     term to float32, this rounds once, at the end. Over six prompts of SmolLM2 with GGUF on every layer, llama.cpp's
     greedy tokens followed this route as long as or longer than the route that rounds each block's
     term as ggml does (`block_sums`), which ran the model's 256-token forward about 3x slower than
-    this one (benchmarks/NOTES.md)."""
+    this one (docs/kernels.md#gguf-emulation)."""
     y = scaled(qx.double(), dx.double()) @ wd.double().t()
     if mw is not None:
         y = y + sx.double() @ mw.double().t()  # type: ignore[union-attr]

@@ -99,8 +99,8 @@ def _triton_one_op(m: int, n: int, k: int, group_size: int) -> bool:
 def _triton_outrun_by(m: int, n: int, k: int, group_size: int) -> str | None:
     """The "cuda" kernel where it outruns "triton", that is where the two run comparable code: the GEMVs
     (M <= 8; the CUDA one was 1.21-5.67x faster on all 30 cells of g32/64/128 x llama8's shapes x
-    M = 1, 8, benchmarks/int4_cuda.py) and the dequantize + bf16 GEMM above the rows Triton's
-    tensor-core GEMV takes (10-12% faster on llama8's shapes at M = 2048, benchmarks/kernel_table.py);
+    M = 1, 8; docs/kernels.md#int4_wo) and the dequantize + bf16 GEMM above the rows Triton's
+    tensor-core GEMV takes (10-12% faster on llama8's shapes at M = 2048, docs/kernels.md#int4_wo);
     in between (M 9-16) that GEMV races the CUDA kernel's dequantize + GEMM."""
     rows = triton_gemv_rows(k, group_size)
     return "cuda" if rows is not None and (m <= GEMV_MAX_ROWS or m > rows) else None

@@ -123,7 +123,7 @@ class Int8DynLinear(_Int8Weights):
             if self.bias is not None:
                 # in place, in float32, before the one rounding to x.dtype: a second [M, N] tensor
                 # for the sum held MiniLM's 32-sentence batch at 0.78x quantize_dynamic's speed
-                # (the same fbgemm kernel); in place, 0.93x (benchmarks/NOTES.md)
+                # (the same fbgemm kernel); in place, 0.93x (docs/kernels.md#cpu-kernels)
                 y.add_(self.bias.float())
             return y.to(x.dtype)
         x2 = flatten_tokens(x)

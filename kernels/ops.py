@@ -17,12 +17,12 @@ import torch
 # custom op keeps a kernel one opaque node for torch.compile, but in eager mode its Python dispatch
 # costs 10-35 us a call (measured for kernels/cpu_int8.py's op), as much as a decode step's whole
 # GEMV: a 1B-shaped Llama decoding eagerly calls 113 of them a token (its plan ran 0.81x bf16 in
-# eager generate() where the compiled forward ran 1.88x: benchmarks/NOTES.md).
+# eager generate() where the compiled forward ran 1.88x: docs/kernels.md#eager-calls-the-hosts-share).
 EAGER: dict[str, Callable[..., Any]] = {}
 
 
 # Launch geometry on the host, in plain int arithmetic: triton.cdiv and triton.next_power_of_2 are
-# ConstexprFunctions, 1.8 us a call from Python (benchmarks/NOTES.md), and an eager GEMV made three
+# ConstexprFunctions, 1.8 us a call from Python (docs/kernels.md#eager-calls-the-hosts-share), and an eager GEMV made three
 # of them a call, on each of a decoding model's 211 layers a token.
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for positive ints."""

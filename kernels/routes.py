@@ -72,7 +72,7 @@ class KernelInfo:
     # Whether its forward at (M, N, K) (bf16 input, no bias: how timing builds layers) is one opaque
     # op (a custom op or an extern aten kernel) that torch.compile can only call as it is. Timing in
     # "compile" mode on CUDA replays such cells eagerly in a CUDA graph instead of compiling them
-    # (the same kernels: 0-3% apart on a datacenter GPU, benchmarks/kernel_table.py; benchmarks/NOTES.md).
+    # (the same kernels: 0-3% apart on a datacenter GPU: docs/measuring.md#gpu-timing).
     single_op: Callable[[int, int, int], bool] = dataclasses.field(default=_not_single, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -234,7 +234,7 @@ class Sparse24Fp8DynLinear(Fp8DynLinear):
         if not x2.is_cuda:
             return super()._forward(x)
         xq, xs = quantize_per_token(x2, FP8_DTYPE)
-        # cuSPARSELt 0.8 refuses alpha-vector scaling for fp8 (measured on a datacenter GPU: benchmarks/NOTES.md):
+        # cuSPARSELt 0.8 refuses alpha-vector scaling for fp8 (measured on a datacenter GPU: docs/kernels.md#24-sparse):
         # both scales go in the (fused) epilogue.
         y = _cslt_linear(self.w_q, xq, None, torch.bfloat16, self.out_features)
         return unflatten_tokens(dequantize_output(y, xs, self.w_scale, self.bias, x.dtype), x)

@@ -2,13 +2,13 @@
 
 Why: at decode (M = 1) a linear layer's only job is to stream its weights once; torch's kernels
 do not: tinygemm reaches ~45% of a datacenter GPU's bandwidth roofline at M=1, and int8 weight-only through
-`F.linear(x, w.to(bf16))` reads 5 bytes per weight instead of 1 (benchmarks/gemv_bench.py and
-int4_sweep.py; see benchmarks/README.md).
+`F.linear(x, w.to(bf16))` reads 5 bytes per weight instead of 1
+(docs/kernels.md#int8_wo-and-fp8_wo-the-triton-weight-only-gemvs).
 
 Two numbers per layer N x K at M rows: bytes = N*K*b (b = 1/2 int4, 1 int8/fp8) + scales (+ zeros)
 + 2*M*(K + N); FLOPs = 2*M*N*K. Memory-bound by ~100x at M = 1.
 
-Design (what the datacenter-GPU measurements of benchmarks/gemv_bench.py kept): plain tiles. Each program
+Design (what the datacenter-GPU measurements in docs/kernels.md kept): plain tiles. Each program
 loads a [BLOCK_N, BLOCK_K] weight tile straight from the canonical layout (int4: [N, K/2] uint8 read
 as [BLOCK_N, groups, G/2] bytes; int8/fp8: [N, K]), converts in registers, multiplies by the
 activation (shared by all rows) and reduces along K. int4 applies scales and zeros once per group
@@ -19,12 +19,12 @@ to whole int32 words with 3-D/4-D register shapes; the shuffles made it 2-6x slo
 A third int4 kernel (`_int4_mma_kernel`, Marlin's idea) multiplies on tensor cores instead: per
 group one tl.dot of the nibbles as bf16 128 + q (made 2 at a time by inline PTX) with x padded to
 16 rows: the ALUs only convert (0.12-0.15 warp-instructions per weight byte against the byte
-kernel's 0.45, benchmarks/sass_stats.py), and M = 8 costs what M = 1 does.
+kernel's 0.45, counted in its SASS), and M = 8 costs what M = 1 does.
 Without split-K the kernel writes the output in the activation dtype (one launch per layer); with
 it, SPLIT_K programs per column block write fp32 partials [SPLIT_K, M, N], summed and cast by a
 second small kernel, for layers whose N / BLOCK_N programs alone cannot fill 132 SMs. (Summing them
 inside the kernel, the last program of a block reducing, measured slower end to end on a
-datacenter GPU: see benchmarks/README.md.)
+datacenter GPU: docs/kernels.md#int8_wo-and-fp8_wo-the-triton-weight-only-gemvs.)
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
 or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
@@ -111,7 +111,7 @@ def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, st
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # Same contract as _int4_kernel except: q is the same bytes viewed as int32 [N, K/8] (stride_qn
     # in words), and K must be a multiple of BLOCK_K (no masks along K, so loads are 16 bytes wide).
-    # Fewer instructions per byte (benchmarks/sass_stats.py): 8 nibbles per word (k = 8w + j; nibble
+    # Fewer instructions per byte (counted in the SASS): 8 nibbles per word (k = 8w + j; nibble
     # j at bit 8*(j//2) + 4*(1 - j%2), j >= 4 in the upper half, brought down by `p >> 16`) become
     # fp32 by one LOP3 and one FADD each, with a magic number whose exponent makes the nibble's bit
     # position count units (the bits of 2**(23 - s) | (q << s) are the fp32 2**(23 - s) + q); the
@@ -250,7 +250,7 @@ def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stri
 @triton.jit
 def _sum_splits_kernel(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     # p [SPLIT_K, M*N] fp32 partials -> y [M*N] in y's dtype: the sum and the cast in one launch
-    # (torch's `p.sum(0).to(bf16)` takes two, ~3.7 + 0.9 us a call on a datacenter GPU: benchmarks/NOTES.md)
+    # (torch's `p.sum(0).to(bf16)` takes two, ~3.7 + 0.9 us a call on a datacenter GPU: docs/kernels.md)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -303,17 +303,17 @@ class Config:
 
 # What the int8/fp8 tuner times: every config that was fastest on at least one cell of a datacenter GPU's table
 # of all 24 earlier ones (BLOCK_N/BLOCK_K/warps of 2-16 KB of weights per step x split-K 1/2/4)
-# on llama8's and SmolLM2's 14 weight shapes x M = 1, 8 x int8/fp8 (benchmarks/tuner_table.py,
-# see benchmarks/README.md). Split-K serves long K and narrow N (4096 x 14336, whose
+# on llama8's and SmolLM2's 14 weight shapes x M = 1, 8 x int8/fp8
+# (docs/kernels.md#int8_wo-and-fp8_wo-the-triton-weight-only-gemvs). Split-K serves long K and narrow N (4096 x 14336, whose
 # 4096 / BLOCK_N programs cannot fill 132 SMs).
 CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, sk, w in [
     (16, 1024, 1, 8), (16, 2048, 1, 8), (32, 256, 4, 4), (16, 512, 1, 4), (32, 256, 1, 4), (16, 256, 4, 4),
     (16, 1024, 4, 8), (8, 512, 4, 4), (32, 256, 2, 4), (4, 512, 1, 2)])
 # int4: the byte kernel on the tiles that won its datacenter-GPU sweep (gemv_v3), the words kernel (22-33%
-# fewer SASS instructions per byte, benchmarks/sass_stats.py) on its leanest tiles, and the
+# fewer SASS instructions per byte) on its leanest tiles, and the
 # tensor-core kernel on the tiles that won datacenter-GPU sweeps (64 wide for the 4096/14336 layers, 128 wide
 # with split-K 8 for 4096x14336, 256 wide for the 128256-wide lm_head; a sweep of ~330 tensor-core
-# configs, benchmarks/int4_sweep.py, found nothing > 2% faster than this list on llama8's shapes);
+# configs found nothing > 2% faster than this list on llama8's shapes; docs/kernels.md#int4_wo);
 # kept short because every group size compiles its own set on first use.
 INT4_CONFIGS = tuple(Config(bn, bk, sk, w, variant) for bn, bk, w, variant in [
     (16, 512, 4, ""), (16, 1024, 8, ""), (16, 2048, 8, ""), (32, 256, 4, ""),

@@ -11,12 +11,12 @@ the views inside the graph (a CUDA graph replays them for free): packed_forward.
 Why: a compiled caller evaluates guards on everything a module's forward reads, on every call, and
 a compiled decode step of a small model is bound by the host. On a 64-layer compiled stack a
 second tensor cost ~97 ns of the ~173 ns of checks int8_wo added a layer over nn.Linear
-(benchmarks/NOTES.md). `w_packed` is a parameter (requires_grad=False, as bitsandbytes' packed
+(docs/kernels.md#guards-on-a-compiled-caller). `w_packed` is a parameter (requires_grad=False, as bitsandbytes' packed
 weights are, and left out of state_dict: the canonical tensors are the state) because dynamo
 checks a parameter as it checks nn.Linear's weight, while a buffer of a module that is not torch's
 own costs a dict check and an aliasing check more. With both, SmolLM2's
 fp8_wo plan's guards on a datacenter GPU's host went 524 -> 214 us a compiled step, the model as it
-came taking 72-77 (benchmarks/NOTES.md).
+came taking 72-77 (docs/kernels.md#guards-on-a-compiled-caller).
 Functions, not a base class: each class in a module's MRO adds a check to every compiled call.
 """
 

@@ -108,7 +108,7 @@ class Headline:
 
 # How the speed-up was measured, and so how the model must run to see it. Eagerly, autoao's
 # quantized modules pay their kernels' launches per call: on a datacenter GPU a plan measured 1.88x
-# compiled ran 0.81x in eager generate() (benchmarks/NOTES.md). Replayed graphs leave out the host's
+# compiled ran 0.81x in eager generate() (docs/kernels.md#eager-calls-the-hosts-share). Replayed graphs leave out the host's
 # work per call: SmolLM2's compiled generate() spends about 3 ms of host time a token against
 # 1.9-2.8 ms of kernels, so a plan's kernel saving mostly does not show there
 # (docs/results.md#smollm2s-decode-step-and-generate-on-the-h200-searched-at-05-1-and-2-points).

@@ -62,7 +62,7 @@ class Candidate(ABC):
     kernel_summary: ClassVar[dict[str, str]] = {}  # device type -> the kernels that run it there
     # Lowest SQNR (dB) of the output against the ideal float32 product that a correct kernel reaches
     # on N(0, 1/K) or nn.Linear-initialised weights and Gaussian inputs (tests and
-    # benchmarks/cuda_check.py check every family against it; 2:4 families: same pruned weight).
+    # the CUDA tests check every family against it; 2:4 families: same pruned weight).
     sqnr_bound_db: ClassVar[float]
 
     # ---- identity --------------------------------------------------------------------------

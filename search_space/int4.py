@@ -26,7 +26,7 @@ class Int4WO(Candidate):
     # Round-to-nearest by default; GPTQ, AWQ and HQQ are asked for by name (candidates=, --candidates):
     # a calibrated plan re-applies only with the same calibration statistics (apply's calibration=;
     # a saved model keeps the fitted numbers), and its fits take budget (0.3-0.6 s a layer on a
-    # 2-core CPU, 0.7-3.4 s for Llama-3-8B's layers on a datacenter GPU: benchmarks/NOTES.md)
+    # 2-core CPU, 0.7-3.4 s for Llama-3-8B's layers on a datacenter GPU: docs/candidates.md#calibrated-algorithms)
     variants: ClassVar[tuple[dict, ...]] = tuple({"group_size": g} for g in GROUP_SIZES)
 
     group_size: int = 128  # input channels sharing one scale and zero: 32, 64 or 128

@@ -62,7 +62,7 @@ def test_profile_finds_qkv_and_gate_up_in_a_llama_stack():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "lib"))
     from llama_stack import LlamaShape, LlamaStack
 
     prof = profile(LlamaStack(LlamaShape.tiny()), torch.randint(0, 256, (1, 4)))

@@ -42,7 +42,7 @@ EVIL = "<script>alert(1)</script>"
 CANDIDATES = ["bf16", "int8_dyn", "int4_wo(group_size=64)", "int4_wo(group_size=128)", "sparse24"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "benchmarks" / "results" / "2026-11-30-cpu" / "demo_search"  # the demo's 211 layers, as run then
+DEMO = ROOT / "tests" / "fixtures" / "runs" / "2026-11-30-cpu" / "demo_search"  # the demo's 211 layers, as run then
 
 
 def _keep(*shots: Path) -> None:
@@ -676,7 +676,7 @@ def test_the_demos_211_layers_fit_a_few_screens(tmp_path, capsys):
     assert not [row for row in got["rows"] for why in got["why"] if why in row]
 
 
-@pytest.mark.parametrize("run", sorted((ROOT / "benchmarks" / "results").glob("*-cpu/demo_search")),
+@pytest.mark.parametrize("run", sorted((ROOT / "tests" / "fixtures" / "runs").glob("*-cpu/demo_search")),
                          ids=lambda p: p.parent.name)
 def test_run_directories_of_an_earlier_autoao_still_render(run, tmp_path):
     """Version-0 run files (notes as prose, no verdicts, no study beside them) load and render; the

@@ -18,8 +18,9 @@ from autoao.records import (RUN_FILES_VERSION, WorkloadTiming, AccuracySpec, Dev
 from autoao.types import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
-OLD_RUNS = sorted((ROOT / "benchmarks" / "results").glob("*-cpu/demo_search"))  # version 0: notes as prose
-V1_RUN = ROOT / "benchmarks" / "results" / "2026-12-01-cpu" / "minilm" / "search-0.01"  # version 1: kind + numbers
+RUNS = ROOT / "tests" / "fixtures" / "runs"  # run files earlier autoaos wrote, as they wrote them
+OLD_RUNS = sorted(RUNS.glob("*-cpu/demo_search"))  # version 0: notes as prose
+V1_RUN = RUNS / "2026-12-01-cpu" / "minilm-search-0.01"  # version 1: kind + numbers
 
 
 def _context() -> RunContext:

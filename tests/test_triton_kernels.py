@@ -57,7 +57,7 @@ def test_per_token_quant_fp8_matches_torch():
         assert torch.allclose(s, s_ref, rtol=1e-6, atol=0)
         # Triton 3.x's *interpreter* converts fp32 -> e4m3 in software, dropping the carry when
         # rounding crosses a binade (124.35 -> 64 instead of 128) and breaking ties upwards; the GPU
-        # converts in hardware (benchmarks/cuda_check.py checks it there). So: equal everywhere
+        # converts in hardware (the CUDA tests check it there). So: equal everywhere
         # except those values, which are half the reference or one e4m3 step (3 mantissa bits) off.
         a, b = q.float(), q_ref.float()
         diff = a != b

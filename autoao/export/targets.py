@@ -52,7 +52,7 @@ _CT_ENGINE_RUNS = {
         "W4A16": "weights decompressed to the model dtype at load, then a dense matmul",
         "W8A16": "weights decompressed to the model dtype at load, then a dense matmul",
         # its scales are computed in the activations' dtype, autoao's and vLLM's in float32: in bf16 a
-        # reload computes measurably apart (benchmarks/NOTES.md)
+        # reload computes measurably apart (docs/serving.md)
         "W8A8-INT8": "weights decompressed at load; activations fake-quantized per token (scale amax/127.5 in "
                      "the model dtype; autoao's amax/127 in float32), then a dense matmul",
         "FP8 dynamic": "weights decompressed at load; activations fake-quantized to fp8 per token (scales in the "

@@ -6,7 +6,7 @@
 // Why: at M = 1 a layer's only job is to stream its weights once. The Triton int4 kernels reach
 // ~2 TB/s on the H200: the CUDA-core ones issue ~3 instructions per nibble, and Triton's
 // tensor-core one routes x and the weight tile through shared memory with CTA barriers
-// (measured with benchmarks/int4_sweep.py; see benchmarks/README.md). Here every weight byte goes
+// (measured: docs/kernels.md#int4_wo). Here every weight byte goes
 // global memory -> registers -> tensor core, with no shared memory and no barrier until the final
 // cross-warp sum:
 // - the weights are pre-permuted (pack_mma) so that one 16-byte load per lane is exactly its
@@ -23,7 +23,7 @@
 //   layer's first weights (both optional: cuda_int4.LaunchOptions, which gives the measurements);
 // - some configs cap registers (__launch_bounds__ with a minimum of CTAs per SM) for more warps per
 //   SM: the weight stream's bandwidth follows warps per SM, not loads in flight per warp
-//   (benchmarks/read_floor.py).
+//   (docs/kernels.md#the-gpus-ceilings).
 //
 // Layouts (N, K: weight [N, K]; G: group size; UK = max(G, 64) k per unit; GU = UK / G):
 //   qw [N/16, K/64, 32 lanes, 4] uint32: word j (k-step within the 64-chunk) of lane (g, t)
@@ -207,7 +207,7 @@ int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ qw,
   // attention), leave DRAM idle. Only the last `tail` CTAs (the host's estimate of the last wave)
   // issue it, each one bulk prefetch of its share: issued earlier, it takes bandwidth from this
   // layer's own stream (issued by every CTA, 24 MB of prefetch took llama8's linear layers at M=1
-  // from 0.460 to 0.482 ms per forward; see benchmarks/README.md). A prefetch is only a hint (L2 is coherent,
+  // from 0.460 to 0.482 ms per forward; docs/kernels.md#int4_wo). A prefetch is only a hint (L2 is coherent,
   // nothing is read early), so a wrong guess of the next layer costs bandwidth, never correctness.
   const long long ctas = (long long)gridDim.x * gridDim.y, cta = (long long)blockIdx.y * gridDim.x + blockIdx.x;
   const long long first = ctas > tail ? ctas - tail : 0;
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(128) int4_mma_dequant(const uint32_t* __restri
 // one unit, nothing in flight during its math), MB: at least MB CTAs per SM (__launch_bounds__),
 // which caps the registers per thread. Why MB: a warp's stream of weights runs at a rate that
 // more loads in flight per warp do not raise, so bandwidth comes from warps per SM (measured with a
-// read-only kernel, benchmarks/read_floor.py), and registers bound the warps.
+// read-only kernel, docs/kernels.md#the-gpus-ceilings), and registers bound the warps.
 #define AUTOAO_CONFIGS(X) \
   X(1, 2, 0, 16) X(1, 4, 0, 8) X(1, 8, 0, 4) X(1, 8, 2, 1) X(1, 8, 2, 4) X(2, 8, 2, 1)
 
