@@ -8,7 +8,9 @@ Each run is the README's main job as a whole process: `autoao search` (plus `--b
 `default`, plus `--model M` if given), in a folder of its own whose default `--out` it writes, with
 a fresh `AUTOAO_CACHE_DIR` (the built-in model's one-off conversion included, as on a fresh
 machine). `--then B2,B3`: after each run, runs of those budgets on the same cache (timings and the
-unmodified model's side of the judges warm), each in a folder of its own (rows `<run>-then-<i>`). Loaded runs start a competing process that keeps
+unmodified model's side of the judges warm), each in a folder of its own (rows `<run>-then-<i>`).
+`--again`: after each run, the same command once more in the same folder: it continues from what the
+first verified (row `<run>-again`; its files replace the first's, which are copied to `<run>/first/`). Loaded runs start a competing process that keeps
 `--hog-cores` cores busy (whole cores spin, the fraction duty-cycles), stopped after the run.
 
 Per run: wall time against the rule (budget + max(10%, 15 s)), whether a plan shipped, its measured
@@ -68,8 +70,10 @@ def command(budget: str, model: str | None) -> list[str]:
     return cmd + ([] if model is None else ["--model", model])
 
 
-def run_one(budget: str, model: str | None, loaded: bool, folder: Path, cache: Path, hog_cores: float) -> dict:
-    """One `autoao search` in `folder` on the cache `cache`; its row."""
+def run_one(budget: str, model: str | None, loaded: bool, folder: Path, cache: Path, hog_cores: float,
+            clean: bool = True) -> dict:
+    """One `autoao search` in `folder` on the cache `cache`; its row. `clean`: afterwards drop the run
+    files not in KEEP (the saved model, the page, the study)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, AUTOAO_CACHE_DIR=str(cache))
     hogs = start_hogs(hog_cores, 4 * seconds_of(budget) + 120) if loaded else []
@@ -88,10 +92,15 @@ def run_one(budget: str, model: str | None, loaded: bool, folder: Path, cache: P
     out = folder / "autoao-report"
     if (out / "summary.json").is_file():
         row.update(summarize(json.loads((out / "summary.json").read_text())))
+    if clean:
+        drop_bulk(out)
+    return row
+
+
+def drop_bulk(out: Path) -> None:
     for f in out.glob("*"):
         if f.name not in KEEP:
             shutil.rmtree(f) if f.is_dir() else f.unlink()
-    return row
 
 
 def summarize(s: dict) -> dict:
@@ -121,7 +130,8 @@ def table(header: str, rows: list[dict]) -> str:
                      f"{r.get('measured', '-')} | {r.get('bound', '-')} | {r.get('plan', 'rc=' + str(r['rc']))} | "
                      f"{r.get('verifying_s', '-')} | {curve} | {'; '.join(r.get('verdicts', []))} | "
                      f"{', '.join(r.get('decisions', []))} |")
-    for label, group in (("cold", [r for r in rows if "-then-" not in r["run"]]),
+    for label, group in (("cold", [r for r in rows if "-then-" not in r["run"] and not r["run"].endswith("-again")]),
+                         ("again", [r for r in rows if r["run"].endswith("-again")]),
                          *((f"then-{i}", [r for r in rows if r["run"].endswith(f"-then-{i}")]) for i in range(1, 9))):
         if group:
             lines.append(f"\n{label}: shipped a plan in {sum(bool(r.get('shipped')) for r in group)} of {len(group)} "
@@ -137,6 +147,7 @@ def main() -> None:
     ap.add_argument("--hog-cores", type=float, default=1.0, help="cores the competing process keeps busy")
     ap.add_argument("--model", default=None, help="--model for the search (default: the demo)")
     ap.add_argument("--then", default="", help="comma-separated budgets run after each run on its cache")
+    ap.add_argument("--again", action="store_true", help="the same command again in the same folder after each run")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +165,16 @@ def main() -> None:
             tag = f"{budget}-{'loaded' if loaded else 'quiet'}-{i}"
             cache = args.out / ".cache" / tag
             shutil.rmtree(cache, ignore_errors=True)
-            rows.append(run_one(budget, args.model, loaded, args.out / tag, cache, args.hog_cores))
+            rows.append(run_one(budget, args.model, loaded, args.out / tag, cache, args.hog_cores, clean=not args.again))
+            if args.again:  # the first run's files kept apart, then the same command where it ran
+                print(json.dumps(rows[-1]), flush=True)
+                first = args.out / tag / "first"
+                shutil.copytree(args.out / tag / "autoao-report", first)
+                drop_bulk(first)
+                for name in ("stdout.txt", "stderr.txt"):
+                    shutil.copy(args.out / tag / name, first / name)
+                rows.append({**run_one(budget, args.model, loaded, args.out / tag, cache, args.hog_cores),
+                             "run": f"{tag}-again"})
             for j, then in enumerate(b for b in args.then.split(",") if b):
                 print(json.dumps(rows[-1]), flush=True)
                 rows.append(run_one(then, args.model, loaded, args.out / f"{tag}-then-{j + 1}", cache, args.hog_cores))
