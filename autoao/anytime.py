@@ -46,6 +46,7 @@ from autoao.types import BREAKS, HOLDS, Accuracy, Verdict
 
 MIN_GAIN = 0.02  # a plan is judged only if predicted this much faster than the incumbent
 MIN_VALUE = 0.005  # nor when its odds times that gain is below this: a search slice is worth more
+SECURE_VALUE = 0.05  # before the first incumbent, a plan this valuable is verified before more trials
 MIN_ROUNDS, MAX_ROUNDS = 3, 10  # interleaved rounds of a verification's measurement (CPU)
 ROUNDS_SHARE = 0.5  # a measurement's rounds past MIN_ROUNDS take at most this share of the time left
 HOLD_ODDS = (0.05, 0.9)  # no plan is sure to hold or to break before it is judged
@@ -160,6 +161,13 @@ class Anytime:
             if gain > least:
                 out.append((hold_odds(r.drop, self.judged, self.judges.budget.limit(1)) * gain, r))
         return sorted(out, key=lambda vr: -vr[0])
+
+    def worth_securing(self, outcome: SearchOutcome | None) -> bool:
+        """Before the first incumbent: whether `outcome` already holds a plan worth verifying now
+        (value at least SECURE_VALUE, e.g. even odds of holding and 10% predicted faster), so the
+        search's first slice ends for its check."""
+        return (outcome is not None and not self.incumbent.params
+                and any(value >= SECURE_VALUE for value, _ in self.ranked(outcome)[:1]))
 
     def price(self) -> float:
         """Seconds a verification is expected to cost: CHECK_LOOKS looks of every judge (never more

@@ -4,7 +4,7 @@
     result.model, result.plan, result.summary (its .speedup, .verdict), result.report_path
 
 The model is quantized in place (like torchao's quantize_): afterwards it carries the chosen plan.
-`_run` is the list of stage calls, each a function with a typed input and output (the stage
+`run_stages` is the list of stage calls, each a function with a typed input and output (the stage
 modules say what each does); the command line calls it with its own hooks (options.RunHooks).
 """
 
@@ -22,7 +22,7 @@ from torch import nn
 from autoao import workers
 from autoao.anytime import MIN_ROUNDS, Anytime, Incumbent
 from autoao.bench import ModelBench
-from autoao.budget import MIN_FLEXIBLE_S, TimePlan
+from autoao.budget import MIN_FLEXIBLE_S, MIN_TRIAL_S, TimePlan
 from autoao.common import BASELINE, cache_dir
 from autoao.decisions import NothingToTry, Resumed, RunInterrupted, StudyClosed, Verified
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
@@ -108,11 +108,11 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget: str | int = "5m",
     opts = Options.check(budget=budget, accuracy=accuracy, tokenizer=tokenizer, max_accuracy_drop=max_accuracy_drop,
                          candidates=candidates, eval_inputs=eval_inputs, storage=storage, out_dir=out_dir, seed=seed,
                          progress=progress, target=target, workload=workload)
-    return _run(model, example_inputs, opts, RunHooks())
+    return run_stages(model, example_inputs, opts, RunHooks())
 
 
 @_keeps_torch_threads
-def _run(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) -> OptimizeResult:
+def run_stages(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHooks) -> OptimizeResult:
     """The stages in order; `opts` checked, `hooks` the command line's. SIGINT or SIGTERM at any
     moment ends the run with the best plan verified so far written (`_interrupted`)."""
     ledger = RunLedger(opts.budget, opts.progress, spent=hooks.spent)
@@ -214,7 +214,9 @@ def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: R
     with ledger.stage("search trials"):
         ledger.say(f"searching: {len(p.bench.groups)} choices, the uniform plans first "
                    f"({ledger.elapsed():.0f} s spent on measurements)")
-        p.outcome = search(run, p, opts, seeds, queued_only=len(uniform_names(p.bench.groups)))
+        # the uniform plans until one is worth verifying: the first incumbent before the rest
+        p.outcome = search(run, p, opts, seeds, queued_only=len(uniform_names(p.bench.groups)),
+                           stop=lambda: run.worth_securing(p.outcome))
     slices = 0
     while True:
         with ledger.stage("verifying plans"):
@@ -240,9 +242,20 @@ def improve(run: Anytime, p: Prepared, opts: Options, hooks: RunHooks, ledger: R
     return (closed,)
 
 
-def search(run: Anytime, p: Prepared, opts: Options, config: SearchConfig, queued_only: int | None = None) -> SearchOutcome:
-    """One slice of the study, scored by the judges' screen on the anytime run's cost model; the
-    best screened plan so far on disk (best_plan.json) after every trial."""
+def search(run: Anytime, p: Prepared, opts: Options, config: SearchConfig, queued_only: int | None = None,
+           stop: Callable[[], bool] | None = None) -> SearchOutcome:
+    """One slice of the study (config.seconds long; `stop()` asked after every trial may end it
+    sooner), scored by the judges' screen on the anytime run's cost model, a trial failed when its
+    scoring outlasts the slice (ledger.time_limit: one plan's proxy pass took a minute on an
+    encoder); the best screened plan so far on disk (best_plan.json) after every trial."""
+    end = None if config.seconds is None else RunLedger.clock() + config.seconds
+    score = p.bench.scorer(p.judges.screen)
+
+    def limited(plan: Plan) -> Any:
+        left = None if end is None else max(end - RunLedger.clock(), MIN_TRIAL_S)
+        with RunLedger.time_limit(left, "scoring this plan on the screen"):
+            return score(plan)
+
     def on_trial(r: Any, outcome: SearchOutcome) -> None:
         p.outcome = outcome  # an interrupt in the next trial keeps this one
         p.time_plan.observe_machine()  # has another process taken the CPU since?
@@ -250,8 +263,8 @@ def search(run: Anytime, p: Prepared, opts: Options, config: SearchConfig, queue
             plan_from_params(p.bench.groups, r.params, run.cost.fusion_pays, trial=r.number,
                              predicted_ms=r.predicted_ms, drop=r.drop).save(opts.out_dir / "best_plan.json")
 
-    return run_search(p.bench.groups, run.cost, p.bench.scorer(p.judges.screen), config, layer_sqnr=p.meas.sqnr,
-                      on_trial=on_trial, progress=opts.progress, queued_only=queued_only)
+    return run_search(p.bench.groups, run.cost, limited, config, layer_sqnr=p.meas.sqnr, on_trial=on_trial,
+                      progress=opts.progress, queued_only=queued_only, stop=stop)
 
 
 def _finish(p: Prepared, opts: Options, ledger: RunLedger, closed: tuple[StudyClosed, ...],

@@ -46,6 +46,10 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+class TooSlow(TimeoutError):
+    """A step ran past the seconds a time_limit gave it (raised where it was)."""
+
+
 class RunLedger:
     def __init__(self, budget: Budget, progress: bool = True, spent: float = 0.0) -> None:
         """spent: seconds of the budget already used before this ledger existed (the command line
@@ -103,6 +107,26 @@ class RunLedger:
         def stop(signum: int, frame: Any) -> None:
             raise Interrupted(signum)
         return _signals(stop)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def time_limit(seconds: float | None, what: str = "the step") -> Iterator[None]:
+        """TooSlow raised inside the block once it has run `seconds` (None: no limit; the main
+        thread only, where Python delivers signals: elsewhere no limit either)."""
+        if seconds is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def late(signum: int, frame: Any) -> None:
+            raise TooSlow(f"{what} took longer than the {seconds:.0f} s it had")
+
+        previous = signal.signal(signal.SIGALRM, late)
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
     @staticmethod
     def shielded() -> contextlib.AbstractContextManager[None]:

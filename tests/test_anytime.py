@@ -197,3 +197,30 @@ def test_candidates_not_measured_take_the_median_anchor_factor():
     assert cost.predict(plan) == pytest.approx(80.0)
     assert cost.layer_us["l0"]["int8_dyn"] == pytest.approx(50.0 * 80 / 120) and cost.layer_us["l0"]["bf16"] == 100.0
     assert anchors.anchored(cells, []) is cells
+
+
+def test_the_first_slice_ends_once_a_plan_is_worth_securing(monkeypatch):
+    """Before the first incumbent, a plan with good odds and a large predicted gain ends the search's
+    first slice (its check comes before more trials); a plan worth little does not; once a plan is
+    verified, nothing ends a slice early."""
+    run, _ = _run(monkeypatch, holds={0})
+    good = _record(0, {"l0": "int8_wo", "l1": "int8_wo"}, 0.0, warm=True)
+    poor = _record(1, {"l0": "int8_wo", "l1": "bf16"}, 0.045, warm=True)  # near the screen's limit, little gain
+    assert not run.worth_securing(None) and not run.worth_securing(_outcome([poor]))
+    assert run.worth_securing(_outcome([poor, good]))
+    run.step(_outcome([good]))
+    assert run.incumbent.trial == 0 and not run.worth_securing(_outcome([good, poor]))
+
+
+def test_a_time_limit_stops_a_slow_step_and_lets_a_quick_one_finish():
+    import time
+
+    from autoao.ledger import RunLedger, TooSlow
+
+    with RunLedger.time_limit(5.0):
+        time.sleep(0.01)
+    with pytest.raises(TooSlow, match="scoring took longer than the 0 s it had"):
+        with RunLedger.time_limit(0.05, "scoring"):
+            time.sleep(2.0)
+    with RunLedger.time_limit(None):  # no limit
+        time.sleep(0.01)

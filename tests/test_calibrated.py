@@ -322,7 +322,7 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
     import autoao.kernels
     import autoao.reports
     from autoao import api
-    from autoao.evaluators import timing
+    from autoao.evaluators import harness, timing
     from autoao.evaluators.timing import Timing
 
     # timings as data: RTN and GPTQ share one cell (same kernels); AWQ pays for its x / s
@@ -333,7 +333,7 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
         return {m: Timing({"bf16": 400.0}.get(cand.family, 300.0 if cand.algorithm == "awq" else 200.0), 0, 0, 5)
                 for m in tokens}
 
-    monkeypatch.setattr(timing, "_time_missing", fake)
+    monkeypatch.setattr(harness, "time_missing", fake)
     from autoao import anchors, bench, measure  # end-to-end times as data too: 1000 us unchanged, 500 us with any plan
 
     # the cells as timed, compared below: a measured uniform plan anchors nothing

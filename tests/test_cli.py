@@ -137,7 +137,7 @@ def test_a_factorys_inputs_follow_the_model_to_the_device():
     # the device) must go with it, or the first forward fails on a GPU machine ("meta" stands in here)
     import torch
 
-    from autoao.cli import load_model
+    from autoao.cli.args import load_model
 
     loaded = load_model(TINY, torch.device("meta"))
     assert next(loaded["model"].parameters()).device.type == "meta"
@@ -149,7 +149,7 @@ def test_the_demo_leaves_out_what_its_weights_misrepresent(capsys):
     """smollm2-135m's weights were a GGUF Q4_1 grid: int4 group 32 is left out unless named, and
     forcing it warns."""
     from autoao import search_space
-    from autoao.cli import provenance_filter
+    from autoao.cli.search import provenance_filter
 
     every = search_space.all_candidates()
     kept, left_out = provenance_filter("smollm2-135m", every, by_default=True)
@@ -169,15 +169,16 @@ def test_the_demo_leaves_out_what_its_weights_misrepresent(capsys):
 def test_a_built_in_models_one_off_conversion_is_announced_once(tmp_path, monkeypatch, capsys):
     """The first load of smollm2-135m converts its GGUF file (most of a first run's start): the CLI
     says so before it starts; once converted, and for the encoder, it says nothing."""
-    from autoao import cli, models
+    from autoao import models
+    from autoao.cli.args import load_model
 
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(models, "load_spec", lambda spec, device: {"name": spec})  # no conversion here
-    cli.load_model("smollm2-135m", "cpu")
+    load_model("smollm2-135m", "cpu")
     assert "converting smollm2-135m from its GGUF file, once" in capsys.readouterr().err
     converted = tmp_path / "models" / "smollm2-135m" / "bfloat16"
     converted.mkdir(parents=True)
     (converted / "config.json").write_text("{}")
-    cli.load_model("smollm2-135m", "cpu")
-    cli.load_model("minilm-l6", "cpu")
+    load_model("smollm2-135m", "cpu")
+    load_model("minilm-l6", "cpu")
     assert capsys.readouterr().err == ""

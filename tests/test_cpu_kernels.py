@@ -13,7 +13,7 @@ from torch import nn
 import autoao
 from autoao import search_space
 from autoao.cli import main
-from autoao.evaluators import timing
+from autoao.evaluators import harness, timing
 from autoao.evaluators.cache import Timing
 from autoao.kernels import cpu_int8, cpu_isa
 from autoao.kernels.routes import describe_route, parse_route, route_from_timings, route_text
@@ -224,7 +224,7 @@ def test_pick_route_takes_the_fastest_kernel_at_each_token_count():
 def test_measure_latencies_routes_a_shape_through_the_fastest_kernel_per_token_count(monkeypatch, tmp_path):
     fake = {"int8pack": {1: 10.0, 256: 900.0}, "dequant": {1: 40.0, 256: 120.0},
             "fbgemm": {1: 20.0, 256: 300.0}, "onednn": {1: 30.0, 256: 200.0}}
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+    monkeypatch.setattr(harness, "time_missing", lambda cand, kern, n, k, tokens, *a: {
         m: t(fake.get(kern, {}).get(m, 150.0)) for m in tokens})
     cands = [search_space.get(c) for c in ("bf16", "int8_wo", "int8_dyn(act=tensor)")]
     table = timing.measure_latencies([(96, 256)], [1, 256], cands, device="cpu",
@@ -237,7 +237,7 @@ def test_measure_latencies_routes_a_shape_through_the_fastest_kernel_per_token_c
 
 
 def test_cli_kernels_all_kernels_lists_every_cpu_kernel(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+    monkeypatch.setattr(harness, "time_missing", lambda cand, kern, n, k, tokens, *a: {
         m: t({"int8pack": 5.0 * m, "dequant": 20.0, "fp32": 4.0 * m, "native": 10.0}.get(kern, 30.0))
         for m in tokens})
     rc = main(["kernels", "--shapes", "32x64", "--tokens", "1,64", "--device", "cpu", "--quiet", "--all-kernels",

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from autoao import search_space
-from autoao.evaluators import timing
+from autoao.evaluators import harness, timing
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
 from autoao.evaluators.timing import measure_latencies, spot_check
 
@@ -136,7 +136,7 @@ def test_a_multi_threaded_cell_cut_early_is_capped_by_one_thread(monkeypatch):
             asked.append(threads)
             return one_thread[case] if threads == 1 else CpuSamples(270.0, 80.0, 460.0, 2, 0, True, cut=True)
 
-        monkeypatch.setattr(timing, "time_cpu", fake_time_cpu)
+        monkeypatch.setattr(harness, "time_cpu", fake_time_cpu)
         t = timing.time_module(module, 1, 64, torch.bfloat16, torch.device("cpu"), threads=2, stop_above_us=160.0)
         assert asked == [2, 1] and (t.median_us, t.reliable) == expected, case
 
@@ -191,7 +191,7 @@ def test_an_unreliable_multi_threaded_cell_is_timed_again_on_one_thread(monkeypa
             return CpuSamples(150.0, 149.0, 151.0, 5, 0, True)
         return CpuSamples(8000.0, 7990.0, 8010.0, 0, 40, False)
 
-    monkeypatch.setattr(timing, "time_cpu", fake_time_cpu)
+    monkeypatch.setattr(harness, "time_cpu", fake_time_cpu)
     module = timing.build_layer(search_space.get("bf16"), 64, 32, torch.bfloat16, torch.device("cpu"))
     t = timing.time_module(module, 4, 64, torch.bfloat16, torch.device("cpu"), threads=2)
     assert asked == [2, 1] and t.bounded and t.single_us == 150.0 and t.threads == 2

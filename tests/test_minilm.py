@@ -128,9 +128,9 @@ def test_a_short_search_returns_a_plan_or_keeps_fp32_with_a_reason(minilm, tmp_p
 def test_the_cli_loads_minilm_with_its_inputs_and_task():
     """`autoao search --model minilm-l6` gets the encoder's batch, held-out inputs and autoao_pairs
     (which becomes the accuracy unless --tasks is given)."""
-    from autoao import cli
+    from autoao.cli.args import load_model
 
-    loaded = cli.load_model("minilm-l6", torch.device("cpu"))
+    loaded = load_model("minilm-l6", torch.device("cpu"))
     assert isinstance(loaded["model"], models.SentenceEncoder) and loaded["tokenizer"] is not None
     assert loaded["example_inputs"]["input_ids"].shape[0] == 32 and len(loaded["eval_inputs"]) == 4
     assert isinstance(loaded["accuracy"], RetrievalTask)

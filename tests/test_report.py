@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from autoao.cli import main as cli_main
-from autoao.decisions import BusyCpu, ChoseSlower, Judged, NothingToTry, RunInterrupted
+from autoao.decisions import BusyCpu, Judged, NothingToTry, RunInterrupted
 from autoao.records import (AccuracySpec, CandidateRecord, CurvePoint, DeviceInfo, GroupRecord, LayerRecord, Latency,
                             ModelInfo, RunContext, RunSummary, StageTime, TimingHealth, TrialRecord, WeightBytes, write)
 from autoao.reports import ReportError, load, render
@@ -83,7 +83,7 @@ class Tiny(nn.Module):
 
 def _run(model: nn.Module, examples: list, out: Path, hooks_kw: dict, **kw):
     """optimize() with the command line's hooks (the command it records, the candidates it leaves out)."""
-    from autoao.api import _run as run_stages
+    from autoao.api import run_stages
     from autoao.options import Options, RunHooks
 
     opts = dict(budget=20, accuracy=None, tokenizer=None, max_accuracy_drop=0.01, candidates=None, eval_inputs=None,
@@ -500,7 +500,7 @@ def _summary(ctx: RunContext, **changes) -> RunSummary:
     s = RunSummary("Test CPU (2 threads)", "300 s", 250.0, len(TRIALS), "budget spent", Latency(1.2, 1.25), 1.24,
                    Latency(0.88, 0.9), Latency(1.36, 1.39), Accuracy(2, 0.658, 0.002, {}, "lm-eval: autoao_facts",
                                                                      judged[1].verdicts[0]),
-                   0.01, [*judged, ChoseSlower(3, 2, 1, 1, 0, 0)], ctx.storage, ctx.study_name, 0, ctx.command,
+                   0.01, judged, ctx.storage, ctx.study_name, 0, ctx.command,
                    WeightBytes(20_000, 12_000), [], [], plan, {}, [], {st.name: st.spent_s for st in stages}, {},
                    speedup_range=[1.31, 1.45], rounds=5, speedup_bound=1.33, verdicts=list(judged[1].verdicts),
                    stages=stages)

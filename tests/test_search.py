@@ -349,7 +349,7 @@ def _fake_timings(monkeypatch, per_layer: dict[str, float], default: float | Non
                   kernels: dict[str, float] | None = None) -> None:
     """Per-layer timing as data: `per_layer[cand.<by>]` us at every M (else `default`, else
     kernels[kernel])."""
-    from autoao.evaluators import timing
+    from autoao.evaluators import harness, timing
     from autoao.evaluators.timing import Timing
 
     def time_missing(cand, kern, n, k, tokens, *a):
@@ -357,7 +357,7 @@ def _fake_timings(monkeypatch, per_layer: dict[str, float], default: float | Non
         us = per_layer.get(key, default if kernels is None or key in per_layer else kernels.get(kern, default))
         return {m: Timing(us, 0.0, 0.0, 5) for m in tokens}
 
-    monkeypatch.setattr(timing, "_time_missing", time_missing)
+    monkeypatch.setattr(harness, "time_missing", time_missing)
 
 
 def _fake_workload(monkeypatch, timing) -> None:

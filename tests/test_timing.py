@@ -15,7 +15,7 @@ import torch
 from autoao import clock
 from autoao import search_space
 from autoao.cli import main
-from autoao.evaluators import timing
+from autoao.evaluators import harness, timing
 from autoao.evaluators.cache import TimingCache, TimingKey
 from autoao.evaluators.timing import Timing, measure_latencies
 from autoao.kernels import KernelInfo, cuda_int4
@@ -51,7 +51,7 @@ def test_second_measurement_runs_no_kernel(tmp_path, monkeypatch):
     # a busy machine: mark every stored cell clean (each kernel's), as a quiet re-measurement would
     cache._conn.execute("UPDATE timings SET reliable = 1")
     calls = []
-    monkeypatch.setattr(timing, "time_module", lambda *a, **k: calls.append(a) or Timing.failed("should not run"))
+    monkeypatch.setattr(harness, "time_module", lambda *a, **k: calls.append(a) or Timing.failed("should not run"))
     again = measure_latencies([(32, 64)], [1, 4], SMALL, cache=TimingCache(tmp_path / "t.sqlite"), progress=False)
     assert again.measured == 0 and calls == []
     assert all(r.cached for r in again.rows)
@@ -199,7 +199,7 @@ def test_cli_kernels_all_kernels_lists_every_kernel_timed(tmp_path, capsys, monk
     # A candidate with several CUDA kernels: --all-kernels adds a row per kernel timed (the chosen
     # one marked) and writes one CSV row per kernel; without it, only the chosen kernel's row.
     run_cuda_kernels(monkeypatch, search_space.get("int4_wo(group_size=32)"), ("tinygemm", "cuda"))
-    monkeypatch.setattr(timing, "_time_missing", lambda cand, kern, n, k, tokens, *a: {
+    monkeypatch.setattr(harness, "time_missing", lambda cand, kern, n, k, tokens, *a: {
         m: Timing({"tinygemm": 9.0, "cuda": 6.0}.get(kern, 20.0) * m, 0, 0, 5) for m in tokens})
     argv = ["kernels", "--shapes", "32x64", "--tokens", "1,4", "--device", "cpu", "--quiet",
             "--candidates", "int4_wo(group_size=32)", "--cache-dir", str(tmp_path)]
@@ -299,7 +299,7 @@ def test_a_kernel_running_another_kernels_code_is_not_timed_again(tmp_path, monk
         return {m: Timing(float(m) + len(kern), 0, 0, 5) for m in tokens}
 
     run_cuda_kernels(monkeypatch, int4)
-    monkeypatch.setattr(timing, "_time_missing", fake_time)
+    monkeypatch.setattr(harness, "time_missing", fake_time)
     tokens = [1, limit, 2048]
     table = measure_latencies([(1024, 4096)], tokens, [int4], cache=TimingCache(tmp_path / "t.sqlite"),
                               progress=False)
@@ -333,7 +333,7 @@ def test_a_kernel_outrun_at_every_m_by_one_that_ran_is_not_timed(tmp_path, monke
                 return {m: Timing.failed("RuntimeError: no nvcc") for m in tokens}
             return {m: Timing(float(m) + len(kern), 0, 0, 5) for m in tokens}
 
-        monkeypatch.setattr(timing, "_time_missing", fake_time)
+        monkeypatch.setattr(harness, "time_missing", fake_time)
         table = measure_latencies([(1024, 4096)], [1, 2048], [int4], cache=TimingCache(tmp_path / f"{cuda_runs}.sqlite"),
                                   progress=False)
         got = table.kernel_timings[(int4.name, 4096, 1024)]
@@ -399,13 +399,13 @@ def test_compile_mode_compiles_only_for_the_m_that_are_not_one_op(monkeypatch):
         return Timing(1.0, 1.0, 1.0, 5)
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    monkeypatch.setattr(timing, "time_module", fake_time)
+    monkeypatch.setattr(harness, "time_module", fake_time)
     cand = search_space.get("int8_wo")
     for single, compiled_ms in (({1, 4}, []), ({1}, [4]), (set(), [1, 4])):
         compiled_calls.clear()
         compiles.clear()
-        monkeypatch.setattr(timing, "single_op_tokens", lambda *a, single=single: single)
-        got = timing._time_missing(cand, None, 32, 64, [1, 4], torch.float32, torch.device("cpu"), "compile")
+        monkeypatch.setattr(harness, "single_op_tokens", lambda *a, single=single: single)
+        got = harness.time_missing(cand, None, 32, 64, [1, 4], torch.float32, torch.device("cpu"), "compile")
         assert all(t.ok for t in got.values())
         assert compiled_calls == compiled_ms and len(compiles) == (1 if compiled_ms else 0)
 
@@ -566,7 +566,7 @@ def _fake_cells(monkeypatch, seconds: dict[bool, float]) -> tuple[_Clock, list[t
         return {m: Timing(10.0 * m + (5.0 if coarse else 0.0), 0, 0, 5, coarse=coarse) for m in tokens}
 
     monkeypatch.setattr(timing, "time", clock_)
-    monkeypatch.setattr(timing, "_time_missing", fake)
+    monkeypatch.setattr(harness, "time_missing", fake)
     return clock_, asked
 
 
@@ -590,7 +590,7 @@ def test_the_candidate_whose_probe_runs_fastest_is_timed_on_every_shape_first(tm
         us = 10.0 * (0.4 if cand.name in fast else 1.0)
         return {m: Timing(us * m, 0, 0, 5, coarse=coarse) for m in tokens}
 
-    monkeypatch.setattr(timing, "_time_missing", fake)
+    monkeypatch.setattr(harness, "time_missing", fake)
     # the baseline (2 shapes), 3 probes (6 kernels), then room for one more cell of 2 kernels
     deadline = 0.2 * (2 + 6 + 2) - 0.1
     table = measure_latencies([(64, 32), (32, 64)], [1, 256], CELLS, cache=TimingCache(tmp_path / "t.sqlite"),
