@@ -38,7 +38,7 @@ from autoao.common import BASELINE
 from autoao.cost import CostModel
 from autoao.decisions import BestIsUnchanged, CheckDidNotFit, Decision, Judged, NoFeasiblePlan, NotFaster, Verified
 from autoao.ledger import RunLedger
-from autoao.measure import Judges
+from autoao.judges import Judges
 from autoao.plan import Plan
 from autoao.records import AnchorRecord, CurvePoint, IncumbentRecord, MeasuredPlan, TrialRecord, WorkloadTiming
 from autoao.search import SearchOutcome, plan_from_params

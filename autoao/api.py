@@ -34,8 +34,9 @@ from autoao.export.targets import Target
 from autoao.finalize import finalize
 from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import Interrupted, RunLedger
-from autoao.measure import (Judges, Measurements, build_judges, costs, estimated_cells, measure, measure_baselines,
-                            record_final, time_candidates)
+from autoao.judges import Judges, build_judges
+from autoao.measure import (Measurements, costs, estimated_cells, measure, measure_baselines, record_final,
+                            time_candidates)
 from autoao.options import Options, RunHooks
 from autoao.outputs import pareto_rows, read_state, run_context, run_summary, write_outputs, write_state
 from autoao.plan import Plan

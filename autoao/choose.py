@@ -28,7 +28,7 @@ from autoao.bench import ModelBench
 from autoao.budget import TimePlan
 from autoao.decisions import Judged
 from autoao.ledger import RunLedger
-from autoao.measure import Judges, deciding_looks, look_prices
+from autoao.judges import Judges, deciding_looks, look_prices
 from autoao.records import TrialRecord
 from autoao.types import BREAKS, UNRESOLVED, Evidence, Verdict, combine
 

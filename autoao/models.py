@@ -349,6 +349,25 @@ def generate_workload(model: torch.nn.Module, tokenizer: Any, new_tokens: int, p
 
 ##### a model named on the command line #######################################################
 
+def _factory_module(spec: str, mod_name: str) -> Any:
+    """The module a `module:factory` spec names: a .py file by its path, else an importable module;
+    ValueError (one line, naming the spec) when it cannot be imported."""
+    try:
+        if mod_name.endswith(".py") or "/" in mod_name:
+            path = Path(mod_name)
+            if not path.is_file():
+                raise ValueError(f"--model {spec!r}: file {path} does not exist")
+            loader = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+            return module
+        return importlib.import_module(mod_name)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's model file
+        raise ValueError(f"--model {spec!r}: cannot import {mod_name} ({type(e).__name__}: {e})") from None
+
+
 def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
     """A built-in name, or `module:factory` (a path to a .py file or an importable module). The
     factory returns a model, (model, tokenizer), or a dict with model / tokenizer / example_inputs /
@@ -366,21 +385,7 @@ def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
             out.update(workload(spec, tok, device=device))
         return out
     mod_name, _, factory = spec.rpartition(":")
-    try:
-        if mod_name.endswith(".py") or "/" in mod_name:
-            path = Path(mod_name)
-            if not path.is_file():
-                raise ValueError(f"--model {spec!r}: file {path} does not exist")
-            loader = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)
-        else:
-            module = importlib.import_module(mod_name)
-    except ValueError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's model file
-        raise ValueError(f"--model {spec!r}: cannot import {mod_name} ({type(e).__name__}: {e})") from None
-    fn = getattr(module, factory, None)
+    fn = getattr(_factory_module(spec, mod_name), factory, None)
     if not callable(fn):
         raise ValueError(f"--model {spec!r}: {mod_name} has no callable {factory!r}")
     try:

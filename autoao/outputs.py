@@ -29,7 +29,8 @@ from autoao.anytime import Anytime
 from autoao.finalize import Final
 from autoao.kernels import cpu_isa, describe_route
 from autoao.ledger import RunLedger
-from autoao.measure import Judges, Measurements, weight_bytes
+from autoao.judges import Judges
+from autoao.measure import Measurements, weight_bytes
 from autoao.plan import Plan, save
 from autoao.records import (AccuracySpec, AnchorRecord, AnytimeState, CandidateRecord, CurvePoint, Deploy, DeviceInfo,
                             FusedRecord, GroupRecord, KernelTimes, LayerRecord, Latency, ModelInfo, ParetoRow,

@@ -240,18 +240,7 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
         raise ValueError("example_inputs is an empty list; give at least one input the model runs on "
                          "(a tensor, a tuple of positional arguments, or a dict of keyword arguments)")
 
-    sharers: dict[int, list[str]] = {}  # id(weight) -> every Linear / Embedding FQN holding it, module order
-    # id(weight) -> the first Linear (or GPT-2 Conv1D: a linear with its weight stored [K, N]) holding it
-    linears: dict[int, tuple[str, nn.Module]] = {}
-    for fqn, m in model.named_modules():
-        if isinstance(m, (nn.Linear, nn.Embedding)) or is_conv1d(m):
-            sharers.setdefault(id(m.weight), []).append(fqn)
-            if not isinstance(m, nn.Embedding):
-                linears.setdefault(id(m.weight), (fqn, m))
-    if not linears:
-        raise ValueError(f"{type(model).__name__} has no nn.Linear layers; autoao only quantizes linear "
-                         "layers, so there is nothing to profile")
-
+    sharers, linears = _linears(model)
     siblings = _Siblings()
     recorders = {key: _Recorder(fqn, m, max_sample_rows, siblings) for key, (fqn, m) in linears.items()}
     training = {m: m.training for m in model.modules()}
@@ -279,6 +268,23 @@ def profile(model: nn.Module, example_inputs: Any, *, max_sample_rows: int = 256
     conv = {fqn for fqn, m in linears.values() if is_conv1d(m)}
     # fused groups concatenate [N, K] weights: Conv1D layers (weights [K, N]) run alone
     return ModelProfile(layers, len(examples), seconds, [g for g in siblings.groups() if not conv & set(g)])
+
+
+def _linears(model: nn.Module) -> tuple[dict[int, list[str]], dict[int, tuple[str, nn.Module]]]:
+    """(id(weight) -> every Linear / Embedding FQN holding it, in module order; id(weight) -> the
+    first Linear, or GPT-2 Conv1D (a linear with its weight stored [K, N]), holding it). ValueError
+    when the model has none."""
+    sharers: dict[int, list[str]] = {}
+    linears: dict[int, tuple[str, nn.Module]] = {}
+    for fqn, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)) or is_conv1d(m):
+            sharers.setdefault(id(m.weight), []).append(fqn)
+            if not isinstance(m, nn.Embedding):
+                linears.setdefault(id(m.weight), (fqn, m))
+    if not linears:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear layers; autoao only quantizes linear "
+                         "layers, so there is nothing to profile")
+    return sharers, linears
 
 
 def on_int4_grid(weight: torch.Tensor, group: int = 32, rows: int = 16) -> bool:

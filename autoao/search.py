@@ -252,23 +252,8 @@ def run_search(
 
     bar = tqdm(total=config.trials, desc="search", disable=not progress, unit="trial")
     outcome = SearchOutcome(study, groups, done_before, [], None, 0.0, "")
-
-    def callback(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
-        r = TrialRecord.read(ft)
-        outcome.trials.append(r)
-        refresh(outcome)
-        b = outcome.best
-        bar.set_postfix_str(f"best {b.predicted_ms:.2f} ms, drop {b.drop:+.4f}" if b else "no feasible plan yet")
-        bar.update(1)
-        if on_trial:
-            on_trial(r, outcome)
-        if budget_spent(st, config) or (stop is not None and stop()):
-            st.stop()
-
-    n_trials, timeout, stopped = _limits(study, groups, config, len(done_before))
-    if queued_only is not None:
-        waiting = min(queued_only, len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))))
-        n_trials, stopped = min(n_trials if n_trials is not None else waiting, waiting), "the warm start's seeds scored"
+    callback = _after_trial(outcome, bar, config, on_trial, stop)
+    n_trials, timeout, stopped = _limits(study, groups, config, len(done_before), queued_only)
     try:
         if n_trials != 0 and (timeout is None or timeout > 0):
             study.optimize(make_objective(groups, cost, evaluate, config, start), n_trials=n_trials, timeout=timeout,
@@ -281,11 +266,36 @@ def run_search(
     return outcome
 
 
-def _limits(study: optuna.Study, groups: list[Group], config: SearchConfig, done: int
-            ) -> tuple[int | None, float | None, str]:
+def _after_trial(outcome: SearchOutcome, bar: Any, config: SearchConfig,
+                 on_trial: Callable[[TrialRecord, SearchOutcome], None] | None,
+                 stop: Callable[[], bool] | None) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """Optuna's callback after each trial: the record added to `outcome`, its best and front
+    refreshed, the progress bar, `on_trial`, then the study stopped when its budget is spent or
+    `stop()` says so."""
+    def callback(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
+        r = TrialRecord.read(ft)
+        outcome.trials.append(r)
+        refresh(outcome)
+        b = outcome.best
+        bar.set_postfix_str(f"best {b.predicted_ms:.2f} ms, drop {b.drop:+.4f}" if b else "no feasible plan yet")
+        bar.update(1)
+        if on_trial:
+            on_trial(r, outcome)
+        if budget_spent(st, config) or (stop is not None and stop()):
+            st.stop()
+    return callback
+
+
+def _limits(study: optuna.Study, groups: list[Group], config: SearchConfig, done: int,
+            queued_only: int | None = None) -> tuple[int | None, float | None, str]:
     """(trials to run, seconds, why they stop). Alone: the config's trials less those done before
     and its seconds; in a shared study: the study's budget, whoever runs the trials (a worker also
-    stops at its own trial count), and the shared deadline."""
+    stops at its own trial count), and the shared deadline; `queued_only`: at most that many of the
+    trials queued in the study."""
+    if queued_only is not None:
+        n_trials, timeout, _ = _limits(study, groups, config, done)
+        waiting = min(queued_only, len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))))
+        return min(n_trials if n_trials is not None else waiting, waiting), timeout, "the warm start's seeds scored"
     if config.seconds is not None and config.seconds <= 0:
         return 0, 0.0, "no time was left for trials"
     timeout = max(config.seconds, 1.0) if config.seconds is not None else None

@@ -45,7 +45,7 @@ from autoao.decisions import StudyClosed
 from autoao.evaluators.cache import ResultCache, digest
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.ledger import RunLedger
-from autoao.measure import Judges, plan_key
+from autoao.judges import Judges, plan_key
 from autoao.plan import Plan
 from autoao.records import TrialRecord
 from autoao.search import (CLOSED, TRIALS, Group, SearchConfig, SearchOutcome, make_objective, open_study, refresh,

@@ -142,7 +142,7 @@ def _threads_vs_one(fn: Callable[[], object], threads: int) -> tuple[float, floa
 # held-out inputs, disjoint from the screen's): a plan inside the model's own noise is resolved
 # within a 1-point budget on about 4000 positions (95% interval, paired with the float32 floor).
 CONFIRM_POSITIONS = (1024, 1024, 2048)
-# The generation check of a causal LM (autoao.measure.GENERATION) takes up to GENERATION_PROMPTS
+# The generation check of a causal LM (autoao.judges.GENERATION) takes up to GENERATION_PROMPTS
 # prompts, each a window of PROMPT_TOKENS consecutive held-out tokens: the workload holds that many.
 PROMPT_TOKENS, GENERATION_PROMPTS = 32, 64
 

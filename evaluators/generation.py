@@ -41,7 +41,7 @@ from torch import nn
 
 from autoao.common import call_model, model_device
 from autoao.evaluators.cache import TensorCache, digest, scalar
-from autoao.evaluators.sensitivity import _logits, token_ids, upcast
+from autoao.evaluators.sensitivity import output_logits, token_ids, upcast
 from autoao.types import Evidence, Stratum
 
 # choose(logits [B, V] of the current step, step index) -> the [B] token ids fed next
@@ -97,14 +97,14 @@ def _cached_steps(model: nn.Module, ids: torch.Tensor) -> Steps:
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     out = model(input_ids=ids, use_cache=True, **keep)
     while True:
-        token = yield _logits(out)[:, -1]  # [B, V]
+        token = yield output_logits(out)[:, -1]  # [B, V]
         out = model(input_ids=token[:, None], use_cache=True, **{kwarg: getattr(out, attr)}, **keep)
 
 
 def _recomputed_steps(model: nn.Module, ids: torch.Tensor) -> Steps:
     """Generator as _cached_steps, for a module without a cache: the whole prefix each step."""
     while True:
-        token = yield _logits(call_model(model, ids))[:, -1]  # [B, V]
+        token = yield output_logits(call_model(model, ids))[:, -1]  # [B, V]
         ids = torch.cat([ids, token[:, None]], 1)  # [B, T + 1]
 
 

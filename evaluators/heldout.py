@@ -35,7 +35,7 @@ from torch import nn
 
 from autoao.common import call_model, model_device
 from autoao.evaluators.generation import decode, uses_kv_cache
-from autoao.evaluators.sensitivity import _logits, output_mode, token_ids
+from autoao.evaluators.sensitivity import output_logits, output_mode, token_ids
 
 MIN_LM_POSITIONS = 256  # a causal LM is judged on at least "a few hundred token positions"
 MIN_ROWS = 128  # other modules: at least this many batch rows (the built-in encoder's 4 batches of 32)
@@ -189,7 +189,7 @@ def is_causal_lm(model: nn.Module, examples: Any) -> bool:
     model.eval()
     try:
         with torch.no_grad():
-            out = _logits(call_model(model, exs[0]))
+            out = output_logits(call_model(model, exs[0]))
     finally:
         model.train(was)
     return output_mode([out], exs[:1]) == "lm"
@@ -278,7 +278,7 @@ def _vocab_size(model: nn.Module) -> int:
     model.eval()
     try:
         with torch.no_grad():
-            return _logits(call_model(model, torch.zeros(1, 1, dtype=torch.long, device=model_device(model)))).shape[-1]
+            return output_logits(call_model(model, torch.zeros(1, 1, dtype=torch.long, device=model_device(model)))).shape[-1]
     finally:
         model.train(was)
 

@@ -135,13 +135,11 @@ def evaluate(
         tasks: task names, as a list or comma-separated; `task_names()` lists the bundled ones.
         limit: score only the first `limit` documents of each task (a fraction if < 1), for a fast
             run. The bundled facts are stored in a shuffled order, so a prefix mixes every category.
-        samples: task -> the indices of the documents to score (instead of `limit`): a judge that
-            samples a task's documents in a random order scores them in chunks. Passed to lm-eval
-            sorted: it scores them in index order but labels its logged samples in the order given.
+        samples: task -> the indices of the documents to score (instead of `limit`), passed sorted
+            (lm-eval scores them in index order but labels its logged samples in the order given).
         batch_size: sequences per forward pass.
-        per_document: one forward pass per document, over all of its requests (batch_size is then
-            ignored): a document's scores depend on it alone, not on which documents share its
-            batch (padding and per-tensor activation scales would carry them over).
+        per_document: one forward pass per document, over all of its requests (batch_size ignored):
+            its scores then depend on it alone, not on its batch-mates (padding, activation scales).
         device: where inputs go; default the device of the model's parameters. The model must
             already be there.
         max_length: context window in tokens; default the HF config's, or 2048 for other models.
@@ -158,18 +156,24 @@ def evaluate(
         was_training = model.training
         model.eval()
         try:
-            out = lm_eval.simple_evaluate(
-                model=lm, tasks=names, task_manager=manager, limit=None if samples else limit,
-                samples={t: sorted(ids) for t, ids in samples.items()} if samples else None,
-                log_samples=True, bootstrap_iters=0,  # stderrs: the judges compute their own, paired
-                # leave the caller's RNG state alone (nothing here samples)
-                random_seed=None, numpy_random_seed=None, torch_random_seed=None,
-            )
+            out = _harness(lm_eval, lm, names, manager, limit, samples)
         finally:
             model.train(was_training)
     config = {"lm": type(lm).__name__, "batch_size": "per document" if per_document else batch_size,
               "max_length": lm.max_length, "lm_eval": lm_eval.__version__}
     return _result(out, names, time.perf_counter() - start, limit, config)
+
+
+def _harness(lm_eval: Any, lm: Any, names: list[str], manager: Any, limit: int | float | None,
+             samples: dict[str, list[int]] | None) -> dict[str, Any]:
+    """lm-eval's simple_evaluate of `lm` on the tasks, as evaluate asks it."""
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=names, task_manager=manager, limit=None if samples else limit,
+        samples={t: sorted(ids) for t, ids in samples.items()} if samples else None,
+        log_samples=True, bootstrap_iters=0,  # stderrs: the judges compute their own, paired
+        # leave the caller's RNG state alone (nothing here samples)
+        random_seed=None, numpy_random_seed=None, torch_random_seed=None,
+    )
 
 
 def _result(out: dict[str, Any], names: list[str], seconds: float, limit: int | float | None,

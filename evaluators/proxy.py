@@ -44,7 +44,7 @@ from torch import nn
 
 from autoao.common import model_device
 from autoao.evaluators.cache import ResultCache, TensorCache, digest, inputs_digest, listed, numbered, scalar
-from autoao.evaluators.sensitivity import _neighbours, _pooled, output_mode, run_model, token_ids, upcast
+from autoao.evaluators.sensitivity import nearest_rows, pooled_embeddings, output_mode, run_model, token_ids, upcast
 from autoao.types import Accuracy, Evidence, Stratum, finite
 
 BLOCK = 32  # positions of one sequence per evidence unit
@@ -66,8 +66,8 @@ class _Part:
             self.ref = None if light else [torch.log_softmax(o.float(), -1).cpu() for o in outs]  # [B, T, V]
             self.top = top if top is not None else [o.float().argmax(-1).cpu() for o in outs]  # [B, T]
         elif mode == "embedding":
-            self.ref = [_pooled(o, ex) for o, ex in zip(outs, inputs)]  # [B, D] each
-            self.ref_nn = _neighbours(torch.cat(self.ref))
+            self.ref = [pooled_embeddings(o, ex) for o, ex in zip(outs, inputs)]  # [B, D] each
+            self.ref_nn = nearest_rows(torch.cat(self.ref))
         else:
             self.ref = [o.float().cpu() for o in outs]
         self.noise: list[torch.Tensor] | None = None  # LM: [B, T] 1 where the float32 twin agrees
@@ -283,13 +283,13 @@ class ProxyEvaluator:
         if self.mode == "lm":
             return self._lm_metrics(part, outs)
         if self.mode == "embedding":
-            emb = part.ref if outs is None else [_pooled(o, ex) for o, ex in zip(outs, part.inputs)]
+            emb = part.ref if outs is None else [pooled_embeddings(o, ex) for o, ex in zip(outs, part.inputs)]
             e, r = torch.cat(emb), torch.cat(part.ref)  # [R, D]
             if not torch.isfinite(e).all():
                 return {"accuracy": -math.inf, "cosine": -math.inf}, []
             cos = (e * r).sum(-1)  # [R]
             return ({"accuracy": cos.mean().item(), "cosine": cos.mean().item(), "cosine_min": cos.min().item(),
-                     "nn_agreement": (_neighbours(e) == part.ref_nn).float().mean().item(),
+                     "nn_agreement": (nearest_rows(e) == part.ref_nn).float().mean().item(),
                      "rel_error": math.sqrt((e - r).pow(2).sum().item() / max(r.pow(2).sum().item(), 1e-30))},
                     [1.0 - cos])
         rows = [(o.float().cpu() if outs is not None else r).reshape(-1, r.shape[-1]) for o, r in

@@ -75,47 +75,52 @@ def layer_errors(
     bar = tqdm(total=len(layers) * len(candidates), desc="layer errors (tier 0)", disable=not progress,
                leave=False, unit="kernel")
     for lay in layers:
-        linear = model.get_submodule(lay.fqn)
-        device = linear.weight.device
-        rows = lay.stats.sample.shape[0]
-        split = heldout_split(rows)
-        x = lay.stats.sample[split if split < rows else 0:].to(device)  # [S', K] real activations, held out
-        fit_stats = lay.stats.subset(slice(0, split)) if split < rows else lay.stats
-        key_base = digest("tier0-heldout", linear.weight, linear.bias if linear.bias is not None else 0,
-                          lay.stats.sample, lay.stats.act_norm)
-        with torch.no_grad():
-            ref = None
-            per: dict[str, float] = {}
-            for cand in candidates:
-                bar.update(1)
-                if cand.supports(lay.spec, device):
-                    continue
-                key = f"{key_base}:{cand.name}"
-                hit = cache.get(key) if cache is not None else None
-                if hit is not None:
-                    per[cand.name] = hit["sqnr_db"]
-                    continue
-                if deadline is not None and time.perf_counter() > deadline:
-                    continue
-                if ref is None:
-                    ref = linear(x).float()
-                try:
-                    with canonical_on_device():  # measured, then dropped: no host copy of its weights
-                        q = cand.build(linear, lay.stats if cand.algorithm == "rtn" else fit_stats, fqn=lay.fqn)
-                    value = sqnr_db(ref, q(x).float())
-                except Exception:  # noqa: BLE001 - a candidate that fails here is left out, as unsupported
-                    continue
-                per[cand.name] = value
-                if cache is not None:
-                    cache.put(key, {"sqnr_db": value})
-        out[lay.fqn] = per
+        out[lay.fqn] = _layer_sqnr(model.get_submodule(lay.fqn), lay, candidates, cache, deadline, bar)
     bar.close()
     return out
 
 
+def _layer_sqnr(linear: nn.Module, lay: Any, candidates: list[Candidate], cache: ResultCache | None,
+                deadline: float | None, bar: Any) -> dict[str, float]:
+    """One layer's candidate name -> SQNR (dB), as layer_errors says."""
+    device = linear.weight.device
+    rows = lay.stats.sample.shape[0]
+    split = heldout_split(rows)
+    x = lay.stats.sample[split if split < rows else 0:].to(device)  # [S', K] real activations, held out
+    fit_stats = lay.stats.subset(slice(0, split)) if split < rows else lay.stats
+    key_base = digest("tier0-heldout", linear.weight, linear.bias if linear.bias is not None else 0,
+                      lay.stats.sample, lay.stats.act_norm)
+    ref = None
+    per: dict[str, float] = {}
+    with torch.no_grad():
+        for cand in candidates:
+            bar.update(1)
+            if cand.supports(lay.spec, device):
+                continue
+            key = f"{key_base}:{cand.name}"
+            hit = cache.get(key) if cache is not None else None
+            if hit is not None:
+                per[cand.name] = hit["sqnr_db"]
+                continue
+            if deadline is not None and time.perf_counter() > deadline:
+                continue
+            if ref is None:
+                ref = linear(x).float()
+            try:
+                with canonical_on_device():  # measured, then dropped: no host copy of its weights
+                    q = cand.build(linear, lay.stats if cand.algorithm == "rtn" else fit_stats, fqn=lay.fqn)
+                value = sqnr_db(ref, q(x).float())
+            except Exception:  # noqa: BLE001 - a candidate that fails here is left out, as unsupported
+                continue
+            per[cand.name] = value
+            if cache is not None:
+                cache.put(key, {"sqnr_db": value})
+    return per
+
+
 ##### tier 1 ####################################################################################
 
-def _logits(output: Any) -> torch.Tensor:
+def output_logits(output: Any) -> torch.Tensor:
     if isinstance(output, torch.Tensor):
         return output
     if hasattr(output, "logits"):
@@ -168,7 +173,7 @@ def output_mode(outs: list[torch.Tensor], inputs: list[Any]) -> str:
     return "embedding" if (hidden or unit) and rows >= 3 else "output"
 
 
-def _pooled(out: torch.Tensor, example: Any) -> torch.Tensor:
+def pooled_embeddings(out: torch.Tensor, example: Any) -> torch.Tensor:
     """[B, D] unit float32 embeddings: as given, or [B, T, H] mean-pooled over the attention mask."""
     e = out.float()
     if e.dim() == 3:
@@ -207,12 +212,12 @@ def run_model(model: nn.Module, inputs: list[Any]) -> list[torch.Tensor]:
     model.eval()
     try:
         with torch.no_grad():
-            return [_logits(call_model(model, ex)) for ex in inputs]
+            return [output_logits(call_model(model, ex)) for ex in inputs]
     finally:
         model.train(was)
 
 
-def _neighbours(e: torch.Tensor) -> torch.Tensor:
+def nearest_rows(e: torch.Tensor) -> torch.Tensor:
     """[R] index of each row's nearest other row by cosine, for [R, D] unit rows."""
     sims = e @ e.T  # [R, R]
     sims.fill_diagonal_(-math.inf)

@@ -31,7 +31,7 @@ from autoao.evaluators.latency import (KERNEL_MARGIN, LatencyRow, LatencyTable, 
                                        kernel_names, pick_kernel, pick_route, route_timing, workload_us)
 from autoao.evaluators.model_timing import measure_model  # noqa: F401  (re-exported)
 from autoao.kernels import KernelInfo
-from autoao.search_space import Candidate, LayerSpec
+from autoao.search_space import Candidate
 
 # A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time:
 # a poisoned cache sat 200x off; a healthy one re-timed on a loaded 2-core machine read 116 us
@@ -96,11 +96,18 @@ def measure_latencies(
     work = _work_order([(n, k, c) for n, k in shapes for c in cands] + more, tokens, calls)
     t0 = time.perf_counter()
     cells = _first_pass(run, work, tokens, calls, progress)
-    if deadline is not None:  # refining buys precision, not candidates: a bounded part of what is left
-        now = time.perf_counter()
-        run.deadline = min(deadline, now + max(REFINE_SHARE * (now - t0), REFINE_SHARE / 2 * (deadline - now)))
+    run.deadline = _refine_deadline(deadline, t0)
     _refine_pass(run, work, cells, tokens, calls, progress)
     return _table(run, work, cells, tokens, calls, time.perf_counter() - t0)
+
+
+def _refine_deadline(deadline: float | None, started: float) -> float | None:
+    """When refining ends: refining buys precision, not candidates, so REFINE_SHARE x the coarse
+    pass's seconds (it began at `started`) or half that share of what the deadline leaves."""
+    if deadline is None:
+        return None
+    now = time.perf_counter()
+    return min(deadline, now + max(REFINE_SHARE * (now - started), REFINE_SHARE / 2 * (deadline - now)))
 
 
 def _checked_mode(mode: str, device: torch.device) -> str:

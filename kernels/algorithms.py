@@ -108,7 +108,7 @@ def _one_cpu_thread(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _memoized(stats: LayerStats | None, key: tuple, fit: Callable[[], tuple], device: torch.device) -> tuple:
+def memoized_fit(stats: LayerStats | None, key: tuple, fit: Callable[[], tuple], device: torch.device) -> tuple:
     """fit() (on one CPU thread on the CPU), or its earlier result on the same statistics and key;
     its seconds go to FIT_SECONDS."""
     if stats is not None and key in stats.fits:
@@ -122,7 +122,7 @@ def _memoized(stats: LayerStats | None, key: tuple, fit: Callable[[], tuple], de
     return out
 
 
-def _weight_key(weight: torch.Tensor) -> tuple:
+def weight_key(weight: torch.Tensor) -> tuple:
     """The weight's identity for the memo: storage, version counter, shape and a checksum (a
     freed weight's address can be reused)."""
     return (weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype, str(weight.device),
@@ -141,7 +141,7 @@ def gptq_damping(in_features: int, rows: int) -> float:
     return min(1.0, max(GPTQ_DAMP, in_features / max(rows, 1)))
 
 
-def _gptq(w: torch.Tensor, hessian: torch.Tensor, group: int,
+def gptq_columns(w: torch.Tensor, hessian: torch.Tensor, group: int,
           fit: Callable[[torch.Tensor], tuple], rnd: Callable[[torch.Tensor, tuple], tuple[torch.Tensor, torch.Tensor]],
           damp: float) -> tuple[torch.Tensor, list[tuple]]:
     """GPTQ's column loop. w [N, K] float, hessian [K, K] float32; `fit(w_group [N, g])` gives a
@@ -182,7 +182,7 @@ def _gptq(w: torch.Tensor, hessian: torch.Tensor, group: int,
     return q, params
 
 
-def _output_error(w: torch.Tensor, dq: torch.Tensor, hessian: torch.Tensor) -> float:
+def output_error_energy(w: torch.Tensor, dq: torch.Tensor, hessian: torch.Tensor) -> float:
     """trace(E H E^T) for E = w - dq: the mean squared output error on the rows H came from."""
     e = w.float() - dq  # [N, K]
     return float(((e @ hessian) * e).sum())
@@ -203,12 +203,12 @@ def gptq_int4(weight: torch.Tensor, group_size: int, hessian: torch.Tensor, damp
         return qc.to(torch.uint8), (qc - 8.0) * s + z
 
     hessian = hessian.to(weight.device)
-    q, params = _gptq(weight, hessian, group_size, fit, rnd, damp)
+    q, params = gptq_columns(weight, hessian, group_size, fit, rnd, damp)
     scales = torch.cat([p[0] for p in params], dim=1)
     zeros = torch.cat([p[1] for p in params], dim=1)
     rtn = quantize_int4_groupwise(weight, group_size)
-    if _output_error(weight, dequantize_int4_groupwise(q, scales, zeros), hessian) > \
-            _output_error(weight, dequantize_int4_groupwise(*rtn), hessian):
+    if output_error_energy(weight, dequantize_int4_groupwise(q, scales, zeros), hessian) > \
+            output_error_energy(weight, dequantize_int4_groupwise(*rtn), hessian):
         return rtn
     return q, scales, zeros
 
@@ -225,11 +225,11 @@ def gptq_int8(weight: torch.Tensor, hessian: torch.Tensor, damp: float = GPTQ_DA
         return qc.to(torch.int8), qc * p[0]
 
     hessian = hessian.to(weight.device)
-    q, params = _gptq(weight, hessian, weight.shape[1], fit, rnd, damp)
+    q, params = gptq_columns(weight, hessian, weight.shape[1], fit, rnd, damp)
     scale = params[0][0]
     rq, rs = quantize_int8_per_channel(weight)
-    if _output_error(weight, q.float() * scale[:, None], hessian) > \
-            _output_error(weight, rq.float() * rs[:, None], hessian):
+    if output_error_energy(weight, q.float() * scale[:, None], hessian) > \
+            output_error_energy(weight, rq.float() * rs[:, None], hessian):
         return rq, rs
     return q, scale
 
@@ -351,11 +351,11 @@ def quantize_int4(weight: torch.Tensor, group_size: int, algorithm: str, stats: 
     statistics the algorithm needs."""
     ones = torch.ones(weight.shape[1], device=weight.device) if algorithm in INPUT_SCALED else None
     if algorithm == "hqq":
-        return (*_memoized(stats, ("hqq", group_size, _weight_key(weight)), lambda: hqq_int4(weight, group_size),
+        return (*memoized_fit(stats, ("hqq", group_size, weight_key(weight)), lambda: hqq_int4(weight, group_size),
                            weight.device), None)
     if algorithm == "gptq" and stats is not None and stats.sample is not None and len(stats.sample):
         damp = gptq_damping(weight.shape[1], len(stats.sample))
-        return (*_memoized(stats, ("gptq", "int4", group_size, damp, _weight_key(weight)),
+        return (*memoized_fit(stats, ("gptq", "int4", group_size, damp, weight_key(weight)),
                            lambda: gptq_int4(weight, group_size, stats.hessian(device=weight.device), damp),
                            weight.device), None)
     if algorithm == "awq" and stats is not None and stats.act_mean is not None \
@@ -364,7 +364,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int, algorithm: str, stats: 
             s = awq_scale(weight, group_size, stats.act_mean, stats.sample)
             clipped = awq_clip(weight.float() * s, group_size, stats.sample.float() / s)
             return (*quantize_int4_groupwise(clipped, group_size), s)
-        return _memoized(stats, ("awq", group_size, _weight_key(weight)), fit, weight.device)
+        return memoized_fit(stats, ("awq", group_size, weight_key(weight)), fit, weight.device)
     return (*quantize_int4_groupwise(weight, group_size), ones)
 
 
@@ -375,7 +375,7 @@ def quantize_int8(weight: torch.Tensor, algorithm: str, stats: LayerStats | None
     else RTN (act_scale 1 for SmoothQuant)."""
     if algorithm == "gptq" and stats is not None and stats.sample is not None and len(stats.sample):
         damp = gptq_damping(weight.shape[1], len(stats.sample))
-        return (*_memoized(stats, ("gptq", "int8", damp, _weight_key(weight)),
+        return (*memoized_fit(stats, ("gptq", "int8", damp, weight_key(weight)),
                            lambda: gptq_int8(weight, stats.hessian(device=weight.device), damp),
                            weight.device), None)
     if algorithm == "smoothquant":

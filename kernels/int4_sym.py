@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from autoao.calibration import LayerStats
-from autoao.kernels.algorithms import _gptq, _memoized, _output_error, _weight_key, gptq_damping
+from autoao.kernels.algorithms import gptq_columns, memoized_fit, output_error_energy, weight_key, gptq_damping
 from autoao.kernels.int4 import Int4WeightOnlyLinear
 from autoao.kernels.quant import dequantize_int4_groupwise, pack_int4
 
@@ -36,7 +36,7 @@ def quantize_int4_symmetric(w: torch.Tensor, group_size: int) -> tuple[torch.Ten
 
 def gptq_int4_symmetric(weight: torch.Tensor, group_size: int, hessian: torch.Tensor, damp: float
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ (kernels/algorithms._gptq) with symmetric scales fitted per group on the error-updated
+    """GPTQ (kernels/algorithms.gptq_columns) with symmetric scales fitted per group on the error-updated
     weights; round-to-nearest's where GPTQ's output error on the Hessian's rows is not lower."""
     def fit(wg: torch.Tensor) -> tuple:
         return (quantize_int4_symmetric(wg, wg.shape[1])[1],)  # [N, 1] bf16
@@ -47,12 +47,12 @@ def gptq_int4_symmetric(weight: torch.Tensor, group_size: int, hessian: torch.Te
         return (qc + 8).to(torch.uint8), qc * s
 
     hessian = hessian.to(weight.device)
-    q, params = _gptq(weight, hessian, group_size, fit, rnd, damp)
+    q, params = gptq_columns(weight, hessian, group_size, fit, rnd, damp)
     found = (q, torch.cat([p[0] for p in params], dim=1))
     rtn = quantize_int4_symmetric(weight, group_size)
 
     def error(qs: tuple[torch.Tensor, torch.Tensor]) -> float:
-        return _output_error(weight, dequantize_int4_groupwise(qs[0], qs[1], torch.zeros_like(qs[1])), hessian)
+        return output_error_energy(weight, dequantize_int4_groupwise(qs[0], qs[1], torch.zeros_like(qs[1])), hessian)
     return rtn if error(found) > error(rtn) else found
 
 
@@ -65,8 +65,8 @@ class Int4SymmetricLinear(Int4WeightOnlyLinear):
     def quantize(self, weight: torch.Tensor, stats: LayerStats | None = None) -> dict[str, torch.Tensor]:
         if self.algorithm == "gptq" and stats is not None and stats.sample is not None and len(stats.sample):
             damp = gptq_damping(weight.shape[1], len(stats.sample))
-            q, scales = _memoized(
-                stats, ("gptq", "int4_sym", self.group_size, damp, _weight_key(weight)),
+            q, scales = memoized_fit(
+                stats, ("gptq", "int4_sym", self.group_size, damp, weight_key(weight)),
                 lambda: gptq_int4_symmetric(weight, self.group_size, stats.hessian(device=weight.device), damp),
                 weight.device)
         else:

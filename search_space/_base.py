@@ -27,7 +27,7 @@ from torch import nn
 
 from autoao.calibration import LayerStats
 from autoao.types import LayerSpec  # noqa: F401  (re-exported)
-from autoao.kernels import KernelInfo, QuantizedLinear, as_linear, cpu_isa, is_conv1d
+from autoao.kernels import KernelInfo, QuantizedLinear, as_linear, cpu_isa
 from autoao.kernels.algorithms import INPUT_SCALED, USES, check_algorithm
 from autoao.kernels.routes import kernels_on, route_problem
 

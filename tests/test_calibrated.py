@@ -322,7 +322,7 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
     import autoao.kernels
     import autoao.reports
     from autoao import api
-    from autoao.evaluators import harness, timing
+    from autoao.evaluators import harness
     from autoao.evaluators.timing import Timing
 
     # timings as data: RTN and GPTQ share one cell (same kernels); AWQ pays for its x / s

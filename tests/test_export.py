@@ -241,7 +241,7 @@ def test_targets_registry_and_search_spaces():
 def test_int4_sym_is_int4_wo_with_zero_zeros(group_size):
     """The compressed-tensors targets' int4: int4_wo's kernels and canonical tensors, every zero 0."""
     from autoao.calibration import LayerStats
-    from autoao.kernels.algorithms import _output_error
+    from autoao.kernels.algorithms import output_error_energy
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 128, bias=False)
@@ -257,7 +257,7 @@ def test_int4_sym_is_int4_wo_with_zero_zeros(group_size):
         assert float(((ideal - y).pow(2).sum() / ideal.pow(2).sum()).log10()) * -10 > m_bound(m)
     hessian = x.t() @ x / len(x)
     w = lin.weight.detach()
-    assert _output_error(w, dequantized(gptq), hessian) <= _output_error(w, dequantized(rtn), hessian)
+    assert output_error_energy(w, dequantized(gptq), hessian) <= output_error_energy(w, dequantized(rtn), hessian)
     assert "int4_sym(group_size=64)" in {c.name for c in targets.get("vllm").candidates()}
 
 

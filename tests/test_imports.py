@@ -30,6 +30,7 @@ LAYERS = [
     ["autoao.cost", "autoao.budget", "autoao.models"],
     ["autoao.search"],
     ["autoao.workload"],
+    ["autoao.judges"],
     ["autoao.measure"],
     ["autoao.bench"],
     ["autoao.anchors", "autoao.choose"],

@@ -14,7 +14,7 @@ from torch import nn
 from tiny_models import TinyLM
 
 import autoao
-from autoao import measure
+from autoao import judges as judges_mod
 from autoao.evaluators.cache import ResultCache, TensorCache, listed, numbered, scalar
 from autoao.evaluators.generation import GenerationLooks
 from autoao.evaluators.proxy import ProxyEvaluator
@@ -178,13 +178,13 @@ def test_cached_generation_looks_are_bit_identical_and_do_not_run_the_model(tmp_
 def test_a_task_deciding_lm_holds_every_look_of_the_generation_check(tmp_path):
     """Where a task decides, the workload builds no confirmation chunks (the proxy does not
     confirm) but enough further held-out windows for the generation check's 64 prompts."""
-    assert max(sum(counts) for counts, _ in measure.GENERATION.values()) <= GENERATION_PROMPTS
+    assert max(sum(counts) for counts, _ in judges_mod.GENERATION.values()) <= GENERATION_PROMPTS
     model = _lm()
     work = build_workload(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=False)
     assert work.confirm == () and work.prompt_inputs
     screen = torch.cat(work.held_out.inputs)  # [B, 128] the screen's sequences
     assert not any(torch.equal(x, s[None]) for x in work.prompt_inputs for s in screen)  # disjoint from the screen
-    rows = measure.prompts(work, GENERATION_PROMPTS)
+    rows = judges_mod.prompts(work, GENERATION_PROMPTS)
     assert rows.shape == (GENERATION_PROMPTS, PROMPT_TOKENS)
     proxy_work = build_workload(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=True)
     assert proxy_work.confirm and proxy_work.prompt_inputs == ()  # the confirmation chunks hold the windows
@@ -199,10 +199,10 @@ def test_a_second_build_judges_runs_only_what_is_not_on_disk(tmp_path):
     model = Counting(_lm())
     work = build_workload(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=False)
 
-    def judges() -> measure.Judges:
+    def judges() -> judges_mod.Judges:
         task = MetricJudge(lambda m: 1.0)
         task.set_baseline(model)
-        return measure.build_judges(model, work, task, 0.01, cache=ResultCache(tmp_path / "timings.sqlite"),
+        return judges_mod.build_judges(model, work, task, 0.01, cache=ResultCache(tmp_path / "timings.sqlite"),
                                     weights_key="tiny", ledger=RunLedger(Budget(trials=1), progress=False))
 
     cold = judges()

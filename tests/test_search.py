@@ -17,7 +17,7 @@ import torch
 
 from autoao.budget import TIER1_SCREEN, AccuracyBudget
 from autoao.cost import CostModel
-from autoao.records import TrialRecord, pareto_front
+from autoao.records import pareto_front
 from autoao.search import SearchConfig, make_groups, plan_from_params, run_search
 from autoao.types import Accuracy, Budget
 
@@ -349,7 +349,7 @@ def _fake_timings(monkeypatch, per_layer: dict[str, float], default: float | Non
                   kernels: dict[str, float] | None = None) -> None:
     """Per-layer timing as data: `per_layer[cand.<by>]` us at every M (else `default`, else
     kernels[kernel])."""
-    from autoao.evaluators import harness, timing
+    from autoao.evaluators import harness
     from autoao.evaluators.timing import Timing
 
     def time_missing(cand, kern, n, k, tokens, *a):

@@ -79,14 +79,16 @@ def test_a_search_for_llama_cpp_ships_gguf_types_on_an_estimate_and_says_so(tmp_
 
 
 @pytest.mark.slow
-def test_a_timed_search_for_llama_cpp_skips_the_anchors_and_finishes_in_time(tmp_path):
+def test_a_timed_search_for_llama_cpp_runs_nothing_end_to_end_and_finishes_in_time(tmp_path):
     model = _llama()
     examples = [(torch.randint(0, 256, (1, 16)),), (torch.randint(0, 256, (1, 1)),)]
     res = autoao.optimize(model, examples, budget="40s", max_accuracy_drop=1.0, target="llama.cpp",
                           out_dir=tmp_path / "out", progress=False)
     summary = load_summary(tmp_path / "out" / "summary.json")
-    assert summary.stage_seconds["anchors"] < 0.5 and summary.seconds < 40 * 1.1 + 15  # nothing run end to end
+    assert summary.seconds < 40 * 1.1 + 15
+    # priced from weight bytes: no plan is timed end to end, so nothing anchors the cells
     assert summary.speedup.measured is None and summary.rounds == 0
+    assert summary.stage_seconds["final measurement"] < 0.5
 
 
 def test_estimated_cells_scale_the_unchanged_cell_by_weight_bytes():
