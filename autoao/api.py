@@ -26,7 +26,7 @@ from autoao.budget import MIN_FLEXIBLE_S, MIN_TRIAL_S, TimePlan
 from autoao.common import BASELINE, cache_dir
 from autoao.decisions import NothingToTry, Resumed, RunInterrupted, StudyClosed, Verified
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
-from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
+from autoao.evaluators.judge import Judge, JudgeContext, deciding_judge
 from autoao.evaluators.timing import LatencyTable
 from autoao.export import targets
 from autoao.export.deploy import deploy
@@ -354,16 +354,11 @@ def too_short(time_plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...
     return (note,)
 
 
-def tier2_judge(opts: Options, model: nn.Module, cache: ResultCache) -> LmEvalJudge | MetricJudge | None:
-    """The judge of the user's tasks or metric (None: the proxy decides). A metric is scored on
-    the model as it came right away: a broken one fails before anything is measured."""
-    if opts.accuracy is None:
-        return None
-    if callable(opts.accuracy):
-        judge = MetricJudge(opts.accuracy)
-        judge.set_baseline(model)
-        return judge
-    return LmEvalJudge(opts.tokenizer, list(opts.accuracy), cache=cache, seed=opts.seed)
+def tier2_judge(opts: Options, model: nn.Module, cache: ResultCache) -> Judge | None:
+    """The judge of the user's tasks or metric (None: the proxy decides), as registered
+    (evaluators.judge). A metric is scored on the model as it came right away: a broken one fails
+    before anything is measured."""
+    return deciding_judge(opts.accuracy, JudgeContext(opts.tokenizer, model, cache, opts.seed))
 
 
 def search_config(opts: Options, hooks: RunHooks, judges: Judges, groups: list[Group], cost: Any,

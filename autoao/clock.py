@@ -17,6 +17,8 @@ from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 import torch
 
+from autoao.types import t_quantile
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 
@@ -323,10 +325,6 @@ _KEPT = _KeptFiles()
 
 ##### how sure a measured speed-up is ###########################################################
 
-# one-sided 95% quantiles of Student's t by degrees of freedom (1..15; beyond, 1.75 errs safe)
-_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753)
-
-
 class PairedSpeedup(NamedTuple):
     """A speed-up from rounds in which A and B ran back to back: per round r = A / B."""
 
@@ -353,5 +351,5 @@ def paired_speedup(a_us: Sequence[float], b_us: Sequence[float]) -> PairedSpeedu
     mean = statistics.fmean(logs)
     if n == 1:
         return PairedSpeedup(math.exp(mean), 0.0, math.inf, 1)
-    half = _T95[min(n - 1, len(_T95)) - 1] * statistics.stdev(logs) / math.sqrt(n)
+    half = t_quantile(0.95, n - 1) * statistics.stdev(logs) / math.sqrt(n)  # one-sided 95%
     return PairedSpeedup(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)

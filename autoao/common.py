@@ -28,7 +28,8 @@ BASELINE = "bf16"
 
 __version__ = "0.1.0"  # autoao's; part of every cache key (pyproject.toml holds the same)
 
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# the Hugging Face libraries offline: models, tokenizers and lm-eval's datasets come from disk
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:

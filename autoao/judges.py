@@ -5,7 +5,7 @@ tier 2 (the user's lm-eval tasks or metric).
 
     judges = build_judges(model, work, tier2, max_drop, cache=..., weights_key=..., ledger=...)
     judges.screen(model, plan)     -> Accuracy with the screen's verdict (a trial's score)
-    look_prices(judges)            -> seconds of one look of the deciding judge, of the generation check
+    judges.checks                  -> the deciding judge, then the generation check (evaluators.judge.Judge)
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from autoao.evaluators.generation import GenerationLooks, prompts_from
 from autoao.evaluators.heldout import max_positions
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import token_ids
-from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
+from autoao.evaluators.judge import Judge, Merged, Say
 from autoao.evaluators.timing import device_name
 from autoao.ledger import RunLedger
 from autoao.plan import Plan
-from autoao.types import Accuracy
+from autoao.types import Accuracy, Evidence
 from autoao.workload import PROMPT_TOKENS, Workload
 
 
@@ -40,43 +40,90 @@ def plan_key(plan: Plan) -> str:
 
 
 
+class ProxyConfirmation(Judge):
+    """The proxy as the deciding judge: its confirmation chunks (positions the search never
+    scored, so the fastest of many plans is not judged on the positions that made it look best),
+    one a look; with none, the screen itself, in one look."""
+
+    def __init__(self, proxy: ProxyEvaluator) -> None:
+        self.proxy, self.merged = proxy, Merged()
+
+    @property
+    def looks(self) -> int:
+        return max(len(self.proxy.confirm_inputs), 1)
+
+    def prepare(self, reference: nn.Module, look: int) -> None:
+        self.proxy.prepare(reference, look)
+
+    def evidence_through(self, model: nn.Module, key: str, look: int) -> tuple[Evidence, dict[str, float]] | None:
+        if not self.proxy.confirm_inputs:  # the screen is all there is
+            if look:
+                return None
+            acc, evidence = self.proxy.score(model, key)
+            return evidence, dict(acc.metrics)
+        acc, evidence = self.proxy.score(model, key, chunk=look)
+        return self.merged.add(key, look, evidence), dict(acc.metrics)
+
+    def price(self, reference: nn.Module, key: str, say: Say) -> None:
+        """Each confirmation chunk costs its share of a screen pass; its reference and noise twice
+        that, once (or nothing, on disk)."""
+        proxy = self.proxy
+        screen = max(len(proxy.screen.inputs), 1)
+        chunks = proxy.confirm_inputs
+        confirm = sum(len(c) for c in chunks) / screen
+        fresh = sum(len(c) for i, c in enumerate(chunks) if not proxy.on_disk(i)) / screen
+        self.check_s, self.once_s = proxy.pass_seconds * confirm, 2 * proxy.pass_seconds * fresh
+
+    def describe(self) -> str:
+        return f"proxy: {self.proxy.describe()}"
+
+
+def screened(proxy: ProxyEvaluator, budget: AccuracyBudget, model: nn.Module, key: str) -> Accuracy:
+    """The proxy's accuracy of `model` on the screen (`key` names its plan), with the budget's
+    verdict: a trial's score, the coordinator's and every worker's alike."""
+    acc, evidence = proxy.score(model, key)
+    return acc.with_verdict(budget.judge(evidence))
+
+
 @dataclass(frozen=True)
 class Judges:
     """The accuracy judges, their references computed, and the budget they judge against."""
 
     budget: AccuracyBudget
-    proxy: ProxyEvaluator  # tier 1: scores every trial (the screen) and, where it decides, confirms
-    generation: GenerationLooks | None  # causal LMs: greedy continuations with the KV cache, in looks
-    tier2: LmEvalJudge | MetricJudge | None  # the user's tasks or metric, where they decide
+    proxy: ProxyEvaluator  # tier 1: scores every trial (the screen)
+    checks: tuple[Judge, ...]  # the deciding judge first; for causal LMs then the generation check
     weights_key: str
     proxy_s: float  # one screen pass
-    check_s: float  # judging one plan, at worst
-    once_s: float  # the unmodified model's share of the first check, at worst
-    generation_s: float = 0.0  # of check_s, the generation check's share
+
+    @property
+    def deciding(self) -> Judge:
+        """The user's tasks or metric, or the proxy's confirmation (autoao.evaluators.judge)."""
+        return self.checks[0]
+
+    @property
+    def check_s(self) -> float:
+        """Judging one plan, at worst: every look of every judge."""
+        return sum(j.check_s for j in self.checks)
+
+    @property
+    def once_s(self) -> float:
+        """The unmodified model's share of the first check not on disk yet, at worst."""
+        return sum(j.once_s for j in self.checks)
+
+    @property
+    def first_s(self) -> float:
+        """Every judge's first look, at worst (a check starts only when those fit)."""
+        return sum(j.look_s for j in self.checks)
 
     def key(self, plan: Plan) -> str:
         return f"{self.weights_key}:{plan_key(plan)}"
 
     def screen(self, model: nn.Module, plan: Plan) -> Accuracy:
         """The proxy's accuracy of `model` (carrying `plan`) on the screen, with its verdict."""
-        acc, evidence = self.proxy.score(model, self.key(plan))
-        return acc.with_verdict(self.budget.judge(evidence))
+        return screened(self.proxy, self.budget, model, self.key(plan))
 
     def describe(self) -> str:
-        return self.tier2.describe() if self.tier2 is not None else f"proxy: {self.proxy.describe()}"
-
-
-def deciding_looks(judges: Judges) -> int:
-    """How many looks the deciding judge takes at most: tier 2's, or the proxy's confirmation chunks."""
-    return judges.tier2.looks if judges.tier2 is not None else max(len(judges.proxy.confirm_inputs), 1)
-
-
-def look_prices(judges: Judges) -> tuple[float, float]:
-    """Seconds of one look at worst: the deciding judge's, the generation check's (0: none). Each
-    judge's share of a check, spread evenly over its looks."""
-    deciding = max(judges.check_s - judges.generation_s, 0.0) / deciding_looks(judges)
-    generation = judges.generation_s / judges.generation.looks if judges.generation is not None else 0.0
-    return deciding, generation
+        return self.deciding.describe()
 
 
 # The generation check: prompts of PROMPT_TOKENS held-out tokens (at most the workload's
@@ -87,52 +134,38 @@ def look_prices(judges: Judges) -> tuple[float, float]:
 GENERATION = {"proxy": ((16, 16, 32), 64), "tier2": ((16, 16, 32), 32)}  # who decides -> (prompts per look, new tokens)
 
 
-def build_judges(model: nn.Module, work: Workload, tier2: LmEvalJudge | MetricJudge | None, max_drop: float, *,
+def build_judges(model: nn.Module, work: Workload, tier2: Judge | None, max_drop: float, *,
                  cache: ResultCache, weights_key: str, ledger: RunLedger, light: bool = False) -> Judges:
-    """The proxy's reference outputs and noise floor, the generation check's reference
-    continuations (causal LMs), the tier-2 baseline's first look; each one's cost, for the time plan.
-    The unmodified model's side of the proxy and the generation check is kept on disk
-    (`reference_cache`): a later run of the same model on this machine loads it, prices trials and
-    checks at the seconds measured when it was computed, and counts as one-off only what is not on
-    disk yet. `light`: the time budget has no room left to judge a plan: only the proxy's screen is
-    built (what a trial reads), and a check is priced out of reach."""
+    """The proxy's reference outputs and noise floor, then the checks, each priced on the
+    unmodified model (Judge.price: its first look): the deciding judge (`tier2`, the user's, or
+    the proxy's confirmation) and, for causal LMs, the generation check. The unmodified model's
+    side of the proxy and the generation check is kept on disk (`reference_cache`): a later run of
+    the same model on this machine loads it, prices trials and checks at the seconds measured when
+    it was computed, and counts as one-off only what is not on disk yet. `light`: the time budget
+    has no room left to judge a plan: only the proxy's screen is built (what a trial reads), and a
+    check is priced out of reach."""
     ledger.say("reference outputs for the accuracy judges")
     base_key = f"{weights_key}:{plan_key(Plan())}"
     references = reference_cache(cache, weights_key, work.device)
     proxy = ProxyEvaluator(model, work.held_out.inputs, cache=cache, reference_key=base_key,
                            confirm=list(work.confirm), references=references)
     proxy.calibrate(model)
-    proxy_s = proxy.pass_seconds
     if proxy.noise:
         ledger.say(f"the proxy's floor: {proxy.floor:.4f} top-1 agreement ({proxy.noise} of the unchanged model)")
+    deciding = tier2 if tier2 is not None else ProxyConfirmation(proxy)
+    checks: tuple[Judge, ...] = (deciding,)
     if light:
         ledger.say("too little of the time budget is left to judge a plan: the other judges are not built")
-        budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, unit=proxy.describe())
-        return Judges(budget, proxy, None, tier2, weights_key, proxy_s, math.inf, 0.0, 0.0)
-    generation, gen_s, gen_once = (generation_looks(model, work, tier2 is not None, references) if proxy.lm
-                                   else (None, 0.0, 0.0))
-    check_s, once_s = gen_s, gen_once
-    if isinstance(tier2, LmEvalJudge):
-        ledger.say("the unmodified model on the tasks' first documents (tier 2)")
-        per_doc = tier2.probe(model, base_key)
-        ledger.say("lm-eval's batching changes the answer of " + ", ".join(
-            f"{f} of the first {n} documents of {t}" for t, (f, n) in tier2.batching.items())
-            + " (the verdicts score one document a forward)")
-        # a plan's side at worst scores every document; the unmodified model's only those a
-        # previous run left unscored (the cache keeps them)
-        check_s = check_s + per_doc * sum(tier2.sizes.values())
-        once_s = once_s + per_doc * tier2.unscored(base_key)
-    elif isinstance(tier2, MetricJudge):
-        check_s += tier2.seconds
-    else:  # the proxy decides: its confirmation chunks, each reference and noise computed once (or on disk)
-        screen = max(len(work.held_out.inputs), 1)
-        confirm = sum(len(c) for c in work.confirm) / screen
-        fresh = sum(len(c) for i, c in enumerate(work.confirm) if not proxy.on_disk(i)) / screen
-        check_s, once_s = check_s + proxy_s * confirm, once_s + 2 * proxy_s * fresh
-    noise = 1.0 - proxy.baseline.get("noise_agreement", 1.0)
+        deciding.check_s = math.inf
+    else:
+        if proxy.lm:
+            checks += (generation_looks(model, work, tier2 is not None, references),)
+        for judge in checks:
+            judge.price(model, base_key, ledger.say)
+    noise = 0.0 if light else 1.0 - proxy.baseline.get("noise_agreement", 1.0)
     budget = AccuracyBudget.create(max_drop, tier2=tier2 is not None, proxy_noise=noise,
                                    unit=tier2.describe() if tier2 is not None else proxy.describe())
-    return Judges(budget, proxy, generation, tier2, weights_key, proxy_s, check_s, once_s, gen_s)
+    return Judges(budget, proxy, checks, weights_key, proxy.pass_seconds)
 
 
 def reference_cache(cache: ResultCache, weights_key: str, device: torch.device) -> TensorCache:
@@ -143,12 +176,9 @@ def reference_cache(cache: ResultCache, weights_key: str, device: torch.device) 
 
 
 def generation_looks(model: nn.Module, work: Workload, task_decides: bool,
-                     references: TensorCache) -> tuple[GenerationLooks, float, float]:
-    """The generation check (GENERATION) on prompts of the held-out tokens, its first look prepared;
-    and its seconds: a check's plan side at every look, and the unmodified model's side of the looks
-    not yet on disk. A look's reference side (the greedy continuation, then the float32 twin teacher-
-    forced along it) costs about two plan sides (one teacher-forced pass); priced from the first
-    look's seconds, measured when it was computed, per prompt."""
+                     references: TensorCache) -> GenerationLooks:
+    """The generation check (GENERATION) on prompts of the held-out tokens, in looks (priced by
+    GenerationLooks.price)."""
     counts, new_tokens = GENERATION["tier2" if task_decides else "proxy"]
     limit = max_positions(model)  # a prompt and its continuation fit the model's positions
     length = PROMPT_TOKENS if limit is None else max(1, min(PROMPT_TOKENS, limit // 2))
@@ -156,12 +186,7 @@ def generation_looks(model: nn.Module, work: Workload, task_decides: bool,
     rows = prompts(work, sum(counts), length)  # as many as the held-out inputs hold, up to sum(counts)
     ends = [min(sum(counts[:i + 1]), len(rows)) for i in range(len(counts))]
     chunks = [rows[a:b] for a, b in zip([0, *ends], ends) if b > a]
-    generation = GenerationLooks(chunks, new_tokens, references=references)
-    fresh = [not generation.on_disk(model, look) for look in range(generation.looks)]  # before look 0 is built
-    generation.prepare(model, 0)  # the first look's reference and noise: what a look costs
-    per_prompt = generation.judges[0].seconds / len(chunks[0])
-    unbuilt = sum(len(c) for c, new in zip(chunks, fresh) if new)
-    return generation, per_prompt * len(rows) / 2, per_prompt * unbuilt / 2
+    return GenerationLooks(chunks, new_tokens, references=references)
 
 
 def prompts(work: Workload, count: int, length: int = PROMPT_TOKENS) -> torch.Tensor:

@@ -20,11 +20,11 @@ from torch import nn
 from autoao.budget import Costs
 from autoao.common import BASELINE
 from autoao.cost import CostModel, layer_calls
-from autoao.evaluators.cache import ResultCache, Timing, TimingCache, digest
+from autoao.evaluators.cache import ResultCache, Timing, TimingCache, weights_key
 from autoao.evaluators.sensitivity import layer_errors
 from autoao.evaluators.timing import (NOT_TIMED, LatencyRow, LatencyTable, default_mode, measure_latencies,
                                       measure_model, spot_check)
-from autoao.judges import Judges, look_prices
+from autoao.judges import Judges
 from autoao.ledger import RunLedger
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
@@ -76,7 +76,7 @@ def measure_baselines(model: nn.Module, work: Workload, *, cache: ResultCache, l
         bf16_us = measure_examples(model, work.examples, warmup=0, reps=1 if tight else None,
                                    max_seconds=0.0 if tight else 3.0)
     e2e = time.perf_counter() - t0
-    weights = digest("model", *[t for t in model.state_dict().values()])
+    weights = weights_key(model)
     seen = compiled_costs(cache, weights, work, e2e) if compile else {}
     cold = warm = 0.0
     if workload is not None:
@@ -173,7 +173,7 @@ def measure_seconds(base: Baselines, rounds: int) -> float:
 def costs(base: Baselines, judges: Judges, rounds: int) -> Costs:
     """What the time plan prices the run's repeated steps at (a verification measures `rounds` rounds)."""
     return Costs(judges.proxy_s, judges.check_s, measure_seconds(base, rounds), base.bf16_us / 1e6, judges.once_s,
-                 first_s=sum(look_prices(judges)))
+                 first_s=judges.first_s)
 
 
 ##### every candidate ###########################################################################

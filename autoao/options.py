@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from autoao import search_space
 from autoao.common import BASELINE
+from autoao.evaluators.judge import judge_kind
 from autoao.export import targets
 from autoao.export.targets import Target
 from autoao.search_space import Candidate
@@ -111,9 +112,9 @@ def _drop(value: Any) -> float:
 
 
 def _accuracy(accuracy: Any, tokenizer: Any) -> Accuracy:
-    """None, the user's callable, or lm-eval task names (a str "a,b" or a list), which need a
-    tokenizer and must exist."""
-    if accuracy is None or callable(accuracy):
+    """None, lm-eval task names (a str "a,b" or a list), which need a tokenizer and must exist, or
+    anything else a registered judge takes (evaluators.judge: the user's callable, ...)."""
+    if accuracy is None or (not isinstance(accuracy, (str, list, tuple)) and judge_kind(accuracy) is not None):
         return accuracy
     if isinstance(accuracy, str):
         accuracy = accuracy.split(",")

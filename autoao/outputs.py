@@ -23,7 +23,6 @@ from torch import nn
 from autoao import search_space
 from autoao.common import BASELINE, __version__, atomic_write, triton_version
 from autoao.cost import CostModel, layer_calls
-from autoao.evaluators.tier2 import LmEvalJudge, MetricJudge
 from autoao.evaluators.timing import route_timing, workload_us
 from autoao.anytime import Anytime
 from autoao.finalize import Final
@@ -60,7 +59,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         versions={"autoao": __version__, "torch": torch.__version__, "triton": triton_version(),
                   "optuna": optuna.__version__, "python": sys.version.split()[0]},
         budget=budget, max_accuracy_drop=judges.budget.max_drop,
-        screen_drop=judges.budget.screen if judges.tier2 is not None else None, seed=seed, command=command,
+        screen_drop=judges.budget.screen if judges.budget.tier == 2 else None, seed=seed, command=command,
         accuracy=_accuracy_spec(judges, work), storage=storage, study_name=study_name,
         baseline_ms=Latency(cost.predict(Plan()) / 1e3, bf16_us / 1e3), rest_ms=cost.rest_us / 1e3,
         candidates=[_candidate_record(c, layers, work.device) for c in cands]
@@ -78,16 +77,11 @@ def _accuracy_spec(judges: Judges, work: Workload) -> AccuracySpec:
     """Which accuracy decides, and the unchanged model's scores: tier 2's on the documents its
     first look scored (`task/documents` says how many; verdicts pair each plan's with the baseline's
     on the documents they took)."""
-    tier2 = judges.tier2
-    base2, metrics2 = None, {}
-    if isinstance(tier2, LmEvalJudge):
-        base2, metrics2 = tier2.baseline_scores(0)
-    elif isinstance(tier2, MetricJudge) and tier2.baseline:
-        base2 = sum(tier2.baseline) / len(tier2.baseline)
+    record = judges.deciding.record()
     return AccuracySpec(
-        tier=judges.budget.tier, tasks=tier2.tasks if isinstance(tier2, LmEvalJudge) else None,
-        metric=tier2.name if isinstance(tier2, MetricJudge) else None,
-        baseline_tier1=dict(judges.proxy.baseline), baseline_tier2=base2, baseline_tier2_metrics=metrics2,
+        tier=judges.budget.tier, tasks=record.tasks, metric=record.metric,
+        baseline_tier1=dict(judges.proxy.baseline), baseline_tier2=record.baseline,
+        baseline_tier2_metrics=dict(record.metrics),
         proxy=judges.proxy.describe(), held_out=work.held_out.describe(), unit=judges.budget.unit)
 
 

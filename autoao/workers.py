@@ -42,10 +42,10 @@ from autoao.budget import AccuracyBudget
 from autoao.common import cache_dir, model_device
 from autoao.cost import CostModel
 from autoao.decisions import StudyClosed
-from autoao.evaluators.cache import ResultCache, digest
+from autoao.evaluators.cache import ResultCache, digest, weights_key
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.ledger import RunLedger
-from autoao.judges import Judges, plan_key
+from autoao.judges import Judges, plan_key, screened
 from autoao.plan import Plan
 from autoao.records import TrialRecord
 from autoao.search import (CLOSED, TRIALS, Group, SearchConfig, SearchOutcome, make_objective, open_study, refresh,
@@ -126,11 +126,6 @@ def inputs_digest(examples: Any, eval_inputs: Any) -> str:
 def fingerprint(model: nn.Module, weights_key: str, examples: Any, eval_inputs: Any,
                 device: torch.device) -> Fingerprint:
     return Fingerprint(type(model).__name__, weights_key, inputs_digest(examples, eval_inputs), device.type)
-
-
-def weights_key(model: nn.Module) -> str:
-    """The key measure.measure_baselines gives the model's weights."""
-    return digest("model", *[t for t in model.state_dict().values()])
 
 
 @dataclass
@@ -284,8 +279,7 @@ def scorer(model: nn.Module, key: str, work: Workload, shared: SharedInputs) -> 
     proxy.baseline = dict(shared.proxy_baseline)  # drops from the coordinator's baseline, as its trials
 
     def screen(m: nn.Module, plan: Plan) -> Accuracy:
-        acc, evidence = proxy.score(m, f"{key}:{plan_key(plan)}")
-        return acc.with_verdict(shared.accuracy.judge(evidence))
+        return screened(proxy, shared.accuracy, m, f"{key}:{plan_key(plan)}")
 
     bench = ModelBench(model, work.prof, work.examples, compile=False, groups=shared.groups, cost=shared.cost)
     return bench, bench.scorer(screen)

@@ -44,7 +44,9 @@ def score(model: torch.nn.Module, tok, modes: list[str]) -> tuple[dict[str, floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", required=True, help="a glob of `autoao search` output folders")
+    ap.add_argument("--runs", required=True, action="append",
+                    help="a glob of `autoao search` output folders (repeatable); a plan shipped by several "
+                         "runs is scored once")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of: {', '.join(MODES)}")
     args = ap.parse_args()
@@ -53,24 +55,31 @@ def main() -> None:
     bf16, tok = autoao.models.load("smollm2-135m")
     base, n = score(bf16, tok, modes)
     calib = profile(bf16, autoao.models.text_inputs(tok, seq_len=256)).calibration
-    rows = []
-    for run in sorted(Path(p) for p in glob.glob(args.runs)):
+    rows, scored = [], {}
+    for run in sorted(Path(p) for pattern in args.runs for p in glob.glob(pattern)):
         if not (run / "summary.json").is_file():
             continue
         s = json.loads((run / "summary.json").read_text())
         plan = Plan.load(run / "plan.json")
-        row = {"run": run.parent.name if run.name == "autoao-report" else run.name, "layers": len(plan.layers), "max_drop": s["max_accuracy_drop"],
+        name = {"autoao-report": f"{run.parent.parent.name}/{run.parent.name}",
+                "first": f"{run.parent.parent.name}/{run.parent.name} (first)"}.get(run.name, run.name)
+        row = {"run": name, "layers": len(plan.layers), "max_drop": s["max_accuracy_drop"],
                "shipped_verdicts": [f"{v['status']}: {v['drop']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}] on {v['n']} "
                                     f"{v['unit']} ({v['judge']})" for v in s.get("verdicts", [])]}
-        acc = score(autoao.apply(copy.deepcopy(bf16), plan, calibration=calib), tok, modes)[0] if plan.layers else base
+        key = json.dumps(sorted((f, c.name) for f, c in plan.layers.items()))
+        if key not in scored:
+            scored[key] = (score(autoao.apply(copy.deepcopy(bf16), plan, calibration=calib), tok, modes)[0]
+                           if plan.layers else base)
+        acc = scored[key]
         row["acc"], row["drop"] = acc, {m: base[m] - acc[m] for m in modes}
         row["within"] = {m: row["drop"][m] <= s["max_accuracy_drop"] for m in modes}
         rows.append(row)
         print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"command": f"python benchmarks/rescore_demo.py --runs '{args.runs}' --modes {args.modes} --out {args.out}",
+    runs = " ".join(f"--runs '{r}'" for r in args.runs)
+    result = {"command": f"python benchmarks/rescore_demo.py {runs} --modes {args.modes} --out {args.out}",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "bf16_acc": base, "documents": n, "rows": rows,
+              "torch": torch.__version__, "bf16_acc": base, "documents": n, "rows": rows, "plans_scored": len(scored),
               "wall_s": round(time.perf_counter() - t0, 1)}
     (args.out / "rescore.json").write_text(json.dumps(result, indent=1))
     lines = [f"# Shipped demo plans re-scored on all {n} autoao_facts documents", "",

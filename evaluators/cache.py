@@ -358,6 +358,12 @@ def inputs_digest(inputs: Any) -> str:
     return digest(*parts)
 
 
+def weights_key(model: Any) -> str:
+    """The key of a model's weights (every state-dict tensor by content): the result caches and
+    the judges' references are scoped to it, and a worker's model must match the coordinator's."""
+    return digest("model", *model.state_dict().values())
+
+
 def digest(*parts: object) -> str:
     """sha256 over the parts: host tensors by their bytes, tensors on an accelerator by
     `device_fingerprint` (both with shape and dtype), everything else by repr. A cache key: the

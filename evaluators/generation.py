@@ -41,6 +41,7 @@ from torch import nn
 
 from autoao.common import call_model, model_device
 from autoao.evaluators.cache import TensorCache, digest, scalar
+from autoao.evaluators.judge import Judge, Merged, Say
 from autoao.evaluators.sensitivity import output_logits, token_ids, upcast
 from autoao.types import Evidence, Stratum
 
@@ -234,7 +235,7 @@ class GenerationJudge:
                 f"(teacher-forced, decode path); noise floor {self.noise_floor:.4f} (float32 vs its own dtype)")
 
 
-class GenerationLooks:
+class GenerationLooks(Judge):
     """The generation check taken look by look: the prompts in chunks, each chunk's judge (the
     reference's continuation and its float32 noise) built from the unmodified model the first time
     a look needs it, so a plan that resolves on the first chunk costs only that chunk."""
@@ -247,6 +248,7 @@ class GenerationLooks:
             raise ValueError("the generation check needs at least one chunk of prompts")
         self.chunks, self.new_tokens, self.references = chunks, new_tokens, references
         self.judges: dict[int, GenerationJudge] = {}
+        self.merged = Merged()
 
     @property
     def looks(self) -> int:
@@ -265,8 +267,26 @@ class GenerationLooks:
             _reference_key(reference, self.chunks[look], self.new_tokens)))
 
     def evidence(self, model: nn.Module, look: int) -> Evidence:
-        """Look `look`'s evidence alone (prepare it first); a judge merges the looks it took."""
+        """Look `look`'s evidence alone (prepare it first)."""
         return self.judges[look].evidence(model)
+
+    def evidence_through(self, model: nn.Module, key: str, look: int) -> tuple[Evidence, dict[str, float]]:
+        return self.merged.add(key, look, self.evidence(model, look)), {}
+
+    def price(self, reference: nn.Module, key: str, say: Say) -> None:
+        """The first look prepared (its reference and noise), and from its seconds per prompt: a
+        check's plan side at every look, and the unmodified model's side of the looks not on disk
+        before. A look's reference side (the greedy continuation, then the float32 twin teacher-
+        forced along it) costs about two plan sides (one teacher-forced pass)."""
+        fresh = [not self.on_disk(reference, look) for look in range(self.looks)]  # before look 0 is built
+        self.prepare(reference, 0)
+        per_prompt = self.judges[0].seconds / len(self.chunks[0])
+        self.check_s = per_prompt * sum(len(c) for c in self.chunks) / 2
+        self.once_s = per_prompt * sum(len(c) for c, new in zip(self.chunks, fresh) if new) / 2
+
+    def describe(self) -> str:
+        prompts = sum(len(c) for c in self.chunks)
+        return f"generation: greedy continuations of {prompts} prompts x {self.new_tokens} new tokens"
 
     @property
     def noise_floor(self) -> float:

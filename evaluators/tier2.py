@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from autoao.evaluators.cache import ResultCache
+from autoao.evaluators.judge import Judge, JudgeContext, JudgeRecord, Say, register
 from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, UNMODIFIED_ACC, Accuracy, Evidence, Stratum
 
 LOOK_DOCS = 64  # documents per task at a judge's first look; each later look doubles them
@@ -48,11 +49,20 @@ def _docs_key(task: str, key: str) -> str:
     return f"tier2-docs:{task}:per-doc:{key}"
 
 
-class LmEvalJudge:
+@register
+class LmEvalJudge(Judge):
     """lm-eval tasks, scored per document (evaluators.lmeval). accuracy = the mean over tasks of
     each task's headline metric (acc; tasks without one, e.g. perplexity, are not judged)."""
 
     tier = 2
+
+    @classmethod
+    def accepts(cls, accuracy: Any) -> bool:
+        return isinstance(accuracy, (list, tuple)) and all(isinstance(t, str) for t in accuracy)
+
+    @classmethod
+    def create(cls, accuracy: Any, context: JudgeContext) -> Judge:
+        return cls(context.tokenizer, list(accuracy), cache=context.cache, seed=context.seed)
 
     def __init__(self, tokenizer: Any, tasks: list[str], *, cache: ResultCache | None = None,
                  seed: int = 0) -> None:
@@ -100,6 +110,20 @@ class LmEvalJudge:
             self.seconds_per_doc = float(hit["seconds_per_doc"]) if hit else UNKNOWN_RATE_S
         self.batching = self._batched(reference, key)
         return self.seconds_per_doc
+
+    def price(self, reference: nn.Module, key: str, say: Say) -> None:
+        """A plan's side at worst scores every document; the unmodified model's only those a
+        previous run left unscored (the cache keeps them)."""
+        say("the unmodified model on the tasks' first documents (tier 2)")
+        per_doc = self.probe(reference, key)
+        say("lm-eval's batching changes the answer of " + ", ".join(
+            f"{f} of the first {n} documents of {t}" for t, (f, n) in self.batching.items())
+            + " (the verdicts score one document a forward)")
+        self.check_s, self.once_s = per_doc * sum(self.sizes.values()), per_doc * self.unscored(key)
+
+    def record(self) -> JudgeRecord:
+        baseline, metrics = self.baseline_scores(0)
+        return JudgeRecord(baseline, metrics, tasks=list(self.tasks))
 
     def _batched(self, reference: nn.Module, key: str) -> dict[str, tuple[int, int]]:
         """Task -> (documents of the first look whose outcome changes when lm-eval scores them
@@ -170,6 +194,10 @@ class LmEvalJudge:
         evidence = Evidence("lm-eval", 2, ", ".join(f"{t} acc" for t in self.tasks), "documents", tuple(strata), b, p)
         return Accuracy(2, p, b - p, metrics, f"lm-eval: {', '.join(self.tasks)}"), evidence
 
+    def evidence_through(self, model: nn.Module, key: str, look: int) -> tuple[Evidence, dict[str, float]]:
+        acc, evidence = self.evidence(model, key, look)  # cumulative: every document up to the look's
+        return evidence, dict(acc.metrics)
+
     def _look_count(self, n: int) -> int:
         looks = 1
         while LOOK_DOCS * 2 ** (looks - 1) < n:
@@ -211,13 +239,25 @@ class LmEvalJudge:
         return sum(len(v) for v in missing.values())
 
 
-class MetricJudge:
+@register
+class MetricJudge(Judge):
     """Tier 2 from the user's own metric: fn(model) -> float (higher is better), or a sequence of
     per-item scores (module docstring). A callable with a `last_metrics` dict
     (autoao.evaluators.retrieval.RetrievalTask) has it recorded with each value."""
 
     tier = 2
     looks = 1
+
+    @classmethod
+    def accepts(cls, accuracy: Any) -> bool:
+        return callable(accuracy)
+
+    @classmethod
+    def create(cls, accuracy: Any, context: JudgeContext) -> Judge:
+        """Scored on the model as it came right away: a broken metric fails before anything is measured."""
+        judge = cls(accuracy)
+        judge.set_baseline(context.model)
+        return judge
 
     def __init__(self, fn: Callable[[nn.Module], Any]) -> None:
         self.fn = fn
@@ -241,6 +281,16 @@ class MetricJudge:
                              f"{type(e).__name__}: {e}") from None
         self.baseline = _scores(value, f"accuracy callable {label} on the unmodified model")
         self.seconds = time.perf_counter() - t0
+
+    def price(self, reference: nn.Module, key: str, say: Say) -> None:
+        self.check_s = self.seconds  # scoring the unmodified model took as long as a plan's will
+
+    def record(self) -> JudgeRecord:
+        return JudgeRecord(sum(self.baseline) / len(self.baseline) if self.baseline else None, metric=self.name)
+
+    def evidence_through(self, model: nn.Module, key: str, look: int) -> tuple[Evidence, dict[str, float]]:
+        acc, evidence = self.evidence(model, key, look)
+        return evidence, dict(acc.metrics)
 
     def evidence(self, model: nn.Module, key: str | None = None, look: int = 0) -> tuple[Accuracy, Evidence]:
         assert self.baseline is not None, "set_baseline first"

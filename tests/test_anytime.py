@@ -83,8 +83,8 @@ def _run(monkeypatch, holds: set[int], measured: dict[str, float] | None = None,
     monkeypatch.setattr(A, "interleaved", _interleaved)
     budget = Budget(seconds=seconds) if seconds else Budget(trials=1)
     ledger = RunLedger(budget, progress=False)
-    judges = SimpleNamespace(budget=AccuracyBudget.create(0.01, tier2=True), check_s=1.0, once_s=0.0, generation_s=0.0,
-                             tier2=SimpleNamespace(looks=2), proxy=None, generation=None, describe=lambda: "fake")
+    judges = SimpleNamespace(budget=AccuracyBudget.create(0.01, tier2=True), check_s=1.0, once_s=0.0, first_s=0.5,
+                             describe=lambda: "fake")
     time_plan = TimePlan(ledger, Costs(0.01, 1.0, 0.5))
     return A.Anytime(FakeBench(measured), judges, time_plan, ledger, _cost(), 0.5), judged
 
@@ -176,7 +176,7 @@ def test_the_first_check_that_did_not_fit_is_named_with_a_budget_that_holds_it(m
     trials = [_record(0, {"l0": "int8_wo", "l1": "int8_wo"}, 0.0, warm=True)]
     run, judged = _run(monkeypatch, holds={0}, seconds=3.0)
     run.time_plan = TimePlan(run.ledger, Costs(0.01, 60.0, 20.0))
-    run.judges.check_s = 60.0
+    run.judges.check_s, run.judges.first_s = 60.0, 30.0
     assert run.step(_outcome(trials)) is None and judged == []
     run.conclude(_outcome(trials))
     (said,) = run.decisions

@@ -313,8 +313,8 @@ def test_lm_eval_documents_follow_the_verdicts_interval(monkeypatch, flips, stat
     flipped = set(range(0, 1000, flips)) if flips else set()
     judge, scored = _lm_eval_judge(monkeypatch, b, flipped)
     assert LOOK_DOCS == 64 and judge.looks == 5 and judge.documents(2) == {"t": 256} and judge.documents(9) == {"t": 1000}
-    judges = SimpleNamespace(tier2=judge, proxy=None, generation=None, budget=AccuracyBudget.create(0.01, tier2=True),
-                             check_s=1.0, generation_s=0.0, key=lambda plan: "plan")
+    judge.check_s = 1.0
+    judges = SimpleNamespace(checks=(judge,), budget=AccuracyBudget.create(0.01, tier2=True), key=lambda plan: "plan")
     record = SimpleNamespace(number=7, params={}, predicted_ms=1.0, drop=0.02)
     judged = judge_plan(record, b, judges, _plan(None), RunLedger(Budget(trials=1), progress=False))
     (verdict,) = judged.verdicts
@@ -342,8 +342,8 @@ def test_a_tier2_check_with_no_room_for_another_look_stays_unresolved(monkeypatc
 
     b = _Bench()
     judge, scored = _lm_eval_judge(monkeypatch, b, set())
-    judges = SimpleNamespace(tier2=judge, proxy=None, generation=None, budget=AccuracyBudget.create(0.01, tier2=True),
-                             check_s=1.0, generation_s=0.0, key=lambda plan: "plan")
+    judge.check_s = 1.0
+    judges = SimpleNamespace(checks=(judge,), budget=AccuracyBudget.create(0.01, tier2=True), key=lambda plan: "plan")
     record = SimpleNamespace(number=7, params={}, predicted_ms=1.0, drop=0.02)
     judged = judge_plan(record, b, judges, NoRoom(), RunLedger(Budget(trials=1), progress=False))
     assert judged.status == "unresolved" and judged.verdicts[0].n == 64 and len(scored["plan"]) == 64

@@ -35,6 +35,9 @@ def test_wheel_maps_top_level_folders_into_one_namespace(tmp_path):
                      "autoao/reports/__init__.py", "autoao/reports/template.html.j2"]:
         assert expected in names, expected
     assert not any(n.startswith(("kernels/", "search_space/", "evaluators/", "reports/")) for n in names)
+    # every subpackage of the source tree ships (pyproject.toml lists them one by one)
+    subpackages = {f"autoao/{p.relative_to(ROOT / 'autoao').as_posix()}" for p in (ROOT / "autoao").rglob("__init__.py")}
+    assert subpackages - names == set()
 
 
 def test_the_checkout_root_does_not_shadow_packages_of_the_same_name(tmp_path):

@@ -206,13 +206,14 @@ def test_a_second_build_judges_runs_only_what_is_not_on_disk(tmp_path):
                                     weights_key="tiny", ledger=RunLedger(Budget(trials=1), progress=False))
 
     cold = judges()
-    assert cold.generation is not None and cold.generation.looks == 3 and cold.proxy.confirm_inputs == []
+    task, generation = cold.checks
+    assert generation.looks == 3 and cold.proxy.confirm_inputs == []
     model.calls = 0
     warm = judges()
     assert model.calls == 0
-    assert (warm.proxy_s, warm.generation_s) == (cold.proxy_s, cold.generation_s)
+    assert (warm.proxy_s, warm.checks[1].check_s) == (cold.proxy_s, generation.check_s)
     # a check: the generation looks' plan side, and the task (its seconds measured on every call)
-    assert warm.check_s - warm.tier2.seconds == pytest.approx(cold.check_s - cold.tier2.seconds, abs=1e-9)
-    first = len(cold.generation.chunks[0]) / sum(len(c) for c in cold.generation.chunks)
+    assert warm.check_s - warm.deciding.seconds == pytest.approx(cold.check_s - task.seconds, abs=1e-9)
+    first = len(generation.chunks[0]) / sum(len(c) for c in generation.chunks)
     assert warm.once_s == pytest.approx(cold.once_s * (1 - first))
     assert (tmp_path / "references").is_dir()

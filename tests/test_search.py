@@ -249,19 +249,32 @@ class _Room:
 def test_a_judge_leaves_room_for_the_later_judges_first_looks():
     """The deciding judge's later looks ask for their own price and the generation check's first
     look, which runs whatever the plan says: a look that fits alone but not with it is not taken."""
-    from autoao.choose import _Judge, _looks
+    from autoao.choose import looks as judge_looks
+    from autoao.evaluators.judge import Judge
     from autoao.ledger import RunLedger
     from autoao.types import UNRESOLVED
 
     looked = []
-    judge = _Judge(lambda look: looked.append(look) or ("evidence", {}), 4, 0.25)
+
+    class Looking(Judge):
+        looks, check_s = 4, 1.0  # a look: 0.25 s
+
+        def evidence_through(self, model, key, look):
+            looked.append(look)
+            return "evidence", {}
+
+        def describe(self):
+            return "looking"
+
+    swap = SimpleNamespace(reference=lambda: None, plan=lambda: None)
     judges = SimpleNamespace(budget=SimpleNamespace(judge=lambda evidence, looks: SimpleNamespace(status=UNRESOLVED)))
-    for after_s, looks in [(0.5, [0]), (0.0, [0, 1, 2, 3])]:
+    for after_s, seen in [(0.5, [0]), (0.0, [0, 1, 2, 3])]:
         looked.clear()
         plan = _Room(0.6)
         plan.observe = lambda planned, took: None
-        verdict, _ = _looks(judge, judges, plan, RunLedger(Budget(trials=1), progress=False), after_s=after_s)
-        assert looked == looks and verdict.status == UNRESOLVED
+        verdict, _ = judge_looks(Looking(), swap, "plan", judges, plan, RunLedger(Budget(trials=1), progress=False),
+                                 after_s=after_s)
+        assert looked == seen and verdict.status == UNRESOLVED
         assert plan.asked[0] == pytest.approx(0.25 + after_s)
 
 

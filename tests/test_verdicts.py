@@ -13,8 +13,7 @@ import torch
 
 import autoao
 from autoao.budget import AccuracyBudget
-from autoao.choose import _judges as judges_of
-from autoao.choose import _looks
+from autoao.choose import looks as judge_looks
 from autoao.evaluators.generation import GenerationJudge
 from autoao.evaluators.heldout import model_samples
 from autoao.evaluators.proxy import ProxyEvaluator
@@ -153,7 +152,8 @@ class _Plan:
 
 class _Judges:
     def __init__(self, task: FakeTask) -> None:
-        self.tier2, self.proxy, self.generation, self.check_s, self.generation_s = task, None, None, 1.0, 0.0
+        task.check_s = 1.0
+        self.checks = (task,)
         self.budget = AccuracyBudget.create(0.01, tier2=True)
 
 
@@ -168,8 +168,8 @@ def test_a_task_plan_losing_points_after_its_first_documents_never_ships_as_hold
     time for one or two looks it is unresolved, with time for all it breaks; never holds."""
     task = FakeTask()
     judges = _Judges(task)
-    (deciding,) = judges_of(judges, _Swap(), "plan")
-    verdict, _ = _looks(deciding, judges, _Plan(looks), _Ledger())
+    (deciding,) = judges.checks
+    verdict, _ = judge_looks(deciding, _Swap(), "plan", judges, _Plan(looks), _Ledger())
     assert verdict.status != HOLDS
     if looks == 99:  # every document scored: exact
         assert verdict.status == BREAKS and verdict.n == 1000 and verdict.drop == pytest.approx(0.015)
