@@ -11,7 +11,6 @@ import math
 import os
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
