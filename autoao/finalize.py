@@ -9,7 +9,7 @@ MAX_ROUNDS in all, and the speed-up is every round's paired estimate with its 95
 (autoao.clock.paired_speedup). A plan is shipped only while it stays shown faster (the interval's
 lower bound above 1.00x): should the added rounds undo that, the model stays as it came
 (KeptUnchanged). The model as it came is 1.00x by definition and not measured again. A plan for an
-engine autoao only emulates (bench.estimate: llama.cpp's GGUF types) was not timed: it ships on its
+engine autoao only emulates (bench.pricing is FromBytes: llama.cpp's GGUF types) was not timed: it ships on its
 verdicts, with the cost model's estimate said to be one (ShippedOnEstimate).
 """
 
