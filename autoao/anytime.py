@@ -42,7 +42,7 @@ from autoao.judges import Judges
 from autoao.plan import Plan
 from autoao.records import AnchorRecord, CurvePoint, IncumbentRecord, MeasuredPlan, TrialRecord, WorkloadTiming
 from autoao.search import SearchOutcome, plan_from_params
-from autoao.types import BREAKS, HOLDS, Accuracy, Verdict
+from autoao.types import BREAKS, HOLDS, Accuracy, FromBytes, Verdict
 
 MIN_GAIN = 0.02  # a plan is judged only if predicted this much faster than the incumbent
 MIN_VALUE = 0.005  # nor when its odds times that gain is below this: a search slice is worth more
@@ -250,7 +250,7 @@ class Anytime:
     def _order(self) -> tuple[str, ...]:
         """The cheaper half first: the measurement, or (where each side compiles) the judges. A plan
         priced from weight bytes is not measured."""
-        if self.bench.estimate:
+        if isinstance(self.bench.pricing, FromBytes):
             return ("accuracy",)
         judging = check_seconds(self.judges, first_looks=True)
         return ("speed", "accuracy") if self.measure_s <= judging else ("accuracy", "speed")

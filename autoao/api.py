@@ -42,6 +42,7 @@ from autoao.outputs import pareto_rows, read_state, run_context, run_summary, wr
 from autoao.plan import Plan
 from autoao.records import ParetoRow, RunSummary, TimingHealth, write
 from autoao.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search, uniform_names
+from autoao.types import FromBytes
 from autoao.workload import Workload, build_workload, grid_warning, settle_cpu_threads
 
 
@@ -158,6 +159,7 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
     fits, rcache = algorithm_seconds(), ResultCache(cache_dir() / "timings.sqlite")
     tier2 = tier2_judge(opts, model, rcache)  # the user's metric runs once here: a broken one costs nothing
     engine = targets.get(opts.target)
+    estimated = isinstance(engine.pricing, FromBytes)  # priced from bytes: nothing measured end to end
     with ledger.stage("profile and baselines"):
         busy = settle_cpu_threads(model, example_inputs)  # before profiling, which runs every example
         ledger.say("profiling")
@@ -172,23 +174,23 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
                               ledger=ledger, light=left is not None and left < MIN_FLEXIBLE_S)
         # an estimated plan is not measured: nothing to price its measurement at
-        time_plan = TimePlan(ledger, costs(base, judges, 0 if engine.estimate else MIN_ROUNDS))
+        time_plan = TimePlan(ledger, costs(base, judges, 0 if estimated else MIN_ROUNDS))
         notes = work.notes + too_short(time_plan, ledger)
     with ledger.stage("kernel timing"):
         table, health = timing_table(work, opts, engine, TimingCache(rcache.path), time_plan, ledger)
     with ledger.stage("layer errors"):
         meas = measure(model, work, list(opts.candidates), table, base, health, cache=rcache, ledger=ledger,
                        deadline=time_plan.deadline("layer errors"),
-                       allow_emulated=opts.allow_emulated or bool(engine.estimate), allowed=engine.supports)
+                       allow_emulated=opts.allow_emulated or estimated, allowed=engine.supports)
     groups = make_groups(meas.choices, siblings(work, engine))
     bench = ModelBench(model, work.prof, work.examples, compile=base.compile, groups=groups, cost=meas.cost,
-                       table=meas.table, estimate=engine.estimate, workload=opts.workload)
+                       table=meas.table, pricing=engine.pricing, workload=opts.workload)
     config = search_config(opts, hooks, judges, groups, meas.cost, time_plan)
     context = run_context(model, work, list(opts.candidates), meas, meas.cost, groups, judges,
                           budget=str(opts.budget), seed=opts.seed, storage=config.storage or "",
                           study_name=config.study_name, command=hooks.command, bf16_us=base.bf16_us,
                           started=ledger.elapsed(), left_out=hooks.left_out, target=opts.target,
-                          estimate=engine.estimate)
+                          pricing=engine.pricing)
     write(opts.out_dir / "context.json", context)
     earlier = read_state(opts.out_dir, config.study_name)
     run = Anytime(bench, judges, time_plan, ledger, meas.cost, time_plan.costs.measure_s,
@@ -319,28 +321,24 @@ def _words(inc: Incumbent, bench: ModelBench) -> str:
 
 def timing_table(work: Workload, opts: Options, engine: Target, cache: TimingCache, time_plan: TimePlan,
                  ledger: RunLedger) -> tuple[LatencyTable, TimingHealth]:
-    """Every candidate's cells, timed here; for a target priced from weight bytes (Target.estimate)
-    only the unchanged layers are timed, and every other cell is estimated from them."""
-    cands = list(opts.candidates)
-    timed = [c for c in cands if c.name == BASELINE] if engine.estimate else cands
+    """Every candidate's cells, timed here; for a target priced from weight bytes (Target.pricing:
+    FromBytes) only the unchanged layers are timed, and every other cell is estimated from them."""
+    cands, pricing = list(opts.candidates), engine.pricing
+    timed = [c for c in cands if c.name == BASELINE] if isinstance(pricing, FromBytes) else cands
     table, health = time_candidates(work, timed, cache=cache, ledger=ledger, deadline=time_plan.deadline("kernel timing"),
                                     allow_emulated=opts.allow_emulated)
-    if not engine.estimate:
+    if not isinstance(pricing, FromBytes):
         return table, health
-    ledger.say(f"{engine.engine}'s layer costs: {engine.estimate}")
-    return estimated_cells(table, work, cands, engine.weight_bytes, engine.estimate), health
+    ledger.say(f"{engine.engine}'s layer costs: {pricing.reason}")
+    return estimated_cells(table, work, cands, engine.weight_bytes, pricing), health
 
 
 def siblings(work: Workload, engine: Target) -> list[tuple[str, ...]]:
-    """The layer groups that take one choice: the groups the target's engine fuses (vLLM's
-    qkv_proj, gate_up_proj), which must share one scheme there; and for llama.cpp, which fuses none,
-    nothing more; otherwise also the workload's siblings (same input, fusable in autoao's runtime),
-    a layer in both keeping the engine's group."""
-    shared = [g for _, g in engine.shared_groups([lay.fqn for lay in work.prof.layers])]
-    if engine.format == "gguf":
-        return shared
-    taken = {f for g in shared for f in g}
-    return shared + [g for g in work.siblings if not taken & set(g)]
+    """The layer groups that take one choice (Target.choice_groups): the groups the target's engine
+    fuses (vLLM's qkv_proj, gate_up_proj), which must share one scheme there, and where autoao's
+    fusion runs in the engine the workload's siblings (same input), a layer in both keeping the
+    engine's group."""
+    return engine.choice_groups([lay.fqn for lay in work.prof.layers], list(work.siblings))
 
 
 def too_short(time_plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...]:

@@ -27,7 +27,7 @@ from autoao.measure import describe_shapes, run_seconds, workload_timing
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import ModelProfile
 from autoao.search import Group, plan_from_params
-from autoao.types import Accuracy
+from autoao.types import Accuracy, Pricing, Timed
 
 Sample = tuple[float, float, float]  # one side's (median, p20, p80) us of the workload in a round
 
@@ -37,13 +37,13 @@ class ModelBench:
     choices; rebuilding would dominate a CPU search). `restore()` puts the original modules back."""
 
     def __init__(self, model: nn.Module, prof: ModelProfile, examples: list[Any], *, compile: bool,
-                 groups: list[Group], cost: CostModel, table: LatencyTable | None = None, estimate: str = "",
+                 groups: list[Group], cost: CostModel, table: LatencyTable | None = None, pricing: Pricing = Timed(),
                  workload: Callable[[nn.Module], Any] | None = None) -> None:
         """table: the timed kernels a shipped plan records (None: this bench only scores trials);
-        estimate: why the cost model is an estimate that end-to-end times here cannot check (the
-        target runs its layers elsewhere: Target.estimate), or empty; workload: what the user runs
+        pricing: Timed(), or FromBytes(why) where the cost model is an estimate that end-to-end times
+        here cannot check (the target runs its layers elsewhere: Target.pricing); workload: what the user runs
         (model -> anything), timed by the final comparison next to the examples' forward pass."""
-        self.model, self.prof, self.examples, self.compile, self.estimate = model, prof, examples, compile, estimate
+        self.model, self.prof, self.examples, self.compile, self.pricing = model, prof, examples, compile, pricing
         self.workload = workload
         self.groups, self.cost, self.table = groups, cost, table
         self.original = {lay.fqn: model.get_submodule(lay.fqn) for lay in prof.layers}

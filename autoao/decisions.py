@@ -286,7 +286,7 @@ class ShippedOnEstimate(Decision):
     kind: ClassVar[str] = "shipped_on_estimate"
     trial: int | None = None
     estimate: float = 1.0  # the cost model's speed-up
-    why: str = ""  # how the estimate was made (Target.estimate)
+    why: str = ""  # how the estimate was made (Target.pricing: its FromBytes reason)
 
     def describe(self) -> str:
         return f"the chosen plan (trial {self.trial}) ships on its verdicts; its speed-up, {self.estimate:.2f}x, is {self.why}"

@@ -9,7 +9,7 @@ MAX_ROUNDS in all, and the speed-up is every round's paired estimate with its 95
 (autoao.clock.paired_speedup). A plan is shipped only while it stays shown faster (the interval's
 lower bound above 1.00x): should the added rounds undo that, the model stays as it came
 (KeptUnchanged). The model as it came is 1.00x by definition and not measured again. A plan for an
-engine autoao only emulates (bench.estimate: llama.cpp's GGUF types) was not timed: it ships on its
+engine autoao only emulates (bench.pricing is FromBytes: llama.cpp's GGUF types) was not timed: it ships on its
 verdicts, with the cost model's estimate said to be one (ShippedOnEstimate).
 """
 
@@ -29,7 +29,7 @@ from autoao.ledger import RunLedger
 from autoao.measure import Baselines, Measurements
 from autoao.plan import Plan, apply
 from autoao.records import MeasuredPlan, WorkloadTiming
-from autoao.types import UNRESOLVED, Accuracy, Verdict
+from autoao.types import UNRESOLVED, Accuracy, FromBytes, Pricing, Timed, Verdict, pricing_words
 from autoao.evaluators.timing import NOT_TIMED
 
 
@@ -48,7 +48,7 @@ class Final:
     predicted_us: float
     decisions: tuple[Decision, ...]
     measured_plans: tuple[MeasuredPlan, ...]
-    estimate: str = ""  # how the speed-up was estimated where it was not measured (bench.estimate)
+    pricing: Pricing = Timed()  # FromBytes: the speed-up was estimated, not measured (bench.pricing)
     workload: WorkloadTiming | None = None  # the user's workload, timed when the plan was verified
 
     @property
@@ -75,12 +75,12 @@ def finalize(bench: ModelBench, incumbent: Incumbent, decisions: list[Decision],
         return Final(plan, None, (), base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0), predicted_base,
                      predicted_base, tuple(said + _why_unchanged(said, meas)), measured)
     apply(bench.model, plan, calibration=bench.calibration)
-    if bench.estimate or incumbent.speed is None:
+    if isinstance(bench.pricing, FromBytes) or incumbent.speed is None:
         predicted = cost.predict(plan)
-        note = ShippedOnEstimate(incumbent.trial, predicted_base / predicted, bench.estimate)
+        note = ShippedOnEstimate(incumbent.trial, predicted_base / predicted, pricing_words(bench.pricing))
         ledger.say(note.describe())
         return Final(plan, incumbent.accuracy, incumbent.verdicts, base.bf16_us, base.bf16_us, UNCHANGED, (1.0, 1.0),
-                     predicted_base, predicted, tuple(decisions + [note]), measured, estimate=bench.estimate)
+                     predicted_base, predicted, tuple(decisions + [note]), measured, pricing=bench.pricing)
     speed = _extended(bench, plan, incumbent.speed, base, ledger) if extend else incumbent.speed
     paired, spread = speed.paired, _spread(speed.base, speed.plan)
     base_us, plan_us = _median(speed.base), _median(speed.plan)

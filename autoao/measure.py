@@ -29,7 +29,7 @@ from autoao.ledger import RunLedger
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
 from autoao.search_space import Candidate
-from autoao.types import LayerSpec
+from autoao.types import FromBytes, LayerSpec
 from autoao.workload import Workload
 
 E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
@@ -219,9 +219,9 @@ def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCach
 
 
 def estimated_cells(table: LatencyTable, work: Workload, cands: list[Candidate],
-                    weight_bytes: Callable[[Candidate | None, LayerSpec], int | None], why: str) -> LatencyTable:
+                    weight_bytes: Callable[[Candidate | None, LayerSpec], int | None], pricing: FromBytes) -> LatencyTable:
     """`table` (the unchanged layers' cells, timed) with a cell for every other candidate on every
-    layer shape, flagged with `why` as emulated so that it is never reported as a measured speed-up.
+    layer shape, flagged as emulated with `pricing.reason` so that it is never reported as a measured speed-up.
     A one-token call reads each weight once: its cell is the unchanged cell scaled by the
     candidate's weight bytes over the unchanged layer's (weight_bytes(None, layer)). A call of more
     tokens is bound by compute, not bytes: its cell keeps the unchanged time, so no gain is claimed
@@ -242,7 +242,7 @@ def estimated_cells(table: LatencyTable, work: Workload, cands: list[Candidate],
                 else:
                     cell = replace(t, median_us=t.median_us * r, p20_us=t.p20_us * r, p80_us=t.p80_us * r,
                                    single_us=None if t.single_us is None else t.single_us * r, kernel=None,
-                                   emulated=why)
+                                   emulated=pricing.reason)
                 rows.append(LatencyRow(c.name, m, k, n, cell, cached=False))
     return LatencyTable(table.device, table.dtype, table.mode, rows, table.measured, table.seconds,
                         table.kernel_timings, table.seconds_by_kernel)

@@ -138,7 +138,8 @@ def _accuracy(accuracy: Any, tokenizer: Any) -> Accuracy:
 
 def _candidates(candidates: Any, target: Target) -> tuple[Candidate, ...]:
     """Names or Candidates (default: the target's search space), bf16 always included; an empty
-    list is an error (a search over the unchanged model alone would measure for nothing)."""
+    list is an error (a search over the unchanged model alone would measure for nothing), and so is
+    a candidate the target loads on no layer (Target.refuses), named with the reason."""
     if candidates is None:
         return tuple(target.candidates())
     if isinstance(candidates, str) or not hasattr(candidates, "__iter__"):
@@ -149,6 +150,11 @@ def _candidates(candidates: Any, target: Target) -> tuple[Candidate, ...]:
     bad = [c for c in out if not isinstance(c, Candidate)]
     if bad:
         raise ValueError(f"candidates must be names or Candidates, got {bad[0]!r}")
+    refused = [f"{c.name}: {reason}" for c in out if (reason := target.refuses(c))]
+    if refused:
+        raise ValueError(f"target {target.name!r} cannot load {len(refused)} of the candidates on any layer; "
+                         f"{'; '.join(refused)}. Leave them out of the candidates, or make the plan for another "
+                         f"target (autoao's own runtime runs every candidate but the GGUF types)")
     if not any(c.name == BASELINE for c in out):
         out.insert(0, search_space.get(BASELINE))
     return tuple(out)

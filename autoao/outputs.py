@@ -37,16 +37,18 @@ from autoao.records import (AccuracySpec, AnchorRecord, AnytimeState, CandidateR
                             write)
 from autoao.search import Group, SearchOutcome, plan_from_params
 from autoao.search_space import Candidate
+from autoao.types import FromBytes, Pricing, Timed, pricing_words
 from autoao.workload import Workload
 
 
 def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements, cost: CostModel,
                 groups: list[Group], judges: Judges, *, budget: str, seed: int, storage: str, study_name: str,
                 command: str | None, bf16_us: float, started: float, left_out: dict[str, str] | None = None,
-                anchors: tuple[AnchorRecord, ...] = (), target: str = "autoao", estimate: str = "") -> RunContext:
+                anchors: tuple[AnchorRecord, ...] = (), target: str = "autoao", pricing: Pricing = Timed()) -> RunContext:
     """Everything the report needs that is known before the first trial (context.json). started:
     seconds ago the run began (its command's start, for the command line); left_out: candidates not
-    considered -> why (listed as "left out"); estimate: how the costs were estimated (Target.estimate)."""
+    considered -> why (listed as "left out"); pricing: how the costs were known (Target.pricing), recorded
+    as the context's `estimate` sentence (empty: timed)."""
     calls = layer_calls(work.prof)
     layers = [_layer_record(lay, calls[lay.fqn], cands, meas, work.device) for lay in work.prof.layers]
     return RunContext(
@@ -69,7 +71,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
         fused=[FusedRecord(list(g), {c: t for c, t in per.items() if math.isfinite(t)})
                for g, per in meas.cost.fused_us.items()],
         layers=layers, timing=meas.health, int4_grid_layers=work.grid_layers, anchors=list(anchors), target=target,
-        estimate=estimate,
+        estimate=pricing_words(pricing),
     )
 
 
@@ -133,14 +135,15 @@ def run_summary(final: Final, outcome: SearchOutcome, meas: Measurements, contex
     each better plan verified, and when; interrupted: the signal that ended the run early."""
     plan = final.plan
     spent = ledger.stage_seconds()
+    estimated = isinstance(final.pricing, FromBytes)
     return RunSummary(
         device=meas.table.device, budget=context.budget, seconds=ledger.elapsed(),
         trials=len([r for r in outcome.trials if r.state == "COMPLETE"]), stopped=outcome.stopped_because,
         baseline_ms=Latency(final.predicted_baseline_us / 1e3, final.baseline_us / 1e3),
         baseline_ms_at_start=bf16_at_start_us / 1e3,
-        # an estimated plan (final.estimate) was not measured: its measured fields stay empty
-        plan_ms=Latency(final.predicted_us / 1e3, None if final.estimate else final.plan_us / 1e3),
-        speedup=Latency(final.predicted_baseline_us / final.predicted_us, None if final.estimate else final.speedup.estimate),
+        # an estimated plan (final.pricing: FromBytes) was not measured: its measured fields stay empty
+        plan_ms=Latency(final.predicted_us / 1e3, None if estimated else final.plan_us / 1e3),
+        speedup=Latency(final.predicted_baseline_us / final.predicted_us, None if estimated else final.speedup.estimate),
         speedup_range=list(final.speedup_range), rounds=final.rounds, speedup_bound=final.speedup.low,
         accuracy=final.accuracy, max_accuracy_drop=context.max_accuracy_drop, decisions=list(final.decisions),
         storage=context.storage, study_name=context.study_name, seed=context.seed, command=context.command,

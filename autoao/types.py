@@ -5,6 +5,7 @@
     Evidence      paired per-unit differences between the unmodified model and a plan
     Verdict       holds / breaks / unresolved, with the evidence's n and interval
     Accuracy      one accuracy measurement of a plan, with the tier that made it and its verdict
+    Pricing       how a target's layer costs are known: Timed() here, or FromBytes(reason), an estimate
 
 A claim about accuracy is a `Verdict`, never a bare number: the drop is a paired mean over the same
 positions, documents or items for the unmodified model and the plan, and its interval says how far
@@ -280,3 +281,34 @@ class Accuracy:
 def finite(metrics: dict[str, Any]) -> dict[str, float]:
     """The finite float entries of a metrics dict (what JSON and Optuna can store)."""
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+##### pricing ###################################################################################
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A target whose layers autoao runs as the engine does: their costs are timed here, and a plan's
+    speed-up is measured end to end."""
+
+
+@dataclass(frozen=True)
+class FromBytes:
+    """A target whose layers run outside autoao (llama.cpp's GGUF types, which autoao only emulates):
+    their costs are estimated from weight bytes, nothing is measured end to end, and every place
+    that shows the speed-up says it is an estimate, in `reason`'s words."""
+
+    reason: str  # how the estimate is made and why, one sentence for the report
+
+
+Pricing = Timed | FromBytes
+
+
+def pricing_of(reason: str) -> Pricing:
+    """The pricing a run file records as its `estimate` sentence (empty: timed)."""
+    return FromBytes(reason) if reason else Timed()
+
+
+def pricing_words(pricing: Pricing) -> str:
+    """The sentence a run file records for `pricing` (empty: timed); pricing_of's inverse."""
+    return pricing.reason if isinstance(pricing, FromBytes) else ""

@@ -25,7 +25,7 @@ from autoao.reports.fmt import (fmt_bytes, fmt_db, fmt_db_range, fmt_drop, fmt_i
 from autoao.reports.layers import everywhere
 from autoao.reports.load import ReportData, load, plan_text
 from autoao.reports.trust import budget_seconds
-from autoao.types import Verdict
+from autoao.types import FromBytes, Verdict, pricing_words
 
 TEMPLATE = "template.html.j2"
 TIER_LABEL = {0: "tier 0 · layer SQNR", 1: "tier 1 · proxy", 2: "tier 2"}
@@ -143,12 +143,13 @@ def headline(data: ReportData) -> Headline:
         speedup_why = speedup_why or "measured when the run finishes"
     if emulated:
         predicted = measured = None
-    if ctx.estimate:
-        speedup_why = f"the speed-up is {ctx.estimate}"
+    pricing = ctx.pricing
+    if isinstance(pricing, FromBytes):
+        speedup_why = f"the speed-up is {pricing.reason}"
     trials = s.trials if s is not None else len(data.completed)
     return Headline(f"{ctx.model.class_name} on {ctx.device.name}", predicted, measured, speedup_why, base, plan_ms,
                     verdict, what, ctx.model.weight_bytes, after, trials, seconds, stopped,
-                    sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name, ctx.estimate,
+                    sum(c != BASELINE for c in data.shown.plan.values()), data.baseline_name, pricing_words(pricing),
                     MODES.get(ctx.device.timing_mode, ""))
 
 

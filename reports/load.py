@@ -32,6 +32,7 @@ from autoao.records import (CandidateRecord, ParetoRow, RunContext, RunFileError
                             load_context, load_summary, pareto_front)
 from autoao.reports import accuracy, trust
 from autoao.reports.layers import Layer, Pattern, explain, group
+from autoao.types import FromBytes
 
 class ReportError(ValueError):
     """The directory is not (or no longer) a readable autoao run directory."""
@@ -132,13 +133,13 @@ class ReportData:
 
     def emulated_in_plan(self) -> list[str]:
         """The shown plan's candidates only emulated here, whose speed-up is not one; none where the
-        run's costs are an estimate for another engine (context.estimate), which the page says."""
-        return [] if self.context.estimate else emulated(self.layers)
+        run's costs are an estimate for another engine (context.pricing: FromBytes), which the page says."""
+        return [] if isinstance(self.context.pricing, FromBytes) else emulated(self.layers)
 
     def uses_emulated(self, row: FrontRow) -> bool:
         """Whether a plan of the front uses a candidate only emulated here (its speed-up is not one;
         an estimated run's are estimates, said at the top)."""
-        return not self.context.estimate and any(c in lay.emulated for lay in self.context.layers for c in row.plan)
+        return not isinstance(self.context.pricing, FromBytes) and any(c in lay.emulated for lay in self.context.layers for c in row.plan)
 
     def state_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

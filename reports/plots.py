@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from autoao.reports.fmt import fmt_ms, fmt_s
 from autoao.records import TrialRecord
+from autoao.types import FromBytes
 from autoao.reports.load import ReportData
 from autoao.reports.trust import budget_seconds
 
@@ -56,7 +57,7 @@ def curve_svg(data: ReportData) -> str | None:
     """The verified speed-up against seconds since the run began: a step at each better plan
     verified, shaded down to its 95% lower bound, the budget's end and the run's end (or the
     signal that ended it) marked; None
-    where no plan was verified, or where the speed-ups are estimates (context.estimate)."""
+    where no plan was verified, or where the speed-ups are estimates (context.pricing: FromBytes)."""
     import matplotlib
 
     with matplotlib.rc_context(STYLE):
@@ -177,7 +178,7 @@ def _history(ax: Any, trials: list[TrialRecord], x_of: Callable[[TrialRecord], f
 
 def _curve_plot(data: ReportData) -> str | None:
     s = data.summary
-    if s is None or len(s.curve) < 2 or data.context.estimate:
+    if s is None or len(s.curve) < 2 or isinstance(data.context.pricing, FromBytes):
         return None
     points, end = s.curve, max(s.seconds, s.curve[-1].seconds)
     # The first point is what the run held from its start (the model as it came, or the earlier

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from autoao.common import atomic_write
 from autoao.reports.load import ReportData, layer_counts, plan_text
 from autoao.reports.layers import Layer
-from autoao.types import Verdict
+from autoao.types import FromBytes, Verdict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -124,8 +124,9 @@ def summary_items(data: ReportData) -> list[tuple[str, str]]:
              ("baseline latency predicted (ms)", _num(ctx.baseline_ms.predicted)),
              ("baseline latency measured (ms)", _num((s or ctx).baseline_ms.measured))]
     emulated = bool(data.emulated_in_plan())
-    if s and ctx.estimate:
-        items.append(("speed-up estimated, not measured", ctx.estimate))
+    pricing = ctx.pricing
+    if s and isinstance(pricing, FromBytes):
+        items.append(("speed-up estimated, not measured", pricing.reason))
     if s:
         verdict = s.verdict
         items += [("plan latency predicted (ms)", _num(s.plan_ms.predicted)),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoao.decisions import BusyCpu, NothingToTry
 from autoao.records import RunContext, RunSummary
-from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, Budget
+from autoao.types import BATCH_COMPARED, BATCH_FLIPS, LMEVAL_BATCH, Budget, FromBytes
 
 # Above this a speed-up says more about the measurement than the plan: int4 weights are 4x fewer
 # bytes than bf16, and 2:4 sparsity with int8 at most about 8x fewer operations.
@@ -146,8 +146,9 @@ def _timing_warnings(ctx: RunContext) -> list[str]:
 
 def _speed_warnings(ctx: RunContext, summary: RunSummary | None, emulated: list[str], predicted: float | None,
                     base: str) -> list[str]:
-    if ctx.estimate:  # nothing was measured that a prediction could be checked against
-        return [f"The speed-up is {ctx.estimate}."]
+    pricing = ctx.pricing
+    if isinstance(pricing, FromBytes):  # nothing was measured that a prediction could be checked against
+        return [f"The speed-up is {pricing.reason}."]
     out = []
     pred, meas = ctx.baseline_ms.predicted, ctx.baseline_ms.measured
     if pred and meas and not 1 / PREDICTION_APART <= pred / meas <= PREDICTION_APART:

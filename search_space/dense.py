@@ -15,6 +15,7 @@ from autoao.calibration import LayerStats
 from autoao.kernels import Bf16Linear, Fp32ComputeLinear
 from autoao.search_space._base import Candidate, LayerSpec
 from autoao.search_space._registry import register
+from autoao.search_space.schemes import Refused, register_scheme
 
 
 @register
@@ -68,3 +69,10 @@ class Fp32Compute(Candidate):
         if device.type != "cpu":
             return "on a GPU bf16/fp16 tensor cores beat fp32; a CPU-only candidate"
         return None
+
+
+register_scheme(Bf16, None)  # left as it came: listed in `ignore`, stored in the model's dtype
+_DTYPE_REFUSAL = ("changes one layer's compute dtype; a checkpoint stores unquantized layers in the model's one "
+                  "dtype, so an engine would not compute it as planned")
+register_scheme(Bf16Compute, Refused(f"bf16_compute {_DTYPE_REFUSAL}"))
+register_scheme(Fp32Compute, Refused(f"fp32_compute {_DTYPE_REFUSAL}"))

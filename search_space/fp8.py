@@ -11,6 +11,7 @@ from autoao.kernels import Fp8DynLinear, Fp8WeightOnlyLinear
 from autoao.kernels.fp8 import GRANULARITIES
 from autoao.search_space._base import Candidate, LayerSpec, capability_reason, multiple_reason
 from autoao.search_space._registry import register
+from autoao.search_space.schemes import FP8_DYNAMIC, FP8_DYNAMIC_TENSOR, FP8_W8A16, register_scheme
 
 
 def fp8_reason(layer: LayerSpec, device: torch.device, min_capability: tuple[int, int]) -> str | None:
@@ -62,3 +63,7 @@ class Fp8WO(Candidate):
 
     def _emulation_reason(self, device: torch.device) -> str:
         return "no fp8 weight-only kernel on CPU: the weight is dequantized for every call (emulated)"
+
+
+register_scheme(Fp8Dyn, lambda c: FP8_DYNAMIC if c.granularity == "row" else FP8_DYNAMIC_TENSOR)
+register_scheme(Fp8WO, FP8_W8A16)

@@ -2,9 +2,10 @@
 llama.cpp computes it, activations
 quantized to 8 bits per block of 32 included (kernels/gguf.py). Emulated on every device: these
 are the llama.cpp target's candidates (autoao.export.targets), so its search measures the accuracy
-of what llama.cpp will compute; the default search space holds none of them (`variants` is empty),
-and their speed comes from llama.cpp itself where it is installed, else from bytes, never from
-the emulation."""
+of what llama.cpp will compute; the default search space holds none of them (`variants` is empty).
+Their speed is never timed: the llama.cpp target prices them from their weight bytes (an estimate,
+said to be one everywhere), never from the emulation. llama.cpp itself is called only by the
+export, to check that the written file loads where it is installed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from autoao.kernels.gguf import TYPES, GgufLinear
 from autoao.search_space._base import Candidate, LayerSpec, multiple_reason
 from autoao.search_space._registry import register
+from autoao.search_space.schemes import Refused, register_scheme
 
 
 @register
@@ -50,3 +52,6 @@ class Gguf(Candidate):
 
     def _emulation_reason(self, device: torch.device) -> str:
         return f"GGUF {self.ggml_name}: emulated in torch on {device.type} (llama.cpp runs it natively)"
+
+
+register_scheme(Gguf, Refused("a GGUF block type: export it with --format gguf (llama.cpp)"))

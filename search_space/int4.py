@@ -13,6 +13,7 @@ from autoao.kernels import Int4WeightOnlyLinear
 from autoao.kernels.int4 import GROUP_SIZES
 from autoao.search_space._base import Candidate, LayerSpec, algorithm_field, capability_reason, multiple_reason
 from autoao.search_space._registry import register
+from autoao.search_space.schemes import Refused, register_scheme
 
 
 @register
@@ -44,3 +45,9 @@ class Int4WO(Candidate):
             return multiple_reason("N", layer.out_features, 16, "the CPU int4 packing needs it")
         return (capability_reason(device, (8, 0), "tinygemm")
                 or multiple_reason("N", layer.out_features, 8, "tinygemm needs it"))
+
+
+# int4_sym, symmetric, is the int4 the compressed-tensors targets search
+register_scheme(Int4WO, Refused(
+    "int4_wo stores float zero points (w = (q - 8) * scale + zero, tinygemm's convention); compressed-tensors "
+    "stores integer zero points, so its codes cannot be written exactly (int4_sym, symmetric, can)"))

@@ -12,6 +12,7 @@ from typing import ClassVar
 from autoao.kernels.int4_sym import Int4SymmetricLinear
 from autoao.search_space._registry import register
 from autoao.search_space.int4 import Int4WO
+from autoao.search_space.schemes import register_scheme, w4a16
 
 
 @register
@@ -22,3 +23,6 @@ class Int4Symmetric(Int4WO):
     summary: ClassVar[str] = "int4 group-wise symmetric weights (compressed-tensors W4A16), bf16 activations"
     sqnr_bound_db: ClassVar[float] = 16  # one bit of range less than int4_wo's min/max grid
     variants: ClassVar[tuple[dict, ...]] = ()  # the compressed-tensors targets list them
+
+
+register_scheme(Int4Symmetric, lambda c: w4a16(c.group_size))  # rtn and gptq alike: symmetric codes, bf16 scales

@@ -13,6 +13,7 @@ from autoao.kernels import Int8DynLinear, Int8WeightOnlyLinear
 from autoao.kernels.cpu_int8 import engine_missing
 from autoao.search_space._base import Candidate, LayerSpec, algorithm_field, multiple_reason
 from autoao.search_space._registry import register
+from autoao.search_space.schemes import W8A8_INT8, W8A16, CtScheme, Refused, register_scheme
 
 
 def int_mm_reason(layer: LayerSpec, device: torch.device) -> str | None:
@@ -80,3 +81,17 @@ class Int8WO(Candidate):
             # torch._weight_int8pack_mm segfaults for bf16 inputs with K % 16 != 0 (torch 2.13, measured)
             return multiple_reason("K", layer.in_features, 16, "the CPU int8 weight-only kernel needs it for bf16")
         return None
+
+
+def _int8_dyn_scheme(c: Int8Dyn) -> CtScheme | Refused:
+    if c.act != "token":
+        return Refused("int8_dyn(act=tensor) quantizes activations asymmetrically (uint8) with one scale per call; "
+                       "compressed-tensors engines quantize int8 activations symmetrically per token")
+    if c.algorithm == "smoothquant":
+        return Refused("SmoothQuant divides the layer's input by a per-channel scale [K] that compressed-tensors "
+                       "has no tensor for")
+    return W8A8_INT8
+
+
+register_scheme(Int8Dyn, _int8_dyn_scheme)
+register_scheme(Int8WO, W8A16)  # rtn and gptq: per-channel scales, no input scale

@@ -13,6 +13,7 @@ from autoao.search_space._base import Candidate, LayerSpec, algorithm_field, cap
 from autoao.search_space._registry import register
 from autoao.search_space.fp8 import fp8_reason
 from autoao.search_space.int8 import int_mm_reason
+from autoao.search_space.schemes import Refused, register_scheme
 
 SPARSE_CPU_EMULATION = "2:4 has no CPU kernel: emulated with the dense pruned weight"
 
@@ -83,3 +84,11 @@ class Sparse24Fp8(_Sparse):
         if version < 602:  # fp8 e4m3 arrived in cuSPARSELt 0.6.2
             return f"cuSPARSELt {version} has no fp8 kernels (needs >= 0.6.2)"
         return None
+
+
+_SERVED_BY_NONE = Refused(
+    "2:4 sparsity: no serving engine loads sparse compressed-tensors checkpoints (vLLM removed 2:4 support, "
+    "compressed-tensors and transformers dropped sparse compression); it runs only in autoao's own runtime "
+    "(autoao.save / autoao.load)")
+for _family in (Sparse24, Sparse24Int8Dyn, Sparse24Fp8):
+    register_scheme(_family, _SERVED_BY_NONE)

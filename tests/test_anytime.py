@@ -15,7 +15,7 @@ from autoao.decisions import Judged
 from autoao.ledger import RunLedger
 from autoao.records import TrialRecord
 from autoao.search import Group, SearchOutcome, plan_from_params
-from autoao.types import BREAKS, HOLDS, UNRESOLVED, Accuracy, Budget, Verdict
+from autoao.types import BREAKS, HOLDS, UNRESOLVED, Accuracy, Budget, Timed, Verdict
 
 NAMES = ("int8_wo", "int8_dyn", "int4_wo(group_size=64)")
 GROUPS = [Group(f"l{i}", (f"l{i}",), ("bf16", *NAMES)) for i in range(2)]
@@ -30,7 +30,7 @@ def _cost() -> CostModel:
 class FakeBench:
     """Plans measure as the cost model predicts them, times `measured` where given."""
 
-    compile, estimate, workload = False, "", None
+    compile, pricing, workload = False, Timed(), None
     groups = GROUPS
 
     def __init__(self, measured: dict[str, float] | None = None) -> None:

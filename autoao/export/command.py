@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("run_dir", metavar="RUN_DIR", help="the search's output directory (--out of autoao search)")
     p.add_argument("--format", required=True, choices=list(FORMATS), help="checkpoint format")
     p.add_argument("--out", required=True, metavar="DIR", help="the directory to write (new or empty)")
-    p.add_argument("--target", choices=[t for t in TARGETS if t != "autoao"], default=None,
+    p.add_argument("--target", choices=[n for n, t in TARGETS.items() if t.format is not None], default=None,
                    help="the engine whose rules the export must meet (default: the plan's own target when it "
                         "loads the format, else vllm for compressed-tensors and llama.cpp for gguf)")
     return p

@@ -16,7 +16,8 @@ flip codes at rounding ties and pick other scales):
     fp8_wo                      FP8 weight-only     float-quantized  weight e4m3 [N, K], weight_scale [N, 1]
 
 (scales float32, exactly autoao's). What the format cannot hold is refused, layer by layer, with
-the reason (`scheme_of` returns it): int4_wo's zero points are floats (w = (q - 8) * scale + zero,
+the reason (`scheme_of` returns it, a Refused; each candidate family registers its scheme or its
+refusal next to its definition: search_space/schemes.py): int4_wo's zero points are floats (w = (q - 8) * scale + zero,
 tinygemm's convention) where compressed-tensors stores integer ones (int4_sym, w = (q - 8) *
 scale, is the int4 these targets search; transformers cannot load asymmetric int4 checkpoints
 anyway, llm-compressor #1618); SmoothQuant's and AWQ's input
@@ -35,7 +36,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,94 +45,11 @@ from torch import nn
 from autoao.export.rules import fused_groups, marlin_reason
 from autoao.kernels import QuantizedLinear
 from autoao.kernels.quant import unpack_int4
-from autoao.search_space import Candidate, candidate_of
+from autoao.search_space import candidate_of
+from autoao.search_space.schemes import CtScheme, Refused, scheme_of
 
 FORMAT = "compressed-tensors"
 WEIGHTS_FILE = "model.safetensors"
-
-_INT4_FLOAT_ZEROS = ("int4_wo stores float zero points (w = (q - 8) * scale + zero, tinygemm's convention); "
-                     "compressed-tensors stores integer zero points, so its codes cannot be written exactly "
-                     "(int4_sym, symmetric, can)")
-_SPARSE = ("2:4 sparsity: no serving engine loads sparse compressed-tensors checkpoints (vLLM removed 2:4 "
-           "support, compressed-tensors and transformers dropped sparse compression); it runs only in "
-           "autoao's own runtime (autoao.save / autoao.load)")
-
-
-@dataclass(frozen=True)
-class CtScheme:
-    """What one layer is in a compressed-tensors checkpoint: its format and quantization args (as
-    compressed_tensors.QuantizationArgs fields), plus the engines' usual name for it."""
-
-    label: str  # e.g. "W8A16", "W8A8-INT8 dynamic", "FP8 dynamic"
-    format: str  # "pack-quantized" | "int-quantized" | "float-quantized"
-    weights: tuple[tuple[str, Any], ...]
-    input_activations: tuple[tuple[str, Any], ...] | None = None
-
-    def args(self) -> dict[str, Any]:
-        """{"weights": {...}, "input_activations": {...} or None}: the QuantizationScheme fields."""
-        return {"weights": dict(self.weights),
-                "input_activations": None if self.input_activations is None else dict(self.input_activations)}
-
-    @property
-    def weight_only(self) -> bool:
-        return self.input_activations is None
-
-
-def _args(num_bits: int, type_: str, strategy: str, dynamic: bool = False, symmetric: bool = True,
-          group_size: int | None = None) -> tuple[tuple[str, Any], ...]:
-    return (("num_bits", num_bits), ("type", type_), ("symmetric", symmetric), ("strategy", strategy),
-            ("dynamic", dynamic), ("group_size", group_size))
-
-
-def w4a16(group_size: int) -> CtScheme:
-    """int4 group-wise symmetric weights (int4_sym)."""
-    return CtScheme(f"W4A16 (int4 symmetric, group {group_size})", "pack-quantized",
-                    _args(4, "int", "group", group_size=group_size))
-
-
-W8A16 = CtScheme("W8A16 (int8 weight-only, per channel)", "pack-quantized", _args(8, "int", "channel"))
-W8A8_INT8 = CtScheme("W8A8-INT8 (dynamic per-token activations)", "int-quantized", _args(8, "int", "channel"),
-                     _args(8, "int", "token", dynamic=True))
-FP8_DYNAMIC = CtScheme("FP8 dynamic (per-channel weights, per-token activations)", "float-quantized",
-                       _args(8, "float", "channel"), _args(8, "float", "token", dynamic=True))
-FP8_DYNAMIC_TENSOR = CtScheme("FP8 dynamic (per-tensor weights and activations)", "float-quantized",
-                              _args(8, "float", "tensor"), _args(8, "float", "tensor", dynamic=True))
-FP8_W8A16 = CtScheme("FP8 weight-only (per channel)", "float-quantized", _args(8, "float", "channel"))
-
-
-def scheme_of(candidate: Candidate | None) -> CtScheme | str | None:
-    """The compressed-tensors scheme that holds `candidate`'s numbers exactly; None for a layer left
-    as it came (bf16: `ignore`); a str saying why the format cannot hold it."""
-    if candidate is None or candidate.family == "bf16":
-        return None
-    family, algorithm = candidate.family, candidate.algorithm
-    params = candidate.params()
-    if family == "int4_sym":
-        return w4a16(params["group_size"])
-    if family == "int8_wo":
-        return W8A16  # rtn and gptq: per-channel scales, no input scale
-    if family == "int8_dyn":
-        if params.get("act", "token") != "token":
-            return ("int8_dyn(act=tensor) quantizes activations asymmetrically (uint8) with one scale per call; "
-                    "compressed-tensors engines quantize int8 activations symmetrically per token")
-        if algorithm == "smoothquant":
-            return ("SmoothQuant divides the layer's input by a per-channel scale [K] that compressed-tensors "
-                    "has no tensor for")
-        return W8A8_INT8
-    if family == "fp8_dyn":
-        return FP8_DYNAMIC if params.get("granularity", "row") == "row" else FP8_DYNAMIC_TENSOR
-    if family == "fp8_wo":
-        return FP8_W8A16
-    if family == "int4_wo":
-        return _INT4_FLOAT_ZEROS
-    if family.startswith("sparse24"):
-        return _SPARSE
-    if family in ("bf16_compute", "fp32_compute"):
-        return (f"{family} changes one layer's compute dtype; a checkpoint stores unquantized layers in the "
-                "model's one dtype, so an engine would not compute it as planned")
-    if family == "gguf":
-        return "a GGUF block type: export it with --format gguf (llama.cpp)"
-    return f"no compressed-tensors scheme holds {candidate.name}"
 
 
 ##### tensors ###################################################################################
@@ -332,7 +249,7 @@ def write(model: nn.Module, directory: Path, specs: dict[str, Any],
     layer_schemes: dict[str, CtScheme | None] = {}
     for fqn in specs:
         scheme = scheme_of(candidate_of(modules[fqn]))
-        assert not isinstance(scheme, str), f"{fqn}: the plan was not checked before writing ({scheme})"
+        assert not isinstance(scheme, Refused), f"{fqn}: the plan was not checked before writing ({scheme.reason})"
         layer_schemes[fqn] = scheme
     schemes = {f: s for f, s in layer_schemes.items() if s is not None}
     qconfig = quantization_config(schemes, [f for f, s in layer_schemes.items() if s is None])

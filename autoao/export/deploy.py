@@ -35,6 +35,5 @@ def deploy(plan: Any, layers: nn.Module | dict[str, LayerSpec], target: str, run
         counts.setdefault(name, []).append(fqn)
         cands.setdefault(name, cand)
     rows = tuple(DeployRow(name, len(fqns), fqns[0], chosen.describe(cands[name])) for name, fqns in counts.items())
-    command = None if chosen.format is None else (
-        f"autoao export {run_dir} --format {chosen.format} --out {run_dir.rstrip('/')}-served --target {chosen.name}")
-    return Deploy(chosen.name, chosen.engine, chosen.format, command, tuple(tg.check_plan(plan, specs, chosen)), rows)
+    return Deploy(chosen.name, chosen.engine, chosen.format, chosen.export_command(run_dir),
+                  tuple(tg.check_plan(plan, specs, chosen)), rows)

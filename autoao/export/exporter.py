@@ -15,7 +15,6 @@ created: an export is complete and checked, or absent.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -26,14 +25,12 @@ import torch
 from torch import nn
 
 from autoao import models
-from autoao.export import compressed_tensors as ct
-from autoao.export import gguf as gg
 from autoao.export import targets as tg
 from autoao.export.serving import serving_md
 from autoao.plan import PLAN_FILE, Plan, apply, fingerprint, layer_specs, load, plan_of
 from autoao.records import RunFileError, load_context
 
-FORMATS = {"compressed-tensors": "vllm", "gguf": "llama.cpp"}  # format -> its default target
+FORMATS = tg.formats()  # format -> its default target: vllm for compressed-tensors, llama.cpp for gguf
 SERVING_FILE = "SERVING.md"
 
 
@@ -55,14 +52,14 @@ def _target_for(fmt: str, target: str | None, made_for: str | None) -> tg.Target
     `fmt`, else the format's default (the strictest engine of the format)."""
     if target is not None:
         chosen = tg.get(target)
-        if chosen.format != fmt:
+        if chosen not in tg.targets_of(fmt):
             raise ValueError(f"target {chosen.name!r} does not load {fmt} (it loads "
                              f"{chosen.format or 'autoao.save directories'}); choose one of "
                              f"{', '.join(t.name for t in tg.targets_of(fmt))}")
         return chosen
-    if made_for in tg.TARGETS and tg.TARGETS[made_for].format == fmt:
+    if made_for in tg.TARGETS and tg.TARGETS[made_for] in tg.targets_of(fmt):
         return tg.TARGETS[made_for]
-    return tg.TARGETS[FORMATS[fmt]]
+    return tg.targets_of(fmt)[0]
 
 
 def applied_model(source: Any, calibration: Any = None) -> nn.Module:
@@ -158,21 +155,14 @@ def export(source: Any, format: str, out: str | os.PathLike, *, tokenizer: Any =
     plan, specs = plan_of(model), layer_specs(model)
     made_for = getattr(given, "metadata", {}).get("target")
     chosen = _target_for(format, target, made_for)
-    problems = tg.check_plan(plan, specs, chosen)
-    if format == "gguf":
-        problems = gg.architecture_problems(model) + problems
-    elif getattr(model, "config", None) is None:
-        problems.insert(0, "  the model has no transformers config: a compressed-tensors checkpoint needs one")
+    problems = chosen.model_problems(model) + tg.check_plan(plan, specs, chosen)
     _raise(problems, f"cannot export to {format} for {chosen.engine}")
     tmp = _new_dir(out)
     try:
-        if format == "gguf":
-            engine_problems = _write_gguf(model, tmp, gguf_src, check)
-        else:
-            engine_problems = _write_compressed_tensors(model, tmp, specs, tokenizer, chosen, check)
+        engine_problems = chosen.write(model, tmp, specs, tokenizer=tokenizer, source=gguf_src, check=check)
         _raise(engine_problems.get(chosen.name, []), f"the {format} export would not run as planned in {chosen.engine}")
         rows = {fqn: plan.layers.get(fqn) for fqn in specs}
-        text = serving_md(out, format, rows, tg.targets_of(format), engine_problems, made_for)
+        text = serving_md(out, chosen, rows, tg.targets_of(format), engine_problems, made_for)
         (tmp / SERVING_FILE).write_text(text)
         if out.exists():
             out.rmdir()
@@ -180,32 +170,3 @@ def export(source: Any, format: str, out: str | os.PathLike, *, tokenizer: Any =
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _write_compressed_tensors(model: nn.Module, directory: Path, specs: dict, tokenizer: Any, chosen: tg.Target,
-                              check: bool) -> dict[str, list[str]]:
-    """Write the checkpoint; return, per compressed-tensors target, what it would refuse (the plan
-    checks, the written config's checks, and for `chosen`'s format the fresh-process reload)."""
-    schemes = ct.write(model, directory, specs, tokenizer)
-    qconfig = json.loads((directory / "config.json").read_text())["quantization_config"]
-    plan = plan_of(model)
-    problems = {t.name: tg.check_plan(plan, specs, t) + ct.config_problems(qconfig, specs, t)
-                for t in tg.targets_of("compressed-tensors")}
-    if check:
-        dtype = next(model.parameters()).dtype
-        reload = ct.reload_check(directory, schemes, dtype)
-        for t in problems:  # every engine reads the same config: a layer that reloads wrong is wrong everywhere
-            problems[t] = reload + problems[t]
-    return problems
-
-
-def _write_gguf(model: nn.Module, directory: Path, source: Path | None, check: bool) -> dict[str, list[str]]:
-    """Write model.gguf; return {"llama.cpp": what the read-back and llama.cpp load found}."""
-    path = directory / gg.FILE
-    gg.write(model, path, source)
-    problems: list[str] = []
-    if check:
-        problems += gg.read_check(path, model)
-        if source is not None:  # without a tokenizer llama.cpp loads token ids only; still a load test
-            problems += gg.llama_cpp_check(path, model) or []
-    return {"llama.cpp": problems}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoao.records.codec import from_dict, read_json
+from autoao.types import Pricing, pricing_of
 from autoao.upgrades import RUN_FILES_VERSION, upgrade_context
 
 
@@ -154,9 +155,15 @@ class RunContext:
     # uniform plans measured end to end that scaled their candidates' cells (CPU; empty: none)
     anchors: list[AnchorRecord] = field(default_factory=list)
     target: str = "autoao"  # the serving target the search space was made for
-    # how the costs were estimated where the target runs layers outside autoao (Target.estimate; empty: timed)
+    # how the costs were estimated where the target runs layers outside autoao (Target.pricing's
+    # FromBytes reason; empty: timed): a sentence in the JSON, as every version wrote it; `pricing` types it
     estimate: str = ""
     version: int = RUN_FILES_VERSION
+
+    @property
+    def pricing(self) -> Pricing:
+        """How the run's layer costs were known: Timed(), or FromBytes(the `estimate` sentence)."""
+        return pricing_of(self.estimate)
 
 
 def load_context(path: Path) -> RunContext:
