@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from autoao import workers
-from autoao.anytime import MIN_ROUNDS, Anytime, Incumbent
-from autoao.bench import ModelBench
+from autoao.stages.anytime import MIN_ROUNDS, Anytime, Incumbent
+from autoao.stages.bench import ModelBench
 from autoao.budget import MIN_FLEXIBLE_S, MIN_TRIAL_S, TimePlan
 from autoao.common import BASELINE, cache_dir
 from autoao.decisions import NothingToTry, Resumed, RunInterrupted, StudyClosed, Verified
@@ -31,19 +31,19 @@ from autoao.evaluators.timing import LatencyTable
 from autoao.export import targets
 from autoao.export.deploy import deploy
 from autoao.export.targets import Target
-from autoao.finalize import finalize
+from autoao.stages.finalize import finalize
 from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import Interrupted, RunLedger
-from autoao.judges import Judges, build_judges
-from autoao.measure import (Measurements, costs, estimated_cells, measure, measure_baselines, record_final,
+from autoao.stages.judges import Judges, build_judges
+from autoao.stages.measure import (Measurements, costs, estimated_cells, measure, measure_baselines, record_final,
                             time_candidates)
 from autoao.options import Options, RunHooks
-from autoao.outputs import pareto_rows, read_state, run_context, run_summary, write_outputs, write_state
+from autoao.stages.outputs import pareto_rows, read_state, run_context, run_summary, write_outputs, write_state
 from autoao.plan import Plan
 from autoao.records import ParetoRow, RunSummary, TimingHealth, write
-from autoao.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search, uniform_names
+from autoao.stages.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search, uniform_names
 from autoao.types import FromBytes
-from autoao.workload import Workload, build_workload, grid_warning, settle_cpu_threads
+from autoao.stages.inputs import Inputs, build_inputs, grid_warning, settle_cpu_threads
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Prepared:
     """What the run measured before its first trial, and the anytime run built on it."""
 
     model: nn.Module
-    work: Workload
+    work: Inputs
     base: Any  # measure.Baselines
     judges: Judges
     meas: Measurements
@@ -163,7 +163,7 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
     with ledger.stage("profile and baselines"):
         busy = settle_cpu_threads(model, example_inputs)  # before profiling, which runs every example
         ledger.say("profiling")
-        work = build_workload(model, example_inputs, eval_inputs=opts.eval_inputs, tokenizer=opts.tokenizer,
+        work = build_inputs(model, example_inputs, eval_inputs=opts.eval_inputs, tokenizer=opts.tokenizer,
                               fuse_groups=opts.fuse_groups, busy=busy, seed=opts.seed,
                               screen_positions=opts.screen_positions, confirm=opts.accuracy is None)
         for note in work.notes:
@@ -319,7 +319,7 @@ def _words(inc: Incumbent, bench: ModelBench) -> str:
     return plan_from_params(bench.groups, inc.params).words() if inc.params else "the model as it came"
 
 
-def timing_table(work: Workload, opts: Options, engine: Target, cache: TimingCache, time_plan: TimePlan,
+def timing_table(work: Inputs, opts: Options, engine: Target, cache: TimingCache, time_plan: TimePlan,
                  ledger: RunLedger) -> tuple[LatencyTable, TimingHealth]:
     """Every candidate's cells, timed here; for a target priced from weight bytes (Target.pricing:
     FromBytes) only the unchanged layers are timed, and every other cell is estimated from them."""
@@ -333,7 +333,7 @@ def timing_table(work: Workload, opts: Options, engine: Target, cache: TimingCac
     return estimated_cells(table, work, cands, engine.weight_bytes, pricing), health
 
 
-def siblings(work: Workload, engine: Target) -> list[tuple[str, ...]]:
+def siblings(work: Inputs, engine: Target) -> list[tuple[str, ...]]:
     """The layer groups that take one choice (Target.choice_groups): the groups the target's engine
     fuses (vLLM's qkv_proj, gate_up_proj), which must share one scheme there, and where autoao's
     fusion runs in the engine the workload's siblings (same input), a layer in both keeping the

@@ -70,7 +70,7 @@ class AccuracyBudget:
 ##### time ######################################################################################
 
 # Of the time a budget leaves once the baselines are measured and the first verification's price is
-# set aside (autoao.anytime: its judges' checks and its measurement), each stage's share before
+# set aside (autoao.stages.anytime: its judges' checks and its measurement), each stage's share before
 # that verification: timing every candidate (coarse first), the layer errors, and the search's
 # first trials (the warm start's seeds, the plans a first verification picks from). A stage that
 # ends early leaves its time to the later ones; everything after the first verification is the

@@ -3,7 +3,7 @@
     import autoao.models
     model, tokenizer = autoao.models.load()            # "smollm2-135m", bf16, CPU
     model, tokenizer = autoao.models.load("minilm-l6")  # sentence embeddings, fp32
-    autoao.models.workload("minilm-l6", tokenizer)     # its example / held-out inputs and accuracy task
+    autoao.models.encoder_inputs("minilm-l6", tokenizer)     # its example / held-out inputs and accuracy task
     autoao.models.available()                          # ["minilm-l6", "smollm2-135m"]
 
 "smollm2-135m" is SmolLM2-135M-Instruct (Apache-2.0; llama architecture, 30 layers, 134.5M
@@ -217,7 +217,7 @@ class SentenceEncoder(torch.nn.Module):
         return torch.nn.functional.normalize(pooled, dim=-1)
 
 
-def workload(name: str, tokenizer: Any, *, device: torch.device | str = "cpu") -> dict[str, Any]:
+def encoder_inputs(name: str, tokenizer: Any, *, device: torch.device | str = "cpu") -> dict[str, Any]:
     """What `autoao search --model NAME` runs an encoder on: {"example_inputs": one batch of 32
     sentences of the bundled prose's first half, "eval_inputs": 4 batches of 32 from its second
     half (the tier-1 proxy's held-out text), "accuracy": the bundled autoao_pairs task}. A causal
@@ -382,7 +382,7 @@ def load_spec(spec: str, device: torch.device | str = "cpu") -> dict[str, Any]:
         model, tok = load(spec, device=device)
         out = {"model": model, "tokenizer": tok, "name": spec}
         if MODELS[spec].kind == "encoder":  # its inputs and task come with it
-            out.update(workload(spec, tok, device=device))
+            out.update(encoder_inputs(spec, tok, device=device))
         return out
     mod_name, _, factory = spec.rpartition(":")
     fn = getattr(_factory_module(spec, mod_name), factory, None)

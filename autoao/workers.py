@@ -37,7 +37,7 @@ import optuna
 import torch
 from torch import nn
 
-from autoao.bench import ModelBench
+from autoao.stages.bench import ModelBench
 from autoao.budget import AccuracyBudget
 from autoao.common import cache_dir, model_device
 from autoao.cost import CostModel
@@ -45,13 +45,13 @@ from autoao.decisions import StudyClosed
 from autoao.evaluators.cache import ResultCache, digest, weights_key
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.ledger import RunLedger
-from autoao.judges import Judges, plan_key, screened
+from autoao.stages.judges import Judges, plan_key, screened
 from autoao.plan import Plan
 from autoao.records import TrialRecord
-from autoao.search import (CLOSED, TRIALS, Group, SearchConfig, SearchOutcome, make_objective, open_study, refresh,
+from autoao.stages.search import (CLOSED, TRIALS, Group, SearchConfig, SearchOutcome, make_objective, open_study, refresh,
                            run_search, seed_study)
 from autoao.types import Accuracy, Budget
-from autoao.workload import Workload, build_workload
+from autoao.stages.inputs import Inputs, build_inputs
 
 SHARED = "autoao.shared"  # study user attribute: SharedInputs as JSON
 FORMAT = 2  # of SharedInputs; a worker refuses another
@@ -173,7 +173,7 @@ class SharedInputs:
 ##### the coordinator ###########################################################################
 
 def publish(config: SearchConfig, groups: list[Group], cost: CostModel, sqnr: dict[str, dict[str, float]],
-            judges: Judges, model: nn.Module, work: Workload) -> optuna.Study:
+            judges: Judges, model: nn.Module, work: Inputs) -> optuna.Study:
     """Open the study, enqueue the warm start, then publish the shared inputs (workers wait for
     them, so they never see a study without its seeds)."""
     study = open_study(config)
@@ -269,7 +269,7 @@ def join(storage: str, study_name: str, wait: float = 0.0) -> SharedInputs:
                      "(`autoao search --storage ...`) prints its name")
 
 
-def scorer(model: nn.Module, key: str, work: Workload, shared: SharedInputs) -> tuple[ModelBench, Callable[[Plan], Accuracy]]:
+def scorer(model: nn.Module, key: str, work: Inputs, shared: SharedInputs) -> tuple[ModelBench, Callable[[Plan], Accuracy]]:
     """A bench and the trial scorer that score as the coordinator's do: the model profiled here
     (calibration), the proxy's reference outputs and noise floor computed here on the same held-out
     inputs, the coordinator's baseline, budget, cost model and layer errors. key: the model's weights_key."""
@@ -293,7 +293,7 @@ def run_worker(model: nn.Module, examples: Any, eval_inputs: Any, shared: Shared
     sides otherwise, before any trial."""
     device = model_device(model)
     key = weights_key(model)
-    work = build_workload(model, examples, eval_inputs=eval_inputs, tokenizer=tokenizer, seed=shared.seed,
+    work = build_inputs(model, examples, eval_inputs=eval_inputs, tokenizer=tokenizer, seed=shared.seed,
                           screen_positions=shared.screen_positions, confirm=False)
     mine = fingerprint(model, key, work.examples, work.held_out.inputs, device)
     if mine != shared.fingerprint:

@@ -35,7 +35,7 @@ unrepresentative ones; --synthetic: a speed search, max_accuracy_drop=1; --searc
 the user's generate() as `workload=`), its plan's accuracy on
 the whole task; (6) phase B: the searched plans captured too and the rounds run again over every
 side. Speed-ups: the unchanged model's median replay time over the side's; the range is over the
-rounds' ratios. On the CPU (--smoke) the sides are timed eagerly with workload_timing instead.
+rounds' ratios. On the CPU (--smoke) the sides are timed eagerly with forward_timing instead.
 Each side's compile and capture costs 25-50 s on an H200 for SmolLM2's decode step (more at 256
 tokens): plan a call's time for the sides it captures (results/2026-12-03-h200/ceiling-*/).
 ceiling.json and ceiling.md are rewritten after every step, so a timeout keeps what finished.
@@ -68,16 +68,16 @@ import autoao  # noqa: E402
 import autoao.models as models  # noqa: E402
 from autoao import search_space  # noqa: E402
 from autoao.api import siblings  # noqa: E402
-from autoao.bench import ModelBench, captured  # noqa: E402
+from autoao.stages.bench import ModelBench, captured  # noqa: E402
 from autoao.clock import L2_FLUSH_BYTES  # noqa: E402
 from autoao.common import BASELINE, cache_dir, call_model  # noqa: E402
 from autoao.cost import CostModel  # noqa: E402
 from autoao.evaluators.cache import ResultCache, TimingCache  # noqa: E402
 from autoao.export import targets  # noqa: E402
 from autoao.ledger import RunLedger  # noqa: E402
-from autoao.measure import layer_choices, time_candidates, workload_timing  # noqa: E402
-from autoao.search import make_groups, uniform_params  # noqa: E402
-from autoao.workload import build_workload  # noqa: E402
+from autoao.stages.measure import layer_choices, time_candidates, forward_timing  # noqa: E402
+from autoao.stages.search import make_groups, uniform_params  # noqa: E402
+from autoao.stages.inputs import build_inputs  # noqa: E402
 
 
 
@@ -142,7 +142,7 @@ def load_model(args: argparse.Namespace, device: torch.device) -> tuple[nn.Modul
         return model, None, held, prompt, None
     model, tok = models.load(args.model, device=device)
     if models.MODELS[args.model].kind == "encoder":
-        work = models.workload(args.model, tok, device=device)
+        work = models.encoder_inputs(args.model, tok, device=device)
         return model, tok, work["eval_inputs"], work["example_inputs"], work["accuracy"]
     prompt = models.text_inputs(tok, seq_len=args.context, n_seqs=1)[0].to(device)
     held = [t.to(device) for t in models.text_inputs(tok, seq_len=256, n_seqs=2, held_out=True)]
@@ -162,7 +162,7 @@ def task_accuracy(model: nn.Module, tok: Any, task: Any, limit: int | None) -> f
 
 class Sides:
     """Models captured once each (compiled, one CUDA graph per distinct example), replayed in
-    interleaved rounds. On the CPU: eager workload_timing, one call per side per round."""
+    interleaved rounds. On the CPU: eager forward_timing, one call per side per round."""
 
     def __init__(self, examples: list[Any], cuda: bool) -> None:
         self.examples, self.cuda = examples, cuda
@@ -208,7 +208,7 @@ class Sides:
                     torch.cuda.synchronize()
                     us[k].append(start.elapsed_time(end) * 1e3)
                 else:
-                    us[k].append(workload_timing(self.models[k], self.examples, reps=3, max_seconds=0.5)[0])
+                    us[k].append(forward_timing(self.models[k], self.examples, reps=3, max_seconds=0.5)[0])
         base = us["unchanged"]
         out = {}
         for k in names:
@@ -361,7 +361,7 @@ def main() -> None:
 
     # (1) the timing table, as the search measures it
     t = time.perf_counter()
-    work = build_workload(model, examples, eval_inputs=held, tokenizer=tok, confirm=False)
+    work = build_inputs(model, examples, eval_inputs=held, tokenizer=tok, confirm=False)
     ledger = RunLedger(None, progress=True)
     table, health = time_candidates(work, cands, cache=TimingCache(ResultCache(cache_dir() / "timings.sqlite").path),
                                     ledger=ledger, deadline=time.perf_counter() + args.timing_deadline)

@@ -51,7 +51,7 @@ import autoao  # noqa: E402
 import autoao.models as models  # noqa: E402
 from autoao import search_space  # noqa: E402
 from autoao.profile import profile  # noqa: E402
-from autoao.measure import workload_timing  # noqa: E402
+from autoao.stages.measure import forward_timing  # noqa: E402
 
 DEMO_TASK = "autoao_facts"
 
@@ -179,7 +179,7 @@ def load(name: str, device: torch.device, limit: int | None = None
     (None: all)."""
     model, tok = models.load(name, device=device)
     if models.MODELS[name].kind == "encoder":
-        work = models.workload(name, tok, device=device)
+        work = models.encoder_inputs(name, tok, device=device)
         task = work["accuracy"]
         return model, tok, [work["example_inputs"]], work["eval_inputs"], task, task
     from autoao.evaluators import lmeval
@@ -197,11 +197,11 @@ def interleaved_speedup(base: nn.Module, plan_model: nn.Module, examples: list[A
                         compile: bool) -> dict[str, float]:
     """Baseline / plan workload time, measured A, B, A, B, ... after one dropped baseline run (the
     same order optimize's final comparison uses); the range is over the rounds' ratios."""
-    workload_timing(base, examples, compile=compile, reps=5)
+    forward_timing(base, examples, compile=compile, reps=5)
     ratios, b_us, p_us = [], [], []
     for _ in range(rounds):
-        b = workload_timing(base, examples, compile=compile, reps=5)[0]
-        p = workload_timing(plan_model, examples, compile=compile, reps=5)[0]
+        b = forward_timing(base, examples, compile=compile, reps=5)[0]
+        p = forward_timing(plan_model, examples, compile=compile, reps=5)[0]
         ratios.append(b / p)
         b_us.append(b)
         p_us.append(p)

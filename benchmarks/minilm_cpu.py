@@ -70,7 +70,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     model, tok = models.load("minilm-l6")
-    work = models.workload("minilm-l6", tok)
+    work = models.encoder_inputs("minilm-l6", tok)
     task = work["accuracy"]
     if args.part == "speed":
         return speed(model, work, args.rounds, out, t0, args.plan)

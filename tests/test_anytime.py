@@ -1,4 +1,4 @@
-"""The anytime run (autoao.anytime): the incumbent is the best plan verified so far, on both halves,
+"""The anytime run (autoao.stages.anytime): the incumbent is the best plan verified so far, on both halves,
 and the run verifies plans in order of value. Driven with fakes: a bench whose plans take known
 times, and judges whose verdicts are planted."""
 
@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from autoao import anytime as A
+from autoao.stages import anytime as A
 from autoao.budget import AccuracyBudget, Costs, TimePlan
 from autoao.cost import CostModel
 from autoao.decisions import Judged
 from autoao.ledger import RunLedger
 from autoao.records import TrialRecord
-from autoao.search import Group, SearchOutcome, plan_from_params
+from autoao.stages.search import Group, SearchOutcome, plan_from_params
 from autoao.types import BREAKS, HOLDS, UNRESOLVED, Accuracy, Budget, Timed, Verdict
 
 NAMES = ("int8_wo", "int8_dyn", "int4_wo(group_size=64)")
@@ -187,7 +187,7 @@ def test_the_first_check_that_did_not_fit_is_named_with_a_budget_that_holds_it(m
 def test_candidates_not_measured_take_the_median_anchor_factor():
     """A measured uniform plan scales its candidate's cells to the measured speed-up; a candidate not
     measured takes the median of the measured factors, the unchanged layers none."""
-    from autoao import anchors
+    from autoao.stages import anchors
 
     cells = _cost()
     plan = plan_from_params(GROUPS, {"l0": "int8_wo", "l1": "int8_wo"})

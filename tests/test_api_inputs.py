@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 import autoao
-from autoao import api, bench, budget, measure, records
+from autoao import api, budget, records
+from autoao.stages import bench, measure
 from autoao.budget import WRITE_SECONDS, AccuracyBudget, Costs, TimePlan
 from autoao.decisions import BusyCpu, HeldOutInputs, NothingToTry
 from autoao.ledger import RunLedger
@@ -62,7 +63,7 @@ def _text(model):
 def test_bad_arguments_fail_before_any_measurement(kwargs, message, tmp_path, monkeypatch):
     measured = []
     monkeypatch.setattr(api, "settle_cpu_threads", lambda *a, **k: measured.append("threads"))
-    monkeypatch.setattr(api, "build_workload", lambda *a, **k: measured.append("profile"))
+    monkeypatch.setattr(api, "build_inputs", lambda *a, **k: measured.append("profile"))
     start = time.perf_counter()
     with pytest.raises(ValueError) as e:
         autoao.optimize(_model(), torch.randn(4, 64), out_dir=tmp_path / "out", progress=False, **kwargs)
@@ -77,7 +78,7 @@ def test_good_arguments_reach_the_measurements(tmp_path, monkeypatch):
     def profiled(*a, **k):
         raise Profiled
 
-    monkeypatch.setattr(api, "build_workload", profiled)
+    monkeypatch.setattr(api, "build_inputs", profiled)
     with pytest.raises(Profiled):
         autoao.optimize(_model(), torch.randn(4, 64), out_dir=tmp_path / "out", progress=False, accuracy=lambda m: 0.5,
                         candidates=["int8_wo"], max_accuracy_drop=0.02, seed=1)
@@ -91,9 +92,9 @@ def test_an_unchanged_model_is_exactly_one_x(tmp_path, monkeypatch):
     """Only bf16 allowed: the plan is empty, and its speed-up is 1.00x by definition (not a second,
     noisy measurement of the same model)."""
     calls = []
-    real, real_bench = measure.measure_examples, bench.workload_timing
+    real, real_bench = measure.measure_examples, bench.forward_timing
     monkeypatch.setattr(measure, "measure_examples", lambda *a, **k: calls.append("start") or real(*a, **k))
-    monkeypatch.setattr(bench, "workload_timing", lambda *a, **k: calls.append("bench") or real_bench(*a, **k))
+    monkeypatch.setattr(bench, "forward_timing", lambda *a, **k: calls.append("bench") or real_bench(*a, **k))
     result = autoao.optimize(_model(), [torch.randn(4, 64)], budget=3, candidates=["bf16"], out_dir=tmp_path / "o",
                              progress=False)
     s = result.summary
@@ -305,7 +306,7 @@ def test_lm_eval_documents_follow_the_verdicts_interval(monkeypatch, flips, stat
     """A tier-2 check scores the task's documents in looks (LOOK_DOCS, then doubling) until the
     drop's interval settles the verdict, so a check costs as many documents as its verdict needs and
     no more (no time-fitted limit); the unmodified model is scored on the same documents."""
-    from autoao.choose import judge_plan
+    from autoao.stages.choose import judge_plan
     from autoao.evaluators.tier2 import LOOK_DOCS
     from autoao.types import UNMODIFIED_ACC
 
@@ -331,7 +332,7 @@ def test_lm_eval_documents_follow_the_verdicts_interval(monkeypatch, flips, stat
 def test_a_tier2_check_with_no_room_for_another_look_stays_unresolved(monkeypatch):
     """The time plan is asked before every look after the first: with no room, the verdict stays
     unresolved on what the first look scored (and a plan that does not hold is not shipped)."""
-    from autoao.choose import judge_plan
+    from autoao.stages.choose import judge_plan
 
     class NoRoom:
         def allows(self, seconds):

@@ -334,7 +334,7 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
                 for m in tokens}
 
     monkeypatch.setattr(harness, "time_missing", fake)
-    from autoao import anchors, bench, measure  # end-to-end times as data too: 1000 us unchanged, 500 us with any plan
+    from autoao.stages import anchors, bench, measure  # end-to-end times as data too: 1000 us unchanged, 500 us with any plan
 
     # the cells as timed, compared below: a measured uniform plan anchors nothing
     monkeypatch.setattr(anchors, "anchor", lambda cost, name, plan, speedup, rounds: anchors.AnchorRecord(
@@ -343,8 +343,8 @@ def test_a_tiny_search_chooses_among_gptq_awq_and_rtn(tmp_path, monkeypatch):
     def whole(model, examples, *a, **kw):
         return (500.0,) * 3 if any(isinstance(m, autoao.kernels.QuantizedLinear) for m in model.modules()) else (1000.0,) * 3
 
-    monkeypatch.setattr(bench, "workload_timing", whole)
-    monkeypatch.setattr(measure, "workload_timing", whole)
+    monkeypatch.setattr(bench, "forward_timing", whole)
+    monkeypatch.setattr(measure, "forward_timing", whole)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     tiny = build()
     cands = ["int4_wo(group_size=32)", "int4_wo(group_size=32, algorithm=gptq)",

@@ -6,6 +6,7 @@ exists only to keep a heavy optional library (lm-eval, triton, matplotlib, jinja
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -28,15 +29,15 @@ LAYERS = [
     ["autoao.profile", "autoao.plan"],
     ["autoao.evaluators"],
     ["autoao.cost", "autoao.budget", "autoao.models"],
-    ["autoao.search"],
-    ["autoao.workload"],
-    ["autoao.judges"],
-    ["autoao.measure"],
-    ["autoao.bench"],
-    ["autoao.anchors", "autoao.choose"],
-    ["autoao.anytime"],
-    ["autoao.finalize"],
-    ["autoao.outputs", "autoao.workers"],
+    ["autoao.stages.search"],
+    ["autoao.stages.inputs"],
+    ["autoao.stages.judges"],
+    ["autoao.stages.measure"],
+    ["autoao.stages.bench"],
+    ["autoao.stages.anchors", "autoao.stages.choose"],
+    ["autoao.stages.anytime"],
+    ["autoao.stages.finalize"],
+    ["autoao.stages.outputs", "autoao.workers"],
     ["autoao.reports"],
     ["autoao.export"],
     ["autoao.options", "autoao.api"],
@@ -45,6 +46,7 @@ LAYERS = [
 LAZY_REASON = re.compile(r"#.*\b(light|lazy|lazily|heavy|optional)\b", re.I)
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
     for folder, pkg in FOLDERS.items():
@@ -79,7 +81,9 @@ def _imports(path: Path, module: str) -> list[tuple[str, int, bool]]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from autoao import search_space` imports the sub-module, not the package
-            names = [f"{node.module}.{a.name}" if node.module == "autoao" else node.module for a in node.names]
+            known = _modules()
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                     for a in node.names]
         for name in names:
             if name == "autoao" or name.startswith("autoao."):
                 out.append((name, node.lineno, id(node) in in_function))

@@ -68,7 +68,8 @@ def _check(accuracy):
 
 
 def test_a_judge_added_by_one_class_and_one_line_judges_the_plans_of_a_run(tmp_path, monkeypatch):
-    from autoao import api, bench, measure
+    from autoao import api
+    from autoao.stages import bench, measure
     from autoao.evaluators import harness
     from autoao.evaluators.timing import Timing
     from autoao.kernels import QuantizedLinear
@@ -85,8 +86,8 @@ def test_a_judge_added_by_one_class_and_one_line_judges_the_plans_of_a_run(tmp_p
         m: Timing(100.0 if cand.family == "int8_wo" else 400.0, 0.0, 0.0, 5) for m in tokens})
     fast = lambda model, examples, *a, **kw: (500.0 if any(  # noqa: E731
         isinstance(m, QuantizedLinear) for m in model.modules()) else 1000.0,) * 3
-    monkeypatch.setattr(bench, "workload_timing", fast)
-    monkeypatch.setattr(measure, "workload_timing", fast)
+    monkeypatch.setattr(bench, "forward_timing", fast)
+    monkeypatch.setattr(measure, "forward_timing", fast)
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     AgreementJudge.calls = []
     torch.manual_seed(0)

@@ -213,15 +213,15 @@ def test_the_cache_keeps_a_cells_single_thread_bound(tmp_path):
 
 def _threads_cost(monkeypatch, slow_ms: float, fast_ms: float) -> None:
     """The model's calls take slow_ms on more than one torch thread and fast_ms on one (a busy CPU
-    whose parallel regions wait for descheduled threads), through workload.call_model."""
-    from autoao import workload
+    whose parallel regions wait for descheduled threads), through inputs.call_model."""
+    from autoao.stages import inputs
 
-    real = workload.call_model
+    real = inputs.call_model
 
     def call(model, ex):
         time.sleep((slow_ms if torch.get_num_threads() > 1 else fast_ms) / 1e3)
         return real(model, ex)
-    monkeypatch.setattr(workload, "call_model", call)
+    monkeypatch.setattr(inputs, "call_model", call)
 
 
 @pytest.mark.parametrize("busy", [True, False])
@@ -235,8 +235,8 @@ def test_a_busy_cpu_runs_the_search_on_one_thread_and_gives_the_threads_back(tmp
     threads = torch.get_num_threads()
     _threads_cost(monkeypatch, 30.0 if busy else 5.0, 5.0)
     seen = []
-    real_build = api.build_workload
-    monkeypatch.setattr(api, "build_workload", lambda *a, **kw: seen.append(torch.get_num_threads()) or
+    real_build = api.build_inputs
+    monkeypatch.setattr(api, "build_inputs", lambda *a, **kw: seen.append(torch.get_num_threads()) or
                         real_build(*a, **kw))
     monkeypatch.setenv("AUTOAO_CACHE_DIR", str(tmp_path / "cache"))
     result = api.optimize(nn.Sequential(nn.Linear(32, 32, bias=False)), [torch.randn(4, 32)], budget=2,
@@ -254,8 +254,8 @@ def test_a_busy_cpu_runs_the_search_on_one_thread_and_gives_the_threads_back(tmp
 def test_the_thread_check_leaves_bad_inputs_to_the_profiler(monkeypatch):
     from torch import nn
 
-    from autoao import workload
+    from autoao.stages import inputs
 
     threads = torch.get_num_threads()
-    assert workload.settle_cpu_threads(nn.Linear(8, 8), [torch.randn(2, 5)]) is None  # wrong width: no check
+    assert inputs.settle_cpu_threads(nn.Linear(8, 8), [torch.randn(2, 5)]) is None  # wrong width: no check
     assert torch.get_num_threads() == threads

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def minilm():
     model, tok = models.load("minilm-l6")
-    return model, tok, models.workload("minilm-l6", tok)
+    return model, tok, models.encoder_inputs("minilm-l6", tok)
 
 
 def test_the_committed_pairs_are_what_the_generator_writes(tmp_path):

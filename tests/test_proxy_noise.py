@@ -18,7 +18,7 @@ from autoao.decisions import HeldOutInputs
 from autoao.evaluators import heldout
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import upcast
-from autoao.workload import build_workload
+from autoao.stages.inputs import build_inputs
 
 
 def _tiny_bf16() -> nn.Module:
@@ -97,7 +97,7 @@ def test_one_token_inputs_are_judged_on_held_out_positions_in_stated_units(token
     assert source in note.source and source in ctx.accuracy.held_out
     assert "no held-out inputs were given" in note.describe() and source in note.describe()
     # inputs given, but too few (the three steps as eval_inputs): said as such, the same inputs built
-    work = build_workload(_tiny_bf16(), steps, eval_inputs=steps, tokenizer=tokenizer, confirm=False)
+    work = build_inputs(_tiny_bf16(), steps, eval_inputs=steps, tokenizer=tokenizer, confirm=False)
     (given,) = [d for d in work.notes if isinstance(d, HeldOutInputs)]
     assert given.given == 3 and "hold 3 positions, fewer than the" in given.describe()
     assert source in work.held_out.source and given.positions == work.held_out.positions

@@ -14,14 +14,14 @@ from torch import nn
 from tiny_models import TinyLM
 
 import autoao
-from autoao import judges as judges_mod
+from autoao.stages import judges as judges_mod
 from autoao.evaluators.cache import ResultCache, TensorCache, listed, numbered, scalar
 from autoao.evaluators.generation import GenerationLooks
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.tier2 import MetricJudge
 from autoao.ledger import RunLedger
 from autoao.types import Budget
-from autoao.workload import GENERATION_PROMPTS, PROMPT_TOKENS, build_workload
+from autoao.stages.inputs import GENERATION_PROMPTS, PROMPT_TOKENS, build_inputs
 
 
 class Counting(nn.Module):
@@ -180,16 +180,16 @@ def test_a_task_deciding_lm_holds_every_look_of_the_generation_check(tmp_path):
     confirm) but enough further held-out windows for the generation check's 64 prompts."""
     assert max(sum(counts) for counts, _ in judges_mod.GENERATION.values()) <= GENERATION_PROMPTS
     model = _lm()
-    work = build_workload(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=False)
+    work = build_inputs(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=False)
     assert work.confirm == () and work.prompt_inputs
     screen = torch.cat(work.held_out.inputs)  # [B, 128] the screen's sequences
     assert not any(torch.equal(x, s[None]) for x in work.prompt_inputs for s in screen)  # disjoint from the screen
     rows = judges_mod.prompts(work, GENERATION_PROMPTS)
     assert rows.shape == (GENERATION_PROMPTS, PROMPT_TOKENS)
-    proxy_work = build_workload(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=True)
+    proxy_work = build_inputs(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=True)
     assert proxy_work.confirm and proxy_work.prompt_inputs == ()  # the confirmation chunks hold the windows
     mlp = nn.Sequential(nn.Linear(8, 8))
-    assert build_workload(mlp, [torch.randn(4, 8)], confirm=False).prompt_inputs == ()  # not an LM: no prompts
+    assert build_inputs(mlp, [torch.randn(4, 8)], confirm=False).prompt_inputs == ()  # not an LM: no prompts
 
 
 def test_a_second_build_judges_runs_only_what_is_not_on_disk(tmp_path):
@@ -197,7 +197,7 @@ def test_a_second_build_judges_runs_only_what_is_not_on_disk(tmp_path):
     generation look's references, prices trials and checks at the seconds measured the first
     time, and its one-off share drops by the look it found on disk."""
     model = Counting(_lm())
-    work = build_workload(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=False)
+    work = build_inputs(model, [_ids(7, 1, 16)], tokenizer=ByteTokenizer(), confirm=False)
 
     def judges() -> judges_mod.Judges:
         task = MetricJudge(lambda m: 1.0)

@@ -18,7 +18,7 @@ import torch
 from autoao.budget import TIER1_SCREEN, AccuracyBudget
 from autoao.cost import CostModel
 from autoao.records import pareto_front
-from autoao.search import SearchConfig, make_groups, plan_from_params, run_search
+from autoao.stages.search import SearchConfig, make_groups, plan_from_params, run_search
 from autoao.types import Accuracy, Budget
 
 LAYERS = [f"layers.{i}.{p}" for i in range(3) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj",
@@ -249,7 +249,7 @@ class _Room:
 def test_a_judge_leaves_room_for_the_later_judges_first_looks():
     """The deciding judge's later looks ask for their own price and the generation check's first
     look, which runs whatever the plan says: a look that fits alone but not with it is not taken."""
-    from autoao.choose import looks as judge_looks
+    from autoao.stages.choose import looks as judge_looks
     from autoao.evaluators.judge import Judge
     from autoao.ledger import RunLedger
     from autoao.types import UNRESOLVED
@@ -283,12 +283,12 @@ def test_a_compiled_measurement_is_priced_by_the_first_measurement_and_the_last_
     model's graph warm in inductor's cache, the plan's new, priced as the unchanged model's first
     measurement; and never below the last final comparison of this model and workload on this
     device."""
-    from autoao.anytime import MIN_ROUNDS
+    from autoao.stages.anytime import MIN_ROUNDS
     from autoao.budget import WRITE_SECONDS, Costs, TimePlan
     from autoao.evaluators.cache import ResultCache
     from autoao.ledger import RunLedger
-    from autoao.measure import Baselines, compiled_costs, record_final
-    from autoao.measure import measure_seconds as final_seconds
+    from autoao.stages.measure import Baselines, compiled_costs, record_final
+    from autoao.stages.measure import measure_seconds as final_seconds
 
     cache = ResultCache(tmp_path / "results.sqlite")
     work = SimpleNamespace(device=torch.device("cpu"), examples=[torch.zeros(1, 256, dtype=torch.long)])
@@ -321,13 +321,13 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
     # distinct input shape is compiled from a reset dynamo; on the CPU (eager) nothing is compiled.
     from torch import nn
 
-    from autoao import bench as B
-    from autoao import measure as M
+    from autoao.stages import bench as B
+    from autoao.stages import measure as M
     from autoao.evaluators.cache import ResultCache
     from autoao.evaluators.timing import Timing
     from autoao.ledger import RunLedger
     from autoao.profile import profile
-    from autoao.search import Group
+    from autoao.stages.search import Group
 
     calls, resets = [], []
     monkeypatch.setattr(M, "measure_model",
@@ -344,7 +344,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
     # the unchanged model's baseline, and every plan the bench measures, in the device's timing mode
     seen = []
     monkeypatch.setattr(M, "measure_examples", lambda model, examples, compile=False, **kw: seen.append(compile) or 1000.0)
-    monkeypatch.setattr(B, "workload_timing", lambda model, examples, compile=False, **kw: seen.append(compile) or (500.0,) * 3)
+    monkeypatch.setattr(B, "forward_timing", lambda model, examples, compile=False, **kw: seen.append(compile) or (500.0,) * 3)
     work = SimpleNamespace(device=torch.device("cpu"), examples=examples, prof=profile(model, examples))
     cost = CostModel({"0": {"bf16": 1.0}}, rest_us=0.0)
     for mode, compiled in (("eager", False), ("compile", True)):
@@ -375,11 +375,11 @@ def _fake_timings(monkeypatch, per_layer: dict[str, float], default: float | Non
 
 def _fake_workload(monkeypatch, timing) -> None:
     """End-to-end times as data: timing(model) -> us, wherever a whole model is measured."""
-    from autoao import bench, measure
+    from autoao.stages import bench, measure
 
     fake = lambda model, examples, *a, **kw: (timing(model),) * 3  # noqa: E731
-    monkeypatch.setattr(bench, "workload_timing", fake)
-    monkeypatch.setattr(measure, "workload_timing", fake)
+    monkeypatch.setattr(bench, "forward_timing", fake)
+    monkeypatch.setattr(measure, "forward_timing", fake)
 
 
 def _quantized(model) -> bool:
@@ -390,7 +390,7 @@ def _quantized(model) -> bool:
 
 def _no_anchors(monkeypatch) -> None:
     """A measured uniform plan leaves the cost model's cells as timed."""
-    from autoao import anchors
+    from autoao.stages import anchors
 
     monkeypatch.setattr(anchors, "anchor", lambda cost, name, plan, speedup, rounds: anchors.AnchorRecord(
         name, len(plan.layers), rounds, speedup, speedup, 1.0))
@@ -459,7 +459,7 @@ def test_the_final_comparison_alternates_bf16_and_the_plan(tmp_path, monkeypatch
     """bf16 and the plan are measured A, B, A, B, ... (never all of one, then all of the other), and
     a plan as often faster as slower is 'no measurable change': it is not verified, and the model
     stays as it came."""
-    from autoao.anytime import MAX_ROUNDS
+    from autoao.stages.anytime import MAX_ROUNDS
 
     order, result = _final_rounds(tmp_path, monkeypatch, [900.0, 1100.0] * 20)
     final = order[-2 * MAX_ROUNDS:] if len(order) >= 2 * MAX_ROUNDS else order
@@ -473,7 +473,7 @@ def test_a_plan_faster_on_the_whole_ships_though_one_round_was_slow(tmp_path, mo
     # rounds at 1.25x, then one disturbed round at 0.95x, then 1.25x again: faster with 95%
     # confidence once enough rounds agree, so the plan ships; its speed-up is the rounds' paired
     # estimate (their ratios' geometric mean), its time the rounds' median
-    from autoao.anytime import MAX_ROUNDS, MIN_ROUNDS
+    from autoao.stages.anytime import MAX_ROUNDS, MIN_ROUNDS
 
     times = [800.0, 800.0, 1050.0] + [800.0] * 20
     order, result = _final_rounds(tmp_path, monkeypatch, times)
@@ -488,7 +488,7 @@ def test_a_plan_faster_on_the_whole_ships_though_one_round_was_slow(tmp_path, mo
 
 
 def test_a_clearly_faster_plan_stops_after_the_fewest_rounds(tmp_path, monkeypatch):
-    from autoao.anytime import MIN_ROUNDS
+    from autoao.stages.anytime import MIN_ROUNDS
 
     order, result = _final_rounds(tmp_path, monkeypatch, [500.0, 510.0, 490.0] + [500.0] * 20)
     assert result.plan.layers and result.summary.rounds == MIN_ROUNDS
@@ -542,7 +542,7 @@ def test_a_workload_that_is_not_callable_is_refused_before_anything_runs(tmp_pat
 
 
 def test_a_plan_slower_on_average_is_not_verified_without_more_rounds(tmp_path, monkeypatch):
-    from autoao.anytime import MIN_ROUNDS
+    from autoao.stages.anytime import MIN_ROUNDS
 
     order, result = _final_rounds(tmp_path, monkeypatch, [1100.0, 900.0, 1150.0] + [900.0] * 20)
     assert not result.plan.layers and result.summary.speedup_bound == 1.0
@@ -610,7 +610,7 @@ def test_uniform_plans_measured_end_to_end_anchor_the_cost_model(tmp_path, monke
     from torch import nn
 
     from autoao import api, records
-    from autoao.anytime import MIN_ROUNDS
+    from autoao.stages.anytime import MIN_ROUNDS
 
     _fake_timings(monkeypatch, {"bf16": 400.0}, 300.0, by="family")
     _fake_workload(monkeypatch, lambda model: 800.0 if _quantized(model) else 1000.0)

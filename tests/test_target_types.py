@@ -195,7 +195,7 @@ def test_options_refuse_what_the_target_cannot_load_and_accept_what_it_can(tmp_p
 def test_optimize_refuses_before_it_profiles(tmp_path, monkeypatch):
     import autoao.api as api
 
-    monkeypatch.setattr(api, "build_workload", lambda *a, **k: pytest.fail("profiled a refused search"))
+    monkeypatch.setattr(api, "build_inputs", lambda *a, **k: pytest.fail("profiled a refused search"))
     model = torch.nn.Sequential(torch.nn.Linear(256, 128)).to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"int8_dyn\(act=tensor\).*symmetrically per token"):
         autoao.optimize(model, (torch.randn(1, 256, dtype=torch.bfloat16),), budget=10, target="vllm",

@@ -82,7 +82,7 @@ def test_a_search_for_llama_cpp_ships_gguf_types_on_an_estimate_and_says_so(tmp_
 def test_a_timed_search_for_llama_cpp_runs_nothing_end_to_end_and_finishes_in_time(tmp_path):
     model = _llama()
     examples = [(torch.randint(0, 256, (1, 16)),), (torch.randint(0, 256, (1, 1)),)]
-    res = autoao.optimize(model, examples, budget="40s", max_accuracy_drop=1.0, target="llama.cpp",
+    autoao.optimize(model, examples, budget="40s", max_accuracy_drop=1.0, target="llama.cpp",
                           out_dir=tmp_path / "out", progress=False)
     summary = load_summary(tmp_path / "out" / "summary.json")
     assert summary.seconds < 40 * 1.1 + 15
@@ -97,7 +97,7 @@ def test_estimated_cells_scale_the_unchanged_cell_by_weight_bytes():
     from autoao import search_space
     from autoao.evaluators.cache import Timing
     from autoao.evaluators.timing import LatencyRow, LatencyTable
-    from autoao.measure import estimated_cells
+    from autoao.stages.measure import estimated_cells
     from autoao.types import FromBytes, LayerSpec
 
     spec = LayerSpec("l", 64, 48, False, torch.bfloat16)

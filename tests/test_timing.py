@@ -426,10 +426,10 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
     # table stands in for one); the workload weighs each shape's token counts for timing
     from torch import nn
 
-    from autoao.bench import kernels_for
+    from autoao.stages.bench import kernels_for
     from autoao.plan import Plan
     from autoao.profile import profile
-    from autoao.workload import Workload
+    from autoao.stages.inputs import Inputs
 
     class Siblings(nn.Module):  # a and b read the same input: one fused (96, 64) module
         def __init__(self) -> None:
@@ -445,7 +445,7 @@ def test_optimize_puts_the_timed_kernels_in_the_plan():
     assert prof.siblings == [("a", "b")]
 
     def work(siblings):
-        return Workload(prof, [], None, (), siblings, torch.device("cpu"), torch.float32, [1, 3])
+        return Inputs(prof, [], None, (), siblings, torch.device("cpu"), torch.float32, [1, 3])
 
     assert work([]).shape_calls() == {(32, 64): {3: 1, 1: 1}, (64, 64): {3: 1, 1: 1}, (64, 32): {3: 1, 1: 1}}
     assert work(prof.siblings).shape_calls()[(96, 64)] == {3: 1, 1: 1}

@@ -13,7 +13,7 @@ import torch
 
 import autoao
 from autoao.budget import AccuracyBudget
-from autoao.choose import looks as judge_looks
+from autoao.stages.choose import looks as judge_looks
 from autoao.evaluators.generation import GenerationJudge
 from autoao.evaluators.heldout import model_samples
 from autoao.evaluators.proxy import ProxyEvaluator

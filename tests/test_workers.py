@@ -27,9 +27,9 @@ from autoao.budget import AccuracyBudget
 from autoao.cost import CostModel
 from autoao.decisions import StudyClosed
 from autoao.records import TrialRecord, load_summary, pareto_front
-from autoao.search import Group, SearchConfig, run_search, trials_toward_budget
+from autoao.stages.search import Group, SearchConfig, run_search, trials_toward_budget
 from autoao.workers import SHARED, Fingerprint, SharedInputs, scorer, weights_key
-from autoao.workload import build_workload
+from autoao.stages.inputs import build_inputs
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from pg_cluster import PgCluster, why_missing
 
@@ -81,7 +81,7 @@ def runs(pg, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOAO_CACHE_DIR", env["AUTOAO_CACHE_DIR"])
         model = made["model"]
-        work = build_workload(model, made["example_inputs"], eval_inputs=made["eval_inputs"], seed=shared.seed,
+        work = build_inputs(model, made["example_inputs"], eval_inputs=made["eval_inputs"], seed=shared.seed,
                               screen_positions=shared.screen_positions, confirm=False)
         bench, score = scorer(model, weights_key(model), work, shared)
         single = run_search(shared.groups, shared.cost, score, SearchConfig(shared.accuracy, trials=complete, seed=0),

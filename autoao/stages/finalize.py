@@ -2,7 +2,7 @@
 
     final = finalize(bench, incumbent, decisions, cost, base, ledger, extend=True)   -> Final
 
-The incumbent (autoao.anytime) was verified on its verdicts and on rounds interleaved with the
+The incumbent (autoao.stages.anytime) was verified on its verdicts and on rounds interleaved with the
 model as it came. It is applied to the model (fresh modules, validated); on the CPU, while the time
 budget leaves room (`extend`: not after an interrupt), more rounds are taken in alternation, up to
 MAX_ROUNDS in all, and the speed-up is every round's paired estimate with its 95% interval
@@ -18,15 +18,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from autoao.anytime import MAX_ROUNDS, Incumbent, Speed
-from autoao.bench import ModelBench, Sample, interleaved
+from autoao.stages.anytime import MAX_ROUNDS, Incumbent, Speed
+from autoao.stages.bench import ModelBench, Sample, interleaved
 from autoao.clock import PairedSpeedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
 from autoao.decisions import (Decision, Judged, KeptUnchanged, NoneHeld, NotFaster, NothingToTry, ShippedOnEstimate,
                               Verified)
 from autoao.ledger import RunLedger
-from autoao.measure import Baselines, Measurements
+from autoao.stages.measure import Baselines, Measurements
 from autoao.plan import Plan, apply
 from autoao.records import MeasuredPlan, WorkloadTiming
 from autoao.types import UNRESOLVED, Accuracy, FromBytes, Pricing, Timed, Verdict, pricing_words

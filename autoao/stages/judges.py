@@ -27,7 +27,7 @@ from autoao.evaluators.timing import device_name
 from autoao.ledger import RunLedger
 from autoao.plan import Plan
 from autoao.types import Accuracy, Evidence
-from autoao.workload import PROMPT_TOKENS, Workload
+from autoao.stages.inputs import PROMPT_TOKENS, Inputs
 
 
 def plan_key(plan: Plan) -> str:
@@ -134,7 +134,7 @@ class Judges:
 GENERATION = {"proxy": ((16, 16, 32), 64), "tier2": ((16, 16, 32), 32)}  # who decides -> (prompts per look, new tokens)
 
 
-def build_judges(model: nn.Module, work: Workload, tier2: Judge | None, max_drop: float, *,
+def build_judges(model: nn.Module, work: Inputs, tier2: Judge | None, max_drop: float, *,
                  cache: ResultCache, weights_key: str, ledger: RunLedger, light: bool = False) -> Judges:
     """The proxy's reference outputs and noise floor, then the checks, each priced on the
     unmodified model (Judge.price: its first look): the deciding judge (`tier2`, the user's, or
@@ -175,7 +175,7 @@ def reference_cache(cache: ResultCache, weights_key: str, device: torch.device) 
     return TensorCache(cache.path.parent / REFERENCES, f"{weights_key}:{device_name(device)}:{torch.__version__}")
 
 
-def generation_looks(model: nn.Module, work: Workload, task_decides: bool,
+def generation_looks(model: nn.Module, work: Inputs, task_decides: bool,
                      references: TensorCache) -> GenerationLooks:
     """The generation check (GENERATION) on prompts of the held-out tokens, in looks (priced by
     GenerationLooks.price)."""
@@ -189,7 +189,7 @@ def generation_looks(model: nn.Module, work: Workload, task_decides: bool,
     return GenerationLooks(chunks, new_tokens, references=references)
 
 
-def prompts(work: Workload, count: int, length: int = PROMPT_TOKENS) -> torch.Tensor:
+def prompts(work: Inputs, count: int, length: int = PROMPT_TOKENS) -> torch.Tensor:
     """[P <= count, length] prompts for the generation check: windows of the held-out token ids
     (the screen's, the confirmation chunks', then the workload's further prompt inputs); shorter
     where the sequences are."""

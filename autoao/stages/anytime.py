@@ -7,7 +7,7 @@ what the budget leaves on the plan most worth verifying next.
     run.curve             # CurvePoint per better plan verified: the anytime curve
 
 At first the incumbent is the model as it came. A plan is verified when every judge holds on it
-(autoao.choose.judge_plan) and it is measured faster end to end than the model as it came, in
+(autoao.stages.choose.judge_plan) and it is measured faster end to end than the model as it came, in
 rounds interleaved with it (bench.interleaved, the bound of their paired speed-up above 1), and
 faster than the incumbent (the paired estimate above the incumbent's); then it is the incumbent.
 A plan that fails either half is not tried again. The cheaper half runs first (on the CPU the
@@ -17,7 +17,7 @@ Which plan next is decided by value: the odds that it holds (`hold_odds`: its sc
 scaled by the plans judged so far) times how much faster than the incumbent the cost model
 predicts it. A plan predicted slower than the incumbent is never judged, nor, once a plan is
 verified, one predicted less than MIN_GAIN faster (within the cost model's noise). On
-the CPU, a uniform plan's measured speed-up anchors its candidate's cells (autoao.anchors), so
+the CPU, a uniform plan's measured speed-up anchors its candidate's cells (autoao.stages.anchors), so
 later predictions, and the search's next trials, use them.
 """
 
@@ -29,19 +29,19 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from autoao import anchors
-from autoao.bench import ModelBench, Sample, interleaved, workload_rounds
+from autoao.stages import anchors
+from autoao.stages.bench import ModelBench, Sample, interleaved, workload_rounds
 from autoao.budget import CHECK_LOOKS, MAX_CHECKS, TimePlan
-from autoao.choose import check_seconds, judge_plan
+from autoao.stages.choose import check_seconds, judge_plan
 from autoao.clock import PairedSpeedup, paired_speedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
 from autoao.decisions import BestIsUnchanged, CheckDidNotFit, Decision, Judged, NoFeasiblePlan, NotFaster, Verified
 from autoao.ledger import RunLedger
-from autoao.judges import Judges
+from autoao.stages.judges import Judges
 from autoao.plan import Plan
 from autoao.records import AnchorRecord, CurvePoint, IncumbentRecord, MeasuredPlan, TrialRecord, WorkloadTiming
-from autoao.search import SearchOutcome, plan_from_params
+from autoao.stages.search import SearchOutcome, plan_from_params
 from autoao.types import BREAKS, HOLDS, Accuracy, FromBytes, Verdict
 
 MIN_GAIN = 0.02  # a plan is judged only if predicted this much faster than the incumbent

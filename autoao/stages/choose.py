@@ -13,7 +13,7 @@ A plan holds when every judge says HOLDS:
 A judge adds evidence look by look (more documents, more positions) until its verdict resolves,
 its evidence runs out, or the time plan has no room for another look. BREAKS and UNRESOLVED are
 both "did not hold": a plan ships only on HOLDS. Which plans are judged, and when, is the anytime
-run's choice (autoao.anytime).
+run's choice (autoao.stages.anytime).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import time
 
 from torch import nn
 
-from autoao.bench import ModelBench
+from autoao.stages.bench import ModelBench
 from autoao.budget import TimePlan
 from autoao.decisions import Judged
 from autoao.ledger import RunLedger
 from autoao.evaluators.judge import Judge
-from autoao.judges import Judges
+from autoao.stages.judges import Judges
 from autoao.records import TrialRecord
 from autoao.types import BREAKS, UNRESOLVED, Verdict, combine
 

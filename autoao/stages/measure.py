@@ -1,5 +1,5 @@
 """Stage 2: what the model as it came costs, and every candidate's cost (the judges of accuracy,
-built between the two, are autoao.judges').
+built between the two, are autoao.stages.judges').
 
     base = measure_baselines(model, work, cache=..., ledger=...)       -> Baselines
     table, health = time_candidates(work, cands, cache=..., deadline=...)
@@ -24,13 +24,13 @@ from autoao.evaluators.cache import ResultCache, Timing, TimingCache, weights_ke
 from autoao.evaluators.sensitivity import layer_errors
 from autoao.evaluators.timing import (NOT_TIMED, LatencyRow, LatencyTable, default_mode, measure_latencies,
                                       measure_model, spot_check)
-from autoao.judges import Judges
+from autoao.stages.judges import Judges
 from autoao.ledger import RunLedger
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
 from autoao.search_space import Candidate
 from autoao.types import FromBytes, LayerSpec
-from autoao.workload import Workload
+from autoao.stages.inputs import Inputs
 
 E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
 Allowed = Callable[[Candidate, LayerSpec], "str | None"]  # a serving target's rule: None, or why not
@@ -56,7 +56,7 @@ class Baselines:
     workload_cold_s: float = 0.0
 
 
-def measure_baselines(model: nn.Module, work: Workload, *, cache: ResultCache, ledger: RunLedger,
+def measure_baselines(model: nn.Module, work: Inputs, *, cache: ResultCache, ledger: RunLedger,
                       workload: Callable[[nn.Module], Any] | None = None) -> Baselines:
     """The unchanged model end to end (the cost model's rest). Compiled on CUDA, as per-layer timing
     ran its layers (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly).
@@ -98,11 +98,11 @@ def run_seconds(model: nn.Module, run: Callable[[nn.Module], Any]) -> float:
 
 def measure_examples(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
                      warmup: int = 2, max_seconds: float = 3.0) -> float:
-    """Sum of end-to-end medians (us) over the examples (workload_timing)."""
-    return workload_timing(model, examples, compile, reps, warmup, max_seconds)[0]
+    """Sum of end-to-end medians (us) over the examples (forward_timing)."""
+    return forward_timing(model, examples, compile, reps, warmup, max_seconds)[0]
 
 
-def workload_timing(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
+def forward_timing(model: nn.Module, examples: list[Any], compile: bool = False, reps: int | None = None,
                     warmup: int = 2, max_seconds: float = 3.0) -> tuple[float, float, float]:
     """(median, p20, p80) us of the workload: each summed over the examples' measurements;
     examples of the same shapes are timed once (a workload like "prefill 256 tokens, then 32
@@ -131,12 +131,12 @@ def describe_shapes(example: Any) -> str:
     return repr(example)
 
 
-def _compiled_key(weights_key: str, work: Workload) -> str:
+def _compiled_key(weights_key: str, work: Inputs) -> str:
     device = torch.cuda.get_device_name(work.device) if work.device.type == "cuda" else work.device.type
     return f"compiled-costs:{weights_key}:{device}:{torch.__version__}:{describe_shapes(work.examples)}"
 
 
-def compiled_costs(cache: ResultCache, weights_key: str, work: Workload, e2e_seconds: float) -> dict[str, float]:
+def compiled_costs(cache: ResultCache, weights_key: str, work: Inputs, e2e_seconds: float) -> dict[str, float]:
     """What compiled measurements of this model and workload cost on this device in earlier runs:
     {"cold_seconds": the longest first measurement (this one included), "final_seconds": the last
     final comparison (absent before one ran)}; stores the first."""
@@ -147,7 +147,7 @@ def compiled_costs(cache: ResultCache, weights_key: str, work: Workload, e2e_sec
     return seen
 
 
-def record_final(cache: ResultCache, base: Baselines, work: Workload, seconds: float, rounds: int) -> None:
+def record_final(cache: ResultCache, base: Baselines, work: Inputs, seconds: float, rounds: int) -> None:
     """Remember what this run's compiled final comparison took, for the next run's reserve; an
     unchanged model (0 rounds) measured nothing and leaves the last comparison's seconds as they were."""
     if base.compile and rounds:
@@ -190,7 +190,7 @@ class Measurements:
     health: TimingHealth
 
 
-def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCache, ledger: RunLedger,
+def time_candidates(work: Inputs, cands: list[Candidate], *, cache: TimingCache, ledger: RunLedger,
                     deadline: float | None, allow_emulated: bool = False) -> tuple[LatencyTable, TimingHealth]:
     """Every pickable candidate on every layer shape at every token count, and the candidates that
     fuse on the sibling groups' shapes, in one work list by `deadline` (measure_latencies): every
@@ -218,7 +218,7 @@ def time_candidates(work: Workload, cands: list[Candidate], *, cache: TimingCach
     return table, health
 
 
-def estimated_cells(table: LatencyTable, work: Workload, cands: list[Candidate],
+def estimated_cells(table: LatencyTable, work: Inputs, cands: list[Candidate],
                     weight_bytes: Callable[[Candidate | None, LayerSpec], int | None], pricing: FromBytes) -> LatencyTable:
     """`table` (the unchanged layers' cells, timed) with a cell for every other candidate on every
     layer shape, flagged as emulated with `pricing.reason` so that it is never reported as a measured speed-up.
@@ -248,7 +248,7 @@ def estimated_cells(table: LatencyTable, work: Workload, cands: list[Candidate],
                         table.kernel_timings, table.seconds_by_kernel)
 
 
-def measure(model: nn.Module, work: Workload, cands: list[Candidate], table: LatencyTable, base: Baselines,
+def measure(model: nn.Module, work: Inputs, cands: list[Candidate], table: LatencyTable, base: Baselines,
             health: TimingHealth, *, cache: ResultCache, ledger: RunLedger, deadline: float | None,
             allow_emulated: bool = False, allowed: Allowed | None = None) -> Measurements:
     """The cost model (layer timings plus the rest of the unchanged model's time), what each layer

@@ -24,24 +24,24 @@ from autoao import search_space
 from autoao.common import BASELINE, __version__, atomic_write, triton_version
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.timing import route_timing, workload_us
-from autoao.anytime import Anytime
-from autoao.finalize import Final
+from autoao.stages.anytime import Anytime
+from autoao.stages.finalize import Final
 from autoao.kernels import cpu_isa, describe_route
 from autoao.ledger import RunLedger
-from autoao.judges import Judges
-from autoao.measure import Measurements, weight_bytes
+from autoao.stages.judges import Judges
+from autoao.stages.measure import Measurements, weight_bytes
 from autoao.plan import Plan, save
 from autoao.records import (AccuracySpec, AnchorRecord, AnytimeState, CandidateRecord, CurvePoint, Deploy, DeviceInfo,
                             FusedRecord, GroupRecord, KernelTimes, LayerRecord, Latency, ModelInfo, ParetoRow,
                             RunContext, RunFileError, RunSummary, StageTime, UniformRow, WeightBytes, from_dict, to_dict,
                             write)
-from autoao.search import Group, SearchOutcome, plan_from_params
+from autoao.stages.search import Group, SearchOutcome, plan_from_params
 from autoao.search_space import Candidate
 from autoao.types import FromBytes, Pricing, Timed, pricing_words
-from autoao.workload import Workload
+from autoao.stages.inputs import Inputs
 
 
-def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: Measurements, cost: CostModel,
+def run_context(model: nn.Module, work: Inputs, cands: list[Candidate], meas: Measurements, cost: CostModel,
                 groups: list[Group], judges: Judges, *, budget: str, seed: int, storage: str, study_name: str,
                 command: str | None, bf16_us: float, started: float, left_out: dict[str, str] | None = None,
                 anchors: tuple[AnchorRecord, ...] = (), target: str = "autoao", pricing: Pricing = Timed()) -> RunContext:
@@ -75,7 +75,7 @@ def run_context(model: nn.Module, work: Workload, cands: list[Candidate], meas: 
     )
 
 
-def _accuracy_spec(judges: Judges, work: Workload) -> AccuracySpec:
+def _accuracy_spec(judges: Judges, work: Inputs) -> AccuracySpec:
     """Which accuracy decides, and the unchanged model's scores: tier 2's on the documents its
     first look scored (`task/documents` says how many; verdicts pair each plan's with the baseline's
     on the documents they took)."""

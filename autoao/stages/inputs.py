@@ -1,6 +1,6 @@
 """Stage 1: what the model runs and what its linear layers see.
 
-    work = build_workload(model, example_inputs, eval_inputs=..., tokenizer=..., fuse_groups=True)
+    work = build_inputs(model, example_inputs, eval_inputs=..., tokenizer=..., fuse_groups=True)
     work.prof (layers, shapes, calibration), work.examples, work.held_out (the judges' inputs),
     work.confirm, work.prompt_inputs (more held-out inputs), work.tokens (every M), work.notes
 
@@ -29,7 +29,7 @@ from autoao.search_space import Candidate
 
 
 @dataclass(frozen=True)
-class Workload:
+class Inputs:
     """What the model runs and what its linear layers see."""
 
     prof: ModelProfile
@@ -142,14 +142,14 @@ def _threads_vs_one(fn: Callable[[], object], threads: int) -> tuple[float, floa
 # held-out inputs, disjoint from the screen's): a plan inside the model's own noise is resolved
 # within a 1-point budget on about 4000 positions (95% interval, paired with the float32 floor).
 CONFIRM_POSITIONS = (1024, 1024, 2048)
-# The generation check of a causal LM (autoao.judges.GENERATION) takes up to GENERATION_PROMPTS
+# The generation check of a causal LM (autoao.stages.judges.GENERATION) takes up to GENERATION_PROMPTS
 # prompts, each a window of PROMPT_TOKENS consecutive held-out tokens: the workload holds that many.
 PROMPT_TOKENS, GENERATION_PROMPTS = 32, 64
 
 
-def build_workload(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = None, tokenizer: Any = None,
+def build_inputs(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = None, tokenizer: Any = None,
                    fuse_groups: bool = True, busy: BusyCpu | None = None, seed: int = 0,
-                   screen_positions: int = heldout.MIN_LM_POSITIONS, confirm: bool = True) -> Workload:
+                   screen_positions: int = heldout.MIN_LM_POSITIONS, confirm: bool = True) -> Inputs:
     """Profile the model on its examples and settle the judges' held-out inputs (module docstring):
     the screen's, of at least `screen_positions` positions, where `confirm` (the proxy decides)
     the confirmation chunks of CONFIRM_POSITIONS, and for a causal LM enough further inputs for the
@@ -170,7 +170,7 @@ def build_workload(model: nn.Module, example_inputs: Any, *, eval_inputs: Any = 
                                    "positions" if lm else "rows"))
     dtypes = {lay.dtype for lay in prof.layers}
     dtype = torch.bfloat16 if torch.bfloat16 in dtypes or not dtypes else next(iter(dtypes))
-    return Workload(prof, examples, held, tuple(chunks), prof.siblings if fuse_groups else [], model_device(model),
+    return Inputs(prof, examples, held, tuple(chunks), prof.siblings if fuse_groups else [], model_device(model),
                     dtype, token_counts(prof), tuple(notes), len(int4_grid_layers(model, prof)), tuple(prompt_inputs))
 
 
@@ -229,7 +229,7 @@ def _tensors(example: Any) -> list[torch.Tensor]:
     return [v for v in values if isinstance(v, torch.Tensor)]
 
 
-def grid_warning(work: Workload, cands: list[Candidate]) -> str | None:
+def grid_warning(work: Inputs, cands: list[Candidate]) -> str | None:
     """The console's warning when the search may pick GRID_CANDIDATE on layers whose weights sit
     on its grid (it would measure near lossless on them)."""
     if not work.grid_layers or not any(c.name == GRID_CANDIDATE for c in cands):

@@ -23,10 +23,10 @@ from autoao.cost import CostModel, fused_shape
 from autoao.evaluators.timing import LatencyTable
 from autoao.kernels._base import canonical_on_device
 from autoao.clock import L2_FLUSH_BYTES
-from autoao.measure import describe_shapes, run_seconds, workload_timing
+from autoao.stages.measure import describe_shapes, run_seconds, forward_timing
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import ModelProfile
-from autoao.search import Group, plan_from_params
+from autoao.stages.search import Group, plan_from_params
 from autoao.types import Accuracy, Pricing, Timed
 
 Sample = tuple[float, float, float]  # one side's (median, p20, p80) us of the workload in a round
@@ -144,7 +144,7 @@ def interleaved(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
     # one sample a side, disturbed or not (max_seconds=0): a busy neighbour disturbs both sides of a
     # round alike
     return _alternate(bench, applied, rounds, settled,
-                      lambda: workload_timing(model, examples, reps=1, warmup=0, max_seconds=0.0))
+                      lambda: forward_timing(model, examples, reps=1, warmup=0, max_seconds=0.0))
 
 
 def _alternate(bench: ModelBench, applied: dict[str, nn.Module], rounds: int,
