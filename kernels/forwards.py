@@ -58,11 +58,12 @@ def refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     return m._path(m, x)
 
 
-def install(m: QuantizedLinear, path: Path) -> None:
-    """Make `path` the module's forward (see the module docstring). Plain attributes, set without
-    nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
+def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
+    """Make `path` the module's forward (see the module docstring); `checks_grad`: the path itself
+    refuses an input that requires grad where it must (a fused member's group module does). Plain
+    attributes, set without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
     m.__dict__["_path"] = path
-    m.__dict__["_run"] = path if m.differentiable else refusing_grad
+    m.__dict__["_run"] = path if m.differentiable or checks_grad else refusing_grad
 
 
 def own_path(m: QuantizedLinear) -> Path:

@@ -78,7 +78,7 @@ class FusedRows:
             # not a submodule (nn.Module.__setattr__ would register it): state_dict, modules() and
             # .to() see the members only
             m.__dict__.update(_fused_unit=fused, _fused_index=i)
-            install(m, member)
+            install(m, member, checks_grad=True)  # the group's module refuses for it
             start = stop
 
     @property
@@ -111,7 +111,8 @@ def member(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
                 box[0] = None
             return mine
     splits = unit.fused_splits
-    y = unit(x)  # [..., sum(splits)]
+    # [..., sum(splits)]: the module's own forward, not its __call__ (no hooks: it is no submodule)
+    y = unit._run(unit, x)
     parts = dict(enumerate(y.split(splits, dim=-1) if not y.requires_grad else narrows(y, splits)))
     mine = parts.pop(index)
     box[0] = (x, writes(x), parts)

@@ -269,6 +269,8 @@ def test_copies_of_a_fused_model_never_mix_outputs():
 def test_each_module_runs_the_path_installed_for_it():
     model, x = quantized("int8_dyn")  # not differentiable: the grad check, then the path
     assert model.q_proj._path is forwards.own and model.q_proj._run is forwards.refusing_grad
+    FusedRows([model.get_submodule(f) for f in QKV])  # the group's module refuses for its members
+    assert model.k_proj._run is member and model.k_proj._fused_unit._run is forwards.refusing_grad
     wo, _ = quantized("int8_wo")  # differentiable: the path itself
     assert wo.q_proj._run is wo.q_proj._path is forwards.own
     FusedRows([wo.get_submodule(f) for f in QKV])
