@@ -1,17 +1,19 @@
 """How a QuantizedLinear's forward runs: one path a module, chosen when it is packed or fused.
 
-    m._path = own | own_scaled | packed | fused.member   (install sets it, and m._run)
+    m._path = own | own_scaled | packed | fused.member   (install sets it, and m._run: the path, or
+                                                         its twin refusing an input that requires grad)
 
 `QuantizedLinear.forward(x)` is `self._run(self, x)`. `install(m, path)` sets both when the mode is
 known: `_repack` (a module quantized, loaded, moved or given another kernel: its own kernels, the
 input scale divided first for input-scaled algorithms, or off the host the packed parameter's
 traced reader) and `FusedRows` (a member takes its columns of the group's output: kernels/fused.py).
-A module whose kernels have no backward (`differentiable` False) runs `refusing_grad`, which sends
-an input that requires grad through `inference_only` and every other input down `_path`; a
-differentiable module's `_run` is its path itself. No mode is decided per call.
+A module whose kernels have no backward (`differentiable` False) runs its path's `*_refusing_grad`
+twin, which sends an input that requires grad through `inference_only` (the path, recorded so that
+a backward raises) and every other input down the path; a differentiable module's `_run` is its
+path itself. No mode is decided per call.
 
-Paths are module-level functions (picklable by name, one identity check each for a compiled
-caller), not methods: a compiled caller evaluates guards on every Python value forward reads, per
+Paths are module-level functions (picklable by name; a compiled caller checks the code of the one
+a module runs), not methods: a compiled caller evaluates guards on every Python value forward reads, per
 module and call, and a method lookup adds a check per class of the module's MRO
 (docs/kernels.md#guards-on-a-compiled-caller).
 """
@@ -50,12 +52,29 @@ def packed(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     return m._forward(x)
 
 
-def refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
-    """The `_run` of a module that is not `differentiable`: its path, or inference_only for an
-    input that requires grad."""
+# The `_run` of a module that is not `differentiable`: its path, or inference_only for an input that
+# requires grad. One twin a path, not one function reading `_path`: each function a forward reads
+# costs a compiled caller a check of its code, per module and call.
+def own_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     if needs_grad(x):
         return inference_only(m, x)
-    return m._path(m, x)
+    return m._forward(x)
+
+
+def own_scaled_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    if needs_grad(x):
+        return inference_only(m, x)
+    return m._forward(x / m.act_scale_rt.to(x.dtype))
+
+
+def packed_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    if needs_grad(x):
+        return inference_only(m, x)
+    return packed(m, x)
+
+
+REFUSING_GRAD: dict[Path, Path] = {own: own_refusing_grad, own_scaled: own_scaled_refusing_grad,
+                                   packed: packed_refusing_grad}
 
 
 def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
@@ -63,7 +82,7 @@ def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
     refuses an input that requires grad where it must (a fused member's group module does). Plain
     attributes, set without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
     m.__dict__["_path"] = path
-    m.__dict__["_run"] = path if m.differentiable or checks_grad else refusing_grad
+    m.__dict__["_run"] = path if m.differentiable or checks_grad else REFUSING_GRAD[path]
 
 
 def own_path(m: QuantizedLinear) -> Path:

@@ -268,9 +268,9 @@ def test_copies_of_a_fused_model_never_mix_outputs():
 
 def test_each_module_runs_the_path_installed_for_it():
     model, x = quantized("int8_dyn")  # not differentiable: the grad check, then the path
-    assert model.q_proj._path is forwards.own and model.q_proj._run is forwards.refusing_grad
+    assert model.q_proj._path is forwards.own and model.q_proj._run is forwards.own_refusing_grad
     FusedRows([model.get_submodule(f) for f in QKV])  # the group's module refuses for its members
-    assert model.k_proj._run is member and model.k_proj._fused_unit._run is forwards.refusing_grad
+    assert model.k_proj._run is member and model.k_proj._fused_unit._run is forwards.own_refusing_grad
     wo, _ = quantized("int8_wo")  # differentiable: the path itself
     assert wo.q_proj._run is wo.q_proj._path is forwards.own
     FusedRows([wo.get_submodule(f) for f in QKV])
@@ -278,7 +278,7 @@ def test_each_module_runs_the_path_installed_for_it():
     assert wo.q_proj._fused_unit._run is forwards.own
     smooth = search_space.get("int8_dyn", algorithm="smoothquant").module_cls(
         64, 64, False, torch.bfloat16, algorithm="smoothquant")  # x / act_scale first
-    assert smooth._path is forwards.own_scaled and smooth._run is forwards.refusing_grad
+    assert smooth._path is forwards.own_scaled and smooth._run is forwards.own_scaled_refusing_grad
 
 
 def test_a_fused_group_costs_a_compiled_caller_one_aliasing_check_a_sibling():
