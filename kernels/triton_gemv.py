@@ -41,7 +41,7 @@ import triton.language as tl
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
 from autoao.kernels.ops import EAGER, cdiv, next_pow2
-from autoao.kernels.triton_configs import (  # noqa: F401  (Config, int4_max_rows: re-exported)
+from autoao.kernels.triton_configs import (
     DEFAULT,
     MAX_ROWS,
     Config,

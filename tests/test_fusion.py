@@ -175,6 +175,8 @@ def test_fused_model_compiles_to_one_matmul_per_group():
         compiled2 = torch.compile(model, fullgraph=True, backend=backend)(x)  # no recompile needed
     torch.testing.assert_close(compiled, eager)
     torch.testing.assert_close(compiled2, eager)
+    group = model.q_proj.fused[0]
+    assert group.module.owed == [None]  # the compiled forward left nothing owed on the group
     int_mms = [n for n in graphs[0].graph.nodes if n.target is torch._int_mm]
     assert len(int_mms) == 2  # q/k/v as one, o_proj
     assert len(graphs) == 1
@@ -267,7 +269,7 @@ def test_copies_of_a_fused_model_never_mix_outputs():
 
 
 def test_each_module_runs_the_path_installed_for_it():
-    model, x = quantized("int8_dyn")  # not differentiable: the grad check, then the path
+    model, _ = quantized("int8_dyn")  # not differentiable: the grad check, then the path
     assert model.q_proj._path is forwards.own and model.q_proj._run is forwards.own_refusing_grad
     FusedRows([model.get_submodule(f) for f in QKV])  # the group's module refuses for its members
     assert model.k_proj._run is member and model.k_proj._fused_unit._run is forwards.own_refusing_grad
