@@ -45,8 +45,8 @@ from autoao.kernels.routes import (
     route_problem,
     route_text,
 )
-from autoao.kernels.tensors import needs_grad
-from autoao.kernels.weight_only import PACKED, PACKED_CALLS, packed_call_key, packed_forward
+from autoao.kernels.forwards import install, own, own_path
+from autoao.kernels.weight_only import PACKED, packed_call_key
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -155,15 +155,12 @@ class QuantizedLinear(nn.Module):
         self.algorithm = "rtn"  # subclasses taking an algorithm set it with _set_algorithm
         # Set by kernels.fused.FusedRows when this layer runs as part of one module with its
         # siblings: (the group, this layer's index in it), not a submodule (no state_dict entry).
-        # What forward reads of it (fused_take): this layer's slot, and the group's module as a plain
-        # attribute (not a submodule: state_dict, modules() and .to() see the members only).
         self.fused: tuple[Any, int] | None = None
-        self._fused_slot: int | None = None
-        self._fused_unit: QuantizedLinear | None = None
         # Set by pack_weight_only off the host: the key of PACKED_CALLS' entry holding what
         # packed_forward needs beside the packed parameter (that entry is also `_packed_call`, from
         # which a module unpickled in another process gets its key there); None elsewhere.
         self._traced: int | None = None
+        install(self, own)  # forward's path (kernels/forwards.py): _repack and FusedRows set it
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -244,26 +241,12 @@ class QuantizedLinear(nn.Module):
         """x [..., K] -> [..., N] in x.dtype, bias added: this layer's own kernels."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] -> [..., N] in x.dtype. A fused layer takes its columns of the group's output
-        (computed once per input by the first sibling called); otherwise its own kernels run (on
-        x / act_scale for input-scaled algorithms: those never fuse).
-
-        Compiled callers evaluate guards on every Python value forward reads (per module, each
-        call), so helpers are module-level functions rather than methods (a method lookup adds a
-        guard per class of the module's MRO). Traced off the host, a module packed into one
-        parameter (`_traced` set) reads `_traced`, that parameter and its bias only:
-        packed_forward. An input that requires grad, where the module is not `differentiable`:
-        inference_only."""
-        if needs_grad(x) and not self.differentiable:
-            return inference_only(self, x)
-        traced = self._traced
-        if traced is not None and torch.compiler.is_compiling() and not x.is_cpu:
-            return packed_forward(self, x, *PACKED_CALLS[traced])
-        slot = self._fused_slot
-        if slot is not None:
-            return fused_take(self, x, slot)
-        scale = self._buffers.get("act_scale_rt")
-        return self._forward(x if scale is None else x / scale.to(x.dtype))
+        """x [..., K] -> [..., N] in x.dtype, by the one path installed when the module was packed
+        or fused (kernels/forwards.py): its own kernels (on x / act_scale for input-scaled
+        algorithms), the packed parameter's reader when traced off the host, or a fused member's
+        columns of its group's output (kernels/fused.py); an input that requires grad through
+        inference_only where the module is not `differentiable`."""
+        return self._run(self, x)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, stats: LayerStats | None = None, **params: Any):
@@ -312,6 +295,7 @@ class QuantizedLinear(nn.Module):
         self._pack(device)
         if "act_scale" in self._canon:
             self.register_buffer("act_scale_rt", self._canon["act_scale"].to(device, self.dtype), persistent=False)
+        install(self, own_path(self))
 
     def set_kernel(self, kernel: str) -> QuantizedLinear:
         """Use `kernel` (one of the declared kernels of any device type, or a route of them:
@@ -447,77 +431,3 @@ class PerChannelWeights(QuantizedLinear):
     def canonical_spec(self) -> CanonicalSpec:
         n, k = self.out_features, self.in_features
         return {"qweight": ((n, k), self.qdtype), "scale": ((n,), torch.float32), **self._input_scale_spec()}
-
-
-class _InferenceOnly(torch.autograd.Function):
-    """y = m.forward(x) by m's own kernels (grad mode is off inside forward); a backward raises."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, m: QuantizedLinear) -> torch.Tensor:
-        ctx.module = m
-        # not m(x): its hooks ran for the call that brought us here; detached, so that the output is
-        # no view made inside this function, which autograd would not let the caller modify in place
-        return m.forward(x).detach()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        m = ctx.module
-        raise RuntimeError(
-            f"autoao's {type(m).__name__}({m.extra_repr()}) has no backward: its kernels quantize the "
-            "activations, and a gradient through that rounding would be wrong. autoao's modules are for "
-            "inference: train the model before optimizing it, or give this layer a candidate that "
-            "passes x's gradient (bf16, bf16_compute, the weight-only int8_wo / int4_wo / int4_sym / "
-            "fp8_wo, sparse24).")
-
-
-def inference_only(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
-    """m(x) for an x that requires grad, where m is not `differentiable`: the output joins x's
-    graph, as a real gradient's would, so that a backward through it raises (naming m) instead of
-    skipping the layer or returning the gradient of a rounding; compiled callers too."""
-    return _InferenceOnly.apply(x, m)
-
-
-# Fused members' outputs owed (kernels/fused.py): a member's slot -> (the input, its in-place
-# write count then, its output), put by the member called first on that input for its siblings;
-# empty between forwards. Here rather than on the group so that under torch.compile only the
-# member called first reaches the group's module: members reaching one object by two paths cost a
-# compiled caller a Python aliasing check.
-FUSED_CALLS: dict[int, tuple[torch.Tensor, int | None, torch.Tensor]] = {}
-
-
-def fused_take(m: QuantizedLinear, x: torch.Tensor, slot: int) -> torch.Tensor:
-    """Fused member m's output for x [..., K]: [..., N_m], its view of the group's output, which
-    the first member called on x computes for all. A member takes its output only if put for the
-    input it was given, unwritten since, so members called on another tensor or on x changed in
-    place, and copies of a model (which share slots), recompute and never mix."""
-    owed = FUSED_CALLS.pop(slot, None)
-    if owed is not None and owed[0] is x and (owed[1] is None or owed[1] == x._version):
-        return owed[2]
-    unit = m._fused_unit
-    slots, splits = unit.fused_parts  # type: ignore[union-attr]
-    y = unit(x)  # [..., sum(splits)]
-    parts = y.split(splits, dim=-1) if not y.requires_grad else _narrows(y, splits)
-    outputs = dict(zip(slots, parts))  # type: ignore[misc]
-    mine = outputs.pop(slot)
-    writes = _writes(x)
-    for s, part in outputs.items():
-        FUSED_CALLS[s] = (x, writes, part)
-    return mine
-
-
-def _writes(x: torch.Tensor) -> int | None:
-    """x's in-place write count (its version), or None where none can be read: inference tensors
-    keep none, and dynamo traces it as a data-dependent integer no branch may read. There, a
-    caller writing the input in place between two siblings breaks the contract (kernels/fused.py)."""
-    if torch.compiler.is_compiling() or x.is_inference():
-        return None
-    return x._version
-
-
-def _narrows(y: torch.Tensor, splits: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-    """What y.split(splits, dim=-1) gives, as one narrow each: autograd forbids in-place ops on the
-    views one split makes (a caller's `q *= scale` while it records) and allows them on a narrow's.
-    Only where autograd records: three narrows cost a fused q/k/v's eager call about 1-2 us more
-    than one split on the CPU (20.1-20.2 against 21.3-22.1 us, best of 5 x 20000 calls)."""
-    starts = [sum(splits[:i]) for i in range(len(splits))]
-    return tuple(y.narrow(-1, at, n) for at, n in zip(starts, splits))

@@ -22,22 +22,24 @@ not written in place in between, between two uses of the group (what autoao.prof
 detection checks on the example inputs). A member called on another tensor, or again, or in eager
 mode on the tensor written in place since, recomputes the group's output: still right, only slower.
 Compiled callers and inference tensors have no write count to read: there a write in place between
-siblings goes unseen. Works under torch.compile(fullgraph=True): the per-call state lives in one dict
-(kernels/_base.py FUSED_CALLS: what the first member called owes its siblings), which dynamo
-traces as side effects, and each member takes its own, so nothing is held between forwards.
+siblings goes unseen.
+
+State: what the member called first owes its siblings lives on the group's module (`owed`: the
+input, its write count, the columns not yet taken), and only there: each sibling takes its own,
+the last one taken clears it, and a group called again overwrites what an interrupted call left,
+so no activation outlives the next call and copies of a model (each with its own module) never mix.
+Works under torch.compile(fullgraph=True): dynamo traces the writes to `owed` as side effects, and
+a whole forward leaves it empty, so nothing is held between forwards.
 """
 
 from __future__ import annotations
 
-import itertools
-import weakref
 from typing import Any
 
 import torch
 
-from autoao.kernels._base import FUSED_CALLS, QuantizedLinear
-
-_SLOTS = itertools.count()
+from autoao.kernels._base import QuantizedLinear
+from autoao.kernels.forwards import install
 
 
 class FusedRows:
@@ -64,27 +66,24 @@ class FusedRows:
                                             for m in members]))
         self.module = fused
         self.members = list(members)
-        # the members' slots in FUSED_CALLS (copies of a model share them) and output sizes: one
-        # tuple on the module, what the member called first reads
-        fused.fused_parts = (tuple(next(_SLOTS) for _ in members), splits)
-        # outputs still owed when the group goes (a forward interrupted between members) go with it
-        weakref.finalize(fused, _forget, self.slots)
+        # the members' output sizes (a tuple: a compiled caller guards it as one value) and what the
+        # member called first owes the others (module docstring); plain attributes of the module
+        fused.__dict__.update(fused_splits=splits, owed=[None])
         start = 0
         for i, m in enumerate(members):
             stop = start + m.out_features
             m._canon = {name: t[start:stop] for name, t in fused._canon.items()}  # [N_i, ...] row views
             m.drop_runtime()
-            m.fused, m._fused_slot = (self, i), self.slots[i]
-            m.__dict__["_fused_unit"] = fused  # not a submodule (nn.Module.__setattr__ would register it)
+            m.fused = (self, i)
+            # not a submodule (nn.Module.__setattr__ would register it): state_dict, modules() and
+            # .to() see the members only
+            m.__dict__.update(_fused_unit=fused, _fused_index=i)
+            install(m, member, checks_grad=True)  # the group's module refuses for it
             start = stop
 
     @property
-    def slots(self) -> tuple[int, ...]:
-        return self.module.fused_parts[0]
-
-    @property
     def splits(self) -> tuple[int, ...]:
-        return self.module.fused_parts[1]
+        return self.module.fused_splits
 
     def set_kernel(self, kernel: str) -> None:
         """Switch the group's CUDA kernel (every member reports it)."""
@@ -97,9 +96,45 @@ class FusedRows:
         self.module._repack(self.module.device)
 
 
-def _forget(slots: tuple[int, ...]) -> None:
-    for slot in slots:
-        FUSED_CALLS.pop(slot, None)
+def member(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """Fused member m's path (kernels/forwards.py) for x [..., K]: [..., N_m], its view of the
+    group's output, which the first member called on x computes for all. A member takes its output
+    only if owed for the input it was given, unwritten since; otherwise it runs the group and owes
+    its siblings theirs, replacing whatever was owed before."""
+    unit, index = m._fused_unit, m._fused_index
+    box = unit.owed  # [None] or [(the input, its write count, index -> output)]: one slot a group
+    owed = box[0]
+    if owed is not None and owed[0] is x and (owed[1] is None or owed[1] == x._version):
+        mine = owed[2].pop(index, None)
+        if mine is not None:
+            if not owed[2]:  # the last sibling took its own: nothing held
+                box[0] = None
+            return mine
+    splits = unit.fused_splits
+    # [..., sum(splits)]: the module's own forward, not its __call__ (no hooks: it is no submodule)
+    y = unit._run(unit, x)
+    parts = dict(enumerate(y.split(splits, dim=-1) if not y.requires_grad else narrows(y, splits)))
+    mine = parts.pop(index)
+    box[0] = (x, writes(x), parts)
+    return mine
+
+
+def writes(x: torch.Tensor) -> int | None:
+    """x's in-place write count (its version), or None where none can be read: inference tensors
+    keep none, and dynamo traces it as a data-dependent integer no branch may read. There, a
+    caller writing the input in place between two siblings breaks the contract (module docstring)."""
+    if torch.compiler.is_compiling() or x.is_inference():
+        return None
+    return x._version
+
+
+def narrows(y: torch.Tensor, splits: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """What y.split(splits, dim=-1) gives, as one narrow each: autograd forbids in-place ops on the
+    views one split makes (a caller's `q *= scale` while it records) and allows them on a narrow's.
+    Only where autograd records: three narrows cost a fused q/k/v's eager call about 1-2 us more
+    than one split on the CPU (docs/kernels.md#sibling-fusion)."""
+    starts = [sum(splits[:i]) for i in range(len(splits))]
+    return tuple(y.narrow(-1, at, n) for at, n in zip(starts, splits))
 
 
 def fuse_problem(members: list[Any]) -> str | None:

@@ -38,6 +38,7 @@ from autoao.kernels.quant import (
 from autoao.kernels.ops import call_op
 from autoao.kernels.routes import KernelInfo, route_kernel
 from autoao.kernels.tensors import add_bias, flatten_tokens, needs_grad, unflatten_tokens
+from autoao.kernels.triton_configs import int4_max_rows
 from autoao.kernels.weight_only import GEMV_MAX_ROWS
 
 GROUP_SIZES = (32, 64, 128)
@@ -58,13 +59,11 @@ def tinygemm_layout(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
 
 
 def triton_gemv_rows(in_features: int, group_size: int) -> int | None:
-    """Rows up to which the "triton" kernel runs its GEMV (triton_gemv.int4_max_rows: 8, or 16 where
+    """Rows up to which the "triton" kernel runs its GEMV (triton_configs.int4_max_rows: 8, or 16 where
     the tensor-core GEMV fits) on a layer with this K and group size; None where the Triton ops
     cannot load (the "triton" kernel then runs tinygemm's path)."""
     if not load_triton_ops():
         return None
-    from autoao.kernels.triton_gemv import int4_max_rows  # lazy: triton is heavy and optional
-
     return int4_max_rows(in_features, group_size)
 
 

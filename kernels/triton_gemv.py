@@ -27,7 +27,7 @@ inside the kernel, the last program of a block reducing, measured slower end to 
 datacenter GPU: docs/kernels.md#int8_wo-and-fp8_wo-the-triton-weight-only-gemvs.)
 
 Each (N, K, M, kernel) gets its launch configuration from a timed sweep on first use (`_tune`),
-or `_DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
+or `DEFAULT` under the interpreter / CUDA-graph capture. The ops are registered as custom ops
 (`autoao::int4_gemv`, `autoao::per_channel_gemv` for int8 and fp8) so torch.compile and CUDA graphs
 treat each as one opaque, shape-known call. Tested on CPU with TRITON_INTERPRET=1.
 """
@@ -35,17 +35,20 @@ treat each as one opaque, shape-known call. Tested on CPU with TRITON_INTERPRET=
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from autoao.clock import fastest  # L2 flushed by a read, as the model meets the layer
-from autoao.kernels.weight_only import GEMV_MAX_ROWS as MAX_ROWS  # M <= MAX_ROWS; larger M: GEMM kernels
 from autoao.kernels.ops import EAGER, cdiv, next_pow2
-
-MMA_MAX_ROWS = 16  # the tensor-core int4 kernel pads x to 16 rows: up to 16 cost what 1 does
+from autoao.kernels.triton_configs import (
+    DEFAULT,
+    MAX_ROWS,
+    Config,
+    candidates,
+    fits,
+    int4_max_rows,
+)
 
 # The interpreter (CPU tests) runs the kernels as Python and cannot run inline PTX.
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -127,7 +130,7 @@ def _int4_words_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, st
     rows = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // GROUP], dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
-        # K is a multiple of BLOCK_K here (_fits): no mask along K, so the loads are 16 bytes wide
+        # K is a multiple of BLOCK_K here (fits): no mask along K, so the loads are 16 bytes wide
         kw = k0 + 8 * offs_w  # [W] first k of each word
         mask = mask_n[:, None] & (offs_w < W)[None, :]
         w0 = tl.multiple_of(k0 // 8, W)
@@ -207,7 +210,7 @@ def _int4_mma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stri
                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # Same contract as _int4_kernel except: q is the same bytes viewed as int16 [N, K/4] (stride_qn
-    # in int16 elements), K % BLOCK_K == 0 and GROUP >= 64 (_fits), and x is rounded to bf16 (the
+    # in int16 elements), K % BLOCK_K == 0 and GROUP >= 64 (fits), and x is rounded to bf16 (the
     # module passes bf16). The multiply-accumulate runs on tensor cores (Marlin's idea), one dot per
     # group: y^T [BN, MP] += s * (W' @ x^T - 136 * xs) + z * xs, with W' = 128 + q [BN, G] from
     # _bf16_nibbles, xs the sum of x over the group, MP = max(16, BLOCK_M) columns (tl.dot's
@@ -289,38 +292,8 @@ def _per_channel_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_w
     _store_rows(y_ptr, acc * s[None, :], pid_k, M, N, offs_n, BLOCK_M)
 
 
-##### launch configurations #####################################################################
+##### launch configurations (data: triton_configs.py) and tuning ###############################
 
-@dataclass(frozen=True)
-class Config:
-    block_n: int
-    block_k: int
-    split_k: int
-    num_warps: int
-    variant: str = ""  # int4 only: "" (_int4_kernel), "words" (_int4_words_kernel) or "mma" (_int4_mma_kernel)
-    num_stages: int = 3  # software-pipelining depth of the K loop (Triton's default)
-
-
-# What the int8/fp8 tuner times: every config that was fastest on at least one cell of a datacenter GPU's table
-# of all 24 earlier ones (BLOCK_N/BLOCK_K/warps of 2-16 KB of weights per step x split-K 1/2/4)
-# on llama8's and SmolLM2's 14 weight shapes x M = 1, 8 x int8/fp8
-# (docs/kernels.md#int8_wo-and-fp8_wo-the-triton-weight-only-gemvs). Split-K serves long K and narrow N (4096 x 14336, whose
-# 4096 / BLOCK_N programs cannot fill 132 SMs).
-CONFIGS = tuple(Config(bn, bk, sk, w) for bn, bk, sk, w in [
-    (16, 1024, 1, 8), (16, 2048, 1, 8), (32, 256, 4, 4), (16, 512, 1, 4), (32, 256, 1, 4), (16, 256, 4, 4),
-    (16, 1024, 4, 8), (8, 512, 4, 4), (32, 256, 2, 4), (4, 512, 1, 2)])
-# int4: the byte kernel on the tiles that won its datacenter-GPU sweep (gemv_v3), the words kernel (22-33%
-# fewer SASS instructions per byte) on its leanest tiles, and the
-# tensor-core kernel on the tiles that won datacenter-GPU sweeps (64 wide for the 4096/14336 layers, 128 wide
-# with split-K 8 for 4096x14336, 256 wide for the 128256-wide lm_head; a sweep of ~330 tensor-core
-# configs found nothing > 2% faster than this list on llama8's shapes; docs/kernels.md#int4_wo);
-# kept short because every group size compiles its own set on first use.
-INT4_CONFIGS = tuple(Config(bn, bk, sk, w, variant) for bn, bk, w, variant in [
-    (16, 512, 4, ""), (16, 1024, 8, ""), (16, 2048, 8, ""), (32, 256, 4, ""),
-    (16, 512, 4, "words"), (32, 512, 4, "words"), (64, 256, 4, "words"), (16, 1024, 4, "words")]
-    for sk in (1, 4)) + tuple(Config(bn, 128, sk, w, "mma") for bn, sk, w in [(64, 1, 4), (64, 8, 4), (256, 1, 4),
-                                                                              (256, 4, 4), (128, 8, 8)])
-_DEFAULT = Config(16, 256, 1, 4)
 _TUNED: dict[tuple, Config] = {}
 
 
@@ -352,27 +325,6 @@ def _launch(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, cfg: Con
     return y
 
 
-def _fits(cfg: Config, k: int, group: int) -> bool:
-    # int4 steps hold whole groups (group 0: per-channel kernels); every split gets >= 1 step.
-    whole = group == 0 or cfg.block_k % group == 0
-    even = cfg.variant not in ("words", "mma") or k % cfg.block_k == 0  # these two have no K masks
-    dot = cfg.variant != "mma" or group >= 64  # tl.dot needs K >= 16: a group's G/4 nibbles a position
-    return whole and even and dot and cfg.block_k * cfg.split_k <= max(k, cfg.block_k)
-
-
-def _candidates(kind: str, k: int, group: int, m: int) -> list[Config]:
-    """The configs that can run (kind, K, group) at M rows: above MAX_ROWS only the tensor-core
-    int4 kernel (its x tile is 16 rows whatever M is; the others unroll a loop over the rows)."""
-    configs = INT4_CONFIGS if kind == "int4" else CONFIGS
-    return [c for c in configs if _fits(c, k, group) and (m <= MAX_ROWS or c.variant == "mma")]
-
-
-def int4_max_rows(k: int, group: int) -> int:
-    """The most rows int4_gemv takes for in_features K and this group size: MMA_MAX_ROWS where the
-    tensor-core kernel fits (K a multiple of its 128-wide step, groups >= 64), else MAX_ROWS."""
-    return MMA_MAX_ROWS if _candidates("int4", k, group, MMA_MAX_ROWS) else MAX_ROWS
-
-
 def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int) -> Config:
     """The fastest config for (kind, N, K, M, group), timed once per process on a CUDA device."""
     m = x.shape[0]
@@ -380,14 +332,14 @@ def _tune(kind: str, x: torch.Tensor, tensors: tuple, n: int, k: int, group: int
     cfg = _TUNED.get(key)
     if cfg is not None:
         return cfg
-    candidates = _candidates(kind, k, group, m)
+    configs = candidates(kind, k, group, m)
     if os.environ.get("TRITON_INTERPRET") == "1" or not x.is_cuda or torch.cuda.is_current_stream_capturing():
         if m > MAX_ROWS:
-            return candidates[0]
-        return _DEFAULT if _fits(_DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
+            return configs[0]
+        return DEFAULT if fits(DEFAULT, k, group) else Config(16, max(group, 128), 1, 4)
 
     # a config that does not compile (registers) is skipped
-    best = fastest(candidates, lambda cfg: lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype),
+    best = fastest(configs, lambda cfg: lambda: _finish(_launch(kind, x, tensors, n, k, cfg, group), x.dtype),
                    skip=(Exception,))
     if best is None:
         raise RuntimeError(f"no {kind} GEMV configuration ran for N={n}, K={k}")

@@ -286,8 +286,9 @@ EXTRA_GUARDS_AT_MOST = {"int8_wo": 11, "fp8_wo": 8}
 
 
 # the same off the host ("meta" stands in for a GPU): the weight-only formats' one packed parameter,
-# checked as nn.Linear's weight is, and the key of its constants (kernels/weight_only.py, packed_forward)
-EXTRA_GUARDS_OFF_HOST_AT_MOST = {"int8_wo": 2, "fp8_wo": 2}
+# checked as nn.Linear's weight is, the key of its constants (kernels/weight_only.py, packed_forward:
+# two checks of one int) and the identity of the path installed for the module (`_run`, kernels/forwards.py)
+EXTRA_GUARDS_OFF_HOST_AT_MOST = {"int8_wo": 3, "fp8_wo": 3}
 
 
 def _first_layer_guards(model: nn.Module, device: str) -> list[tuple[str, str]]:

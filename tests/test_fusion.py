@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import weakref
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from torch import nn
 
 import autoao
 from autoao import search_space
-from autoao.kernels import FusedRows, QuantizedLinear, _base, fuse_problem
+from autoao.kernels import FusedRows, QuantizedLinear, forwards, fuse_problem
+from autoao.kernels.fused import member
 from autoao.plan import Plan, PlanError, plan_of
 from autoao.profile import profile
 
@@ -108,7 +110,7 @@ def test_fused_siblings_compute_the_same_numbers(cand, bias):
         group = FusedRows([model.get_submodule(f) for f in QKV])
         after = model(x)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
-    assert not set(group.slots) & set(_base.FUSED_CALLS)  # nothing held after the forward
+    assert group.module.owed == [None]  # nothing held after the forward
     # the state dict is the members' own, unchanged: save/load and plan_of see per-layer tensors
     now = model.state_dict()
     assert now.keys() == state.keys() and all(torch.equal(now[k], state[k]) for k in state)
@@ -124,7 +126,7 @@ def test_fused_siblings_compute_the_same_numbers(cand, bias):
 def test_fused_siblings_keep_the_gradient_contract(cand):
     # int8_wo and sparse24 pass x's gradient (fused or not, the same); the others raise at backward
     model, x = quantized(cand)
-    FusedRows([model.get_submodule(f) for f in QKV])
+    group = FusedRows([model.get_submodule(f) for f in QKV])
     with torch.no_grad():
         want = model(x)
     xg = x.clone().requires_grad_()
@@ -139,7 +141,7 @@ def test_fused_siblings_keep_the_gradient_contract(cand):
     else:
         with pytest.raises(RuntimeError, match="has no backward"):
             y.float().sum().backward()
-    assert not _base.FUSED_CALLS  # nothing owed after the forward
+    assert group.module.owed == [None]  # nothing owed after the forward
     # each member's output may be changed in place while autograd records (`q *= scale`), fused or not
     h, grads = x.clone().requires_grad_(), []
     for each in (quantized(cand)[0], model):  # unfused, then the fused model
@@ -173,6 +175,8 @@ def test_fused_model_compiles_to_one_matmul_per_group():
         compiled2 = torch.compile(model, fullgraph=True, backend=backend)(x)  # no recompile needed
     torch.testing.assert_close(compiled, eager)
     torch.testing.assert_close(compiled2, eager)
+    group = model.q_proj.fused[0]
+    assert group.module.owed == [None]  # the compiled forward left nothing owed on the group
     int_mms = [n for n in graphs[0].graph.nodes if n.target is torch._int_mm]
     assert len(int_mms) == 2  # q/k/v as one, o_proj
     assert len(graphs) == 1
@@ -184,18 +188,49 @@ def test_members_called_on_another_input_recompute():
     with torch.no_grad():
         q1 = model.q_proj(x)
         k2 = model.k_proj(x + 1)  # not the input q saw: the group runs again
-        v2 = model.v_proj(x + 1)
-    # each `x + 1` is a new tensor, so v ran the group again too: q's and k's outputs for v's input are owed
-    assert set(group.slots) & set(_base.FUSED_CALLS) == set(group.slots[:2])
+        h = x + 1
+        v2 = model.v_proj(h)
+    # each `x + 1` is a new tensor, so v ran the group again too: q's and k's outputs for h are owed,
+    # in the group's one slot (what was owed for x and for k's input is gone)
+    owed = group.module.owed[0]
+    assert owed[0] is h and sorted(owed[2]) == [0, 1]
     with torch.no_grad():
         alone, _ = quantized("int8_wo")
         torch.testing.assert_close(q1, alone.q_proj(x), rtol=0, atol=0)
         torch.testing.assert_close(k2, alone.k_proj(x + 1), rtol=0, atol=0)
         torch.testing.assert_close(v2, alone.v_proj(x + 1), rtol=0, atol=0)
-    slots = group.slots
-    del model, group
+
+
+def test_a_fused_group_run_twice_gives_each_call_its_own_outputs():
+    model, x = quantized("int8_wo")
+    alone, _ = quantized("int8_wo")
+    FusedRows([model.get_submodule(f) for f in QKV])
+    x2 = torch.randn_like(x)
+    with torch.no_grad():
+        first = [model.get_submodule(f)(x) for f in QKV]
+        second = [model.get_submodule(f)(x2) for f in reversed(QKV)][::-1]  # another member first
+        for f, a, b in zip(QKV, first, second):
+            torch.testing.assert_close(a, alone.get_submodule(f)(x), rtol=0, atol=0)
+            torch.testing.assert_close(b, alone.get_submodule(f)(x2), rtol=0, atol=0)
+        assert not torch.equal(first[0], second[0])
+
+
+def test_a_forward_leaves_no_activation_on_the_group():
+    """After the parent's forward nothing references the group's output or its input; an
+    interrupted call (one sibling only) is held only until the group's next call."""
+    model, x = quantized("int8_wo")
+    group = FusedRows([model.get_submodule(f) for f in QKV])
+    with torch.no_grad():
+        h = x.clone()
+        y = model(h)
+        q = model.q_proj(h)  # k and v are owed their outputs for h...
+        seen = weakref.ref(h), weakref.ref(q)
+        assert group.module.owed[0][0] is h
+        del y, q, h
+        assert seen[0]() is not None  # ...so the group holds h (and k's, v's columns) until its next call
+        model(x)  # the next call replaces it
     gc.collect()
-    assert not set(slots) & set(_base.FUSED_CALLS)  # what was still owed goes with the group
+    assert group.module.owed == [None] and seen[0]() is None and seen[1]() is None
 
 
 def test_members_called_on_an_input_written_in_place_since_recompute():
@@ -212,25 +247,47 @@ def test_members_called_on_an_input_written_in_place_since_recompute():
         torch.testing.assert_close(v, alone.v_proj(x * -2), rtol=0, atol=0)
 
 
-def test_copies_of_a_fused_model_share_slots_but_never_mix_outputs():
+def test_copies_of_a_fused_model_never_mix_outputs():
     model, x = quantized("int8_wo")
     FusedRows([model.get_submodule(f) for f in QKV])
     twin = copy.deepcopy(model)
-    assert twin.k_proj._fused_slot == model.k_proj._fused_slot  # copies share slots...
+    assert twin.k_proj._fused_unit is twin.q_proj._fused_unit is not model.q_proj._fused_unit
+    assert twin.k_proj._run is model.k_proj._run  # the same path, each its own group's state
     alone, _ = quantized("int8_wo")
     y = x.flip(0)
-    with torch.no_grad():  # ...and their calls interleave: each member checks the input it was owed for
-        q, k_twin = model.q_proj(x), twin.k_proj(y)  # k's slot holds the output for x, not y
+    with torch.no_grad():  # their calls interleave: each member reads only its own group's
+        q, k_twin = model.q_proj(x), twin.k_proj(y)
         k, q_twin, v, v_twin = model.k_proj(x), twin.q_proj(y), model.v_proj(x), twin.v_proj(y)
         for got, f, inp in [(q, "q_proj", x), (k, "k_proj", x), (v, "v_proj", x), (q_twin, "q_proj", y),
                             (k_twin, "k_proj", y), (v_twin, "v_proj", y)]:
             torch.testing.assert_close(got, alone.get_submodule(f)(inp), rtol=0, atol=0)
+        # the same input object for both copies: still each its own weights' numbers
+        twin.q_proj.set_canonical({**twin.q_proj.canonical(), "scale": twin.q_proj.canonical()["scale"] * 2})
+        q, q_twin, k, k_twin = model.q_proj(x), twin.q_proj(x), model.k_proj(x), twin.k_proj(x)
+        torch.testing.assert_close(q_twin, 2 * q, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(k, k_twin, rtol=0, atol=0)
 
 
-def test_a_fused_group_costs_a_compiled_caller_no_aliasing_check():
-    """Only the member called first reads the group (kernels/_base.py fused_take): members reaching
-    one object by two paths would cost every compiled call a Python aliasing check a group. Off the
-    host ("meta" stands in for a GPU) the group gives the caller one packed weight for three."""
+def test_each_module_runs_the_path_installed_for_it():
+    model, _ = quantized("int8_dyn")  # not differentiable: the grad check, then the path
+    assert model.q_proj._path is forwards.own and model.q_proj._run is forwards.own_refusing_grad
+    FusedRows([model.get_submodule(f) for f in QKV])  # the group's module refuses for its members
+    assert model.k_proj._run is member and model.k_proj._fused_unit._run is forwards.own_refusing_grad
+    wo, _ = quantized("int8_wo")  # differentiable: the path itself
+    assert wo.q_proj._run is wo.q_proj._path is forwards.own
+    FusedRows([wo.get_submodule(f) for f in QKV])
+    assert wo.q_proj._run is member and wo.o_proj._run is forwards.own
+    assert wo.q_proj._fused_unit._run is forwards.own
+    smooth = search_space.get("int8_dyn", algorithm="smoothquant").module_cls(
+        64, 64, False, torch.bfloat16, algorithm="smoothquant")  # x / act_scale first
+    assert smooth._path is forwards.own_scaled and smooth._run is forwards.own_scaled_refusing_grad
+
+
+def test_a_fused_group_costs_a_compiled_caller_one_aliasing_check_a_sibling():
+    """Only the member called first reads the group's tensors; each sibling after it reads the
+    group's module for what it is owed (kernels/fused.py), which costs a compiled caller one
+    aliasing check (an identity comparison) a sibling, and nothing else of the group. Off the host
+    ("meta" stands in for a GPU) the group gives the caller one packed weight for three."""
     def guards(model: nn.Module) -> list[tuple[str, str]]:
         torch._dynamo.reset()
         explained = torch._dynamo.explain(model)(torch.randn(1, 1, 64, dtype=torch.bfloat16, device="meta"))
@@ -240,8 +297,9 @@ def test_a_fused_group_costs_a_compiled_caller_no_aliasing_check():
     fused, _ = quantized("fp8_wo")
     FusedRows([fused.get_submodule(f) for f in QKV])
     alone, grouped = guards(unfused.to("meta")), guards(fused.to("meta"))
-    assert not [name for name, kind in grouped if kind == "DUPLICATE_INPUT" and ".fused" in name]
-    assert not [name for name, _ in grouped if any(f"['{f}'].fused" in name for f in QKV[1:])]
+    aliasing = sorted(name for name, kind in grouped if kind == "DUPLICATE_INPUT" and "_proj" in name)
+    assert aliasing == [f"L['self']._modules['{f}']._fused_unit" for f in QKV[1:]]
+    assert not [name for name, _ in grouped if any(f"['{f}']._fused_unit." in name for f in QKV[1:])]
     tensors = [[name for name, kind in g if kind == "TENSOR_MATCH" and "_proj" in name] for g in (alone, grouped)]
     assert len(tensors[0]) == 4 and len(tensors[1]) == 2  # q, k, v, o: the group's one and o's
 

@@ -14,8 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("autoao", "kernels", "search_space", "evaluators", "reports")
 MODULE_LINES, FUNCTION_LINES = 450, 50
 # still over, to be split: their size today is their ceiling
-OVER = {"kernels/_base.py": 523, "kernels/triton_gemv.py": 476,
-        "kernels/triton_gemv.py:_int4_words_kernel": 56}  # a Triton kernel, one JIT function
+OVER = {"kernels/triton_gemv.py:_int4_words_kernel": 56}  # a Triton kernel, one JIT function
 
 
 def _files() -> list[Path]:

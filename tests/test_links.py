@@ -116,3 +116,17 @@ def test_the_package_cites_pages_that_exist():
                     if not (ROOT / cited).exists():
                         missing.append(f"{path.relative_to(ROOT)}: {cited}")
     assert not missing, "cited pages that do not exist:\n" + "\n".join(sorted(missing))
+
+
+MAX_ARCHITECTURE_LINES = 200
+
+
+def test_the_architecture_page_stays_short_and_names_files_that_exist():
+    """ARCHITECTURE.md is a map, not a manual: at most MAX_ARCHITECTURE_LINES lines, and every
+    package path it names in backticks or in its stage diagram exists."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    assert len(text.splitlines()) <= MAX_ARCHITECTURE_LINES
+    named = set(re.findall(r"\b((?:autoao|kernels|evaluators|search_space|reports)/[\w/]+\.py)\b", text))
+    assert len(named) > 10  # the page names the modules it describes
+    missing = sorted(p for p in named if not (ROOT / p).is_file())
+    assert missing == [], f"ARCHITECTURE.md names files that do not exist: {missing}"

@@ -113,16 +113,16 @@ def test_weight_only_gemv_kernels_match_dequantized_reference():
                 # the words kernel needs K % BLOCK_K == 0 (no K masks); 384, 320 and 512 all take 64
                 for words in (tg.Config(8, 64 if g <= 64 else 128, 1, 4, "words"),
                               tg.Config(8, 64 if g <= 64 else 128, 2, 4, "words")):
-                    if tg._fits(words, k, g):
+                    if tg.fits(words, k, g):
                         check(f"int4 {words}", tg._finish(tg._launch("int4", x, t4, n, k, words, g), x.dtype), ref)
-                assert not tg._fits(tg.Config(8, 256, 1, 4, "words"), 320, 32)
+                assert not tg.fits(tg.Config(8, 256, 1, 4, "words"), 320, 32)
                 # the tensor-core kernel: K % BLOCK_K == 0 and groups >= 64 (384 and 512 take 128-wide
                 # steps: one group of 128 or two of 64); 64-row tiles overhang N = 24 and 8, split 3 leaves
                 # one split of 512 with two steps
                 for mma in (tg.Config(64, 128, 1, 4, "mma"), tg.Config(16, 128, 3, 4, "mma")):
-                    if tg._fits(mma, k, g):
+                    if tg.fits(mma, k, g):
                         check(f"int4 {mma}", tg._finish(tg._launch("int4", x, t4, n, k, mma, g), x.dtype), ref)
-                assert not tg._fits(tg.Config(64, 128, 1, 4, "mma"), 512, 32)
+                assert not tg.fits(tg.Config(64, 128, 1, 4, "mma"), 512, 32)
                 q8, s8 = quantize_int8_per_channel(w)
                 s8 = s8.to(torch.bfloat16)
                 ref = x.double() @ (q8.double() * s8.double()[:, None]).t()

@@ -1,0 +1,120 @@
+"""How a QuantizedLinear's forward runs: one path a module, chosen when it is packed or fused.
+
+    m._path = own | own_scaled | packed | fused.member   (install sets it, and m._run: the path, or
+                                                         its twin refusing an input that requires grad)
+
+`QuantizedLinear.forward(x)` is `self._run(self, x)`. `install(m, path)` sets both when the mode is
+known: `_repack` (a module quantized, loaded, moved or given another kernel: its own kernels, the
+input scale divided first for input-scaled algorithms, or off the host the packed parameter's
+traced reader) and `FusedRows` (a member takes its columns of the group's output: kernels/fused.py).
+A module whose kernels have no backward (`differentiable` False) runs its path's `*_refusing_grad`
+twin, which sends an input that requires grad through `inference_only` (the path, recorded so that
+a backward raises) and every other input down the path; a differentiable module's `_run` is its
+path itself. No mode is decided per call.
+
+Paths are module-level functions (picklable by name; a compiled caller checks the code of the one
+a module runs), not methods: a compiled caller evaluates guards on every Python value forward reads, per
+module and call, and a method lookup adds a check per class of the module's MRO
+(docs/kernels.md#guards-on-a-compiled-caller).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from autoao.kernels.tensors import needs_grad
+from autoao.kernels.weight_only import PACKED_CALLS, packed_forward
+
+if TYPE_CHECKING:
+    from autoao.kernels._base import QuantizedLinear
+
+Path = Callable[["QuantizedLinear", torch.Tensor], torch.Tensor]
+
+
+def own(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] -> [..., N]: the module's own kernels."""
+    return m._forward(x)
+
+
+def own_scaled(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The module's own kernels on x / act_scale (AWQ, SmoothQuant: act_scale_rt [K] in the layer dtype)."""
+    return m._forward(x / m.act_scale_rt.to(x.dtype))
+
+
+def packed(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """A weight-only module packed into one parameter off the host (weight_only.py): traced code
+    reads `_traced`, that parameter and the bias only (packed_forward); eager calls read the views
+    kept for them (`_forward`). is_compiling() costs a compiled caller no guard."""
+    if torch.compiler.is_compiling():
+        return packed_forward(m, x, *PACKED_CALLS[m._traced])
+    return m._forward(x)
+
+
+# The `_run` of a module that is not `differentiable`: its path, or inference_only for an input that
+# requires grad. One twin a path, not one function reading `_path`: each function a forward reads
+# costs a compiled caller a check of its code, per module and call.
+def own_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    if needs_grad(x):
+        return inference_only(m, x)
+    return m._forward(x)
+
+
+def own_scaled_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    if needs_grad(x):
+        return inference_only(m, x)
+    return m._forward(x / m.act_scale_rt.to(x.dtype))
+
+
+def packed_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    if needs_grad(x):
+        return inference_only(m, x)
+    return packed(m, x)
+
+
+REFUSING_GRAD: dict[Path, Path] = {own: own_refusing_grad, own_scaled: own_scaled_refusing_grad,
+                                   packed: packed_refusing_grad}
+
+
+def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
+    """Make `path` the module's forward (see the module docstring); `checks_grad`: the path itself
+    refuses an input that requires grad where it must (a fused member's group module does). Plain
+    attributes, set without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
+    m.__dict__["_path"] = path
+    m.__dict__["_run"] = path if m.differentiable or checks_grad else REFUSING_GRAD[path]
+
+
+def own_path(m: QuantizedLinear) -> Path:
+    """The path of a module that is not fused, from how it was packed."""
+    if m._traced is not None:
+        return packed
+    return own_scaled if "act_scale_rt" in m._buffers else own
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """y = m.forward(x) by m's own kernels (grad mode is off inside forward); a backward raises."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, m: QuantizedLinear) -> torch.Tensor:
+        ctx.module = m
+        # not m(x): its hooks ran for the call that brought us here; detached, so that the output is
+        # no view made inside this function, which autograd would not let the caller modify in place
+        return m._path(m, x).detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        m = ctx.module
+        raise RuntimeError(
+            f"autoao's {type(m).__name__}({m.extra_repr()}) has no backward: its kernels quantize the "
+            "activations, and a gradient through that rounding would be wrong. autoao's modules are for "
+            "inference: train the model before optimizing it, or give this layer a candidate that "
+            "passes x's gradient (bf16, bf16_compute, the weight-only int8_wo / int4_wo / int4_sym / "
+            "fp8_wo, sparse24).")
+
+
+def inference_only(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """m(x) for an x that requires grad, where m is not `differentiable`: the output joins x's
+    graph, as a real gradient's would, so that a backward through it raises (naming m) instead of
+    skipping the layer or returning the gradient of a rounding; compiled callers too."""
+    return _InferenceOnly.apply(x, m)
