@@ -99,6 +99,11 @@ def params_key(params: dict[str, str]) -> str:
     return ";".join(f"{g}={c}" for g, c in sorted(params.items()) if c != BASELINE)
 
 
+def tenths(seconds: float) -> float:
+    """`seconds` rounded down to a tenth: a curve point never lies after the run's end."""
+    return math.floor(seconds * 10) / 10
+
+
 def hold_odds(drop: float, judged: list[Judged], screen: float) -> float:
     """The odds that a plan whose screen drop is `drop` holds on every judge, in HOLD_ODDS. A plan
     screened no worse than one that held is likely to hold; no better than one that broke, likely
@@ -137,7 +142,7 @@ class Anytime:
         self.anchors: list[AnchorRecord] = []
         self.measured: list[MeasuredPlan] = []  # every plan measured end to end while verifying
         self.verifications = 0  # plans this run set out to verify
-        self.curve = [CurvePoint(round(self.incumbent.found_s, 1), self.incumbent.speedup, self._bound(self.incumbent),
+        self.curve = [CurvePoint(tenths(self.incumbent.found_s), self.incumbent.speedup, self._bound(self.incumbent),
                                  self._words(self.incumbent.params), self.incumbent.trial, self.incumbent.source)]
 
     ##### what to verify next ###################################################################
@@ -331,7 +336,7 @@ class Anytime:
     def _better(self, new: Incumbent) -> None:
         self.incumbent = new
         p = new.speed.paired if new.speed is not None else None
-        point = CurvePoint(round(new.found_s, 1), new.speedup, self._bound(new), self._words(new.params), new.trial,
+        point = CurvePoint(tenths(new.found_s), new.speedup, self._bound(new), self._words(new.params), new.trial,
                            new.source)
         self.curve.append(point)
         self._say(Verified(new.trial if new.trial is not None else -1, point.plan, point.speedup, point.bound,
