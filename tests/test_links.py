@@ -130,3 +130,15 @@ def test_the_architecture_page_stays_short_and_names_files_that_exist():
     assert len(named) > 10  # the page names the modules it describes
     missing = sorted(p for p in named if not (ROOT / p).is_file())
     assert missing == [], f"ARCHITECTURE.md names files that do not exist: {missing}"
+
+
+def test_results_hold_results_not_scripts(tmp_path):
+    """A script that made a result is a maintained entry point (benchmarks/*.py) or lives in git
+    history, cited by the result's README; benchmarks/results holds no code."""
+    def scripts(root: Path) -> list[str]:
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.suffix in (".py", ".sh"))
+
+    assert scripts(ROOT / "benchmarks" / "results") == []
+    (tmp_path / "2026-01-01-cpu").mkdir()
+    (tmp_path / "2026-01-01-cpu" / "run.sh").write_text("echo\n")
+    assert scripts(tmp_path) == ["2026-01-01-cpu/run.sh"]
