@@ -46,6 +46,7 @@ from autoao.kernels.routes import (
     route_text,
 )
 from autoao.kernels.forwards import install, own, own_path
+from autoao.kernels.layouts import Dense, Layout, PerChannel, layout_of
 from autoao.kernels.weight_only import PACKED, packed_call_key
 
 CanonicalSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -129,6 +130,7 @@ class QuantizedLinear(nn.Module):
     # or have no backward: the module then runs its kernels without recording, and a backward
     # through it raises (inference_only) rather than hand back a gradient that is silently wrong.
     differentiable: bool = False
+    layout_type: type[Layout] = Dense  # the typed record of its canonical tensors (kernels/layouts.py)
 
     def __init__(
         self,
@@ -327,6 +329,10 @@ class QuantizedLinear(nn.Module):
         canonical_on_device()). Do not modify them in place."""
         return dict(self._canon)
 
+    def layout(self) -> Layout:
+        """The canonical tensors as their typed record (`layout_type`), for writers."""
+        return layout_of(self.layout_type, self._canon)
+
     def set_canonical(self, tensors: dict[str, torch.Tensor]) -> None:
         """Replace the canonical tensors (checked against canonical_spec) and re-pack."""
         problems = []
@@ -418,6 +424,7 @@ class PerChannelWeights(QuantizedLinear):
     quantize, _pack and _forward."""
 
     rows_independent = True
+    layout_type = PerChannel
     qdtype: torch.dtype
 
     def __init__(self, in_features, out_features, bias, dtype, device=None, algorithm: str = "rtn"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from autoao.kernels._base import CanonicalSpec, PerChannelWeights, QuantizedLinear
+from autoao.kernels.layouts import PerChannel
 from autoao.kernels.quant import FP8_DTYPE, load_triton_ops, quantize_fp8, quantize_per_token
 from autoao.kernels.routes import KernelInfo
 from autoao.kernels.tensors import add_bias, flatten_tokens, unflatten_tokens
@@ -22,6 +23,8 @@ GRANULARITIES = ("row", "tensor")
 
 class Fp8DynLinear(QuantizedLinear):
     """Canonical: qweight [N, K] float8_e4m3fn, scale [N] (row) or [] (tensor) float32."""
+
+    layout_type = PerChannel
 
     emulated_on = frozenset({"cpu"})
     rows_independent = True  # for granularity="row" only: see fusable

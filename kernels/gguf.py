@@ -34,6 +34,7 @@ import torch
 
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear
 from autoao.kernels.gguf_k import quantize_q6_k, quantize_q8_k, unpack_q6_k
+from autoao.kernels.layouts import GgufBlocks
 from autoao.kernels.tensors import add_bias, flatten_tokens, unflatten_tokens
 
 BLOCK = 32  # inputs per block, every type here
@@ -226,6 +227,8 @@ class GgufLinear(QuantizedLinear):
 
     Canonical: blocks [N, K / block * block_bytes] uint8 (the GGUF tensor's bytes). Emulated on
     every device (see the module docstring)."""
+
+    layout_type = GgufBlocks
 
     emulated_on = frozenset({"cpu", "cuda"})
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from autoao.kernels import cuda_int4
 from autoao.kernels.algorithms import quantize_int4
 from autoao.kernels._base import CanonicalSpec, QuantizedLinear
+from autoao.kernels.layouts import GroupedInt4
 from autoao.kernels.quant import (
     dequantize_int4_groupwise,
     load_triton_ops,
@@ -118,6 +119,8 @@ class Int4WeightOnlyLinear(QuantizedLinear):
     """Canonical: qweight [N, K/2] uint8 (even k in the high nibble), scales and zeros [N, K/g] bf16,
     with w ~ (q - 8) * scale + zero; for AWQ also act_scale [K] float32 (the layer computes
     (x / act_scale) @ w^T, w quantized from W * act_scale)."""
+
+    layout_type = GroupedInt4
 
     algorithms = ("rtn", "awq", "gptq", "hqq")
     rows_independent = True  # scales and zeros per (row, group)

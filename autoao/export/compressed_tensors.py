@@ -44,6 +44,7 @@ from torch import nn
 
 from autoao.export.rules import fused_groups, marlin_reason
 from autoao.kernels import QuantizedLinear
+from autoao.kernels.layouts import GroupedInt4, PerChannel
 from autoao.kernels.quant import unpack_int4
 from autoao.search_space import candidate_of
 from autoao.search_space.schemes import CtScheme, Refused, scheme_of
@@ -58,10 +59,13 @@ def layer_tensors(fqn: str, module: QuantizedLinear, scheme: CtScheme) -> dict[s
     """The checkpoint tensors of one applied layer, from its canonical tensors (bit-exact)."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
-    c = module.canonical()
-    if "scales" in c:  # int4_sym: signed codes q - 8, eight per int32
-        return _int4_tensors(fqn, module, c)
-    q, scale = c["qweight"].cpu(), c["scale"].cpu().float()
+    layout = module.layout()
+    if isinstance(layout, GroupedInt4):  # int4_sym: signed codes q - 8, eight per int32
+        return _int4_tensors(fqn, module, layout)
+    if not isinstance(layout, PerChannel):
+        raise ValueError(f"{fqn}: {type(module).__name__} stores {type(layout).__name__} tensors, which "
+                         f"{scheme.label} does not hold")
+    q, scale = layout.qweight.cpu(), layout.scale.cpu().float()
     out: dict[str, torch.Tensor] = {}
     if scheme.format == "pack-quantized":  # [N, K] int8 -> 4 codes (offset by 128) per int32
         out[f"{fqn}.weight_packed"] = pack_to_int32(q, 8)
@@ -74,15 +78,15 @@ def layer_tensors(fqn: str, module: QuantizedLinear, scheme: CtScheme) -> dict[s
     return out
 
 
-def _int4_tensors(fqn: str, module: QuantizedLinear, c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _int4_tensors(fqn: str, module: QuantizedLinear, c: GroupedInt4) -> dict[str, torch.Tensor]:
     """int4_sym's tensors: weight_packed [N, K/8] int32 (signed codes q - 8: compressed-tensors
     dequantizes (q - 8) * scale), weight_scale [N, K/g] float32 (bf16 values), weight_shape."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
-    if bool(c["zeros"].any()):  # int4_sym's zeros are 0 by construction; anything else would be changed
+    if bool(c.zeros.any()):  # int4_sym's zeros are 0 by construction; anything else would be changed
         raise ValueError(f"{fqn}: int4 layer with non-zero zero points cannot be written as symmetric W4A16")
-    q = unpack_int4(c["qweight"].cpu()).to(torch.int8) - 8  # [N, K] in [-8, 7]
-    out = {f"{fqn}.weight_packed": pack_to_int32(q, 4), f"{fqn}.weight_scale": c["scales"].cpu().float(),
+    q = unpack_int4(c.qweight.cpu()).to(torch.int8) - 8  # [N, K] in [-8, 7]
+    out = {f"{fqn}.weight_packed": pack_to_int32(q, 4), f"{fqn}.weight_scale": c.scales.cpu().float(),
            f"{fqn}.weight_shape": torch.tensor(list(q.shape))}
     if module.bias is not None:
         out[f"{fqn}.bias"] = module.bias.detach().cpu()

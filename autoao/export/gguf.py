@@ -86,7 +86,7 @@ def gguf_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
 
     def linear(module: nn.Module, name: str) -> tuple[str, torch.Tensor, str]:
         if isinstance(module, GgufLinear):
-            data, kind = module.canonical()["blocks"].cpu(), TYPES[module.type].name
+            data, kind = module.layout().blocks.cpu(), TYPES[module.type].name
         else:
             data, kind = module.weight.detach().cpu(), _DTYPES[dtype]
         if name.endswith("attn_q"):
