@@ -20,8 +20,6 @@ import torch
 from torch import nn
 
 from autoao import workers
-from autoao.stages.anytime import MIN_ROUNDS, Anytime, Incumbent
-from autoao.stages.bench import ModelBench
 from autoao.budget import MIN_FLEXIBLE_S, MIN_TRIAL_S, TimePlan
 from autoao.common import BASELINE, cache_dir
 from autoao.decisions import NothingToTry, Resumed, RunInterrupted, StudyClosed, Verified
@@ -31,19 +29,21 @@ from autoao.evaluators.timing import LatencyTable
 from autoao.export import targets
 from autoao.export.deploy import deploy
 from autoao.export.targets import Target
-from autoao.stages.finalize import finalize
 from autoao.kernels.algorithms import algorithm_seconds
 from autoao.ledger import Interrupted, RunLedger
+from autoao.options import Options, RunHooks
+from autoao.plan import Plan
+from autoao.records import ParetoRow, RunSummary, TimingHealth, write
+from autoao.stages.anytime import MIN_ROUNDS, Anytime, Incumbent
+from autoao.stages.bench import ModelBench
+from autoao.stages.finalize import finalize
+from autoao.stages.inputs import Inputs, build_inputs, grid_warning, settle_cpu_threads
 from autoao.stages.judges import Judges, build_judges
 from autoao.stages.measure import (Measurements, costs, estimated_cells, measure, measure_baselines, record_final,
                             time_candidates)
-from autoao.options import Options, RunHooks
 from autoao.stages.outputs import pareto_rows, read_state, run_context, run_summary, write_outputs, write_state
-from autoao.plan import Plan
-from autoao.records import ParetoRow, RunSummary, TimingHealth, write
 from autoao.stages.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search, uniform_names
 from autoao.types import FromBytes
-from autoao.stages.inputs import Inputs, build_inputs, grid_warning, settle_cpu_threads
 
 
 @dataclass

@@ -37,7 +37,6 @@ import optuna
 import torch
 from torch import nn
 
-from autoao.stages.bench import ModelBench
 from autoao.budget import AccuracyBudget
 from autoao.common import cache_dir, model_device
 from autoao.cost import CostModel
@@ -45,13 +44,14 @@ from autoao.decisions import StudyClosed
 from autoao.evaluators.cache import ResultCache, digest, weights_key
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.ledger import RunLedger
-from autoao.stages.judges import Judges, plan_key, screened
 from autoao.plan import Plan
 from autoao.records import TrialRecord
+from autoao.stages.bench import ModelBench
+from autoao.stages.inputs import Inputs, build_inputs
+from autoao.stages.judges import Judges, plan_key, screened
 from autoao.stages.search import (CLOSED, TRIALS, Group, SearchConfig, SearchOutcome, make_objective, open_study, refresh,
                            run_search, seed_study)
 from autoao.types import Accuracy, Budget
-from autoao.stages.inputs import Inputs, build_inputs
 
 SHARED = "autoao.shared"  # study user attribute: SharedInputs as JSON
 FORMAT = 2  # of SharedInputs; a worker refuses another

@@ -33,7 +33,7 @@ from autoao.export.rules import fused_groups, marlin_reason
 from autoao.kernels.gguf import TYPES as GGUF_TYPES
 from autoao.plan import layer_specs, plan_of
 from autoao.search_space import Candidate
-from autoao.search_space.schemes import Refused, scheme_of
+from autoao.search_space.schemes import CtScheme, Refused, scheme_of
 from autoao.types import FromBytes, LayerSpec, Pricing, Timed
 
 INT4_GROUPS = (32, 64, 128)  # int4_sym's group sizes in the compressed-tensors targets' search space
@@ -189,7 +189,7 @@ class CompressedTensorsTarget(Target):
 
     def layer_rule(self, candidate: Candidate, layer: LayerSpec) -> str | None:
         scheme = scheme_of(candidate)
-        if scheme is not None and not isinstance(scheme, Refused) and self.marlin and scheme.format == "pack-quantized":
+        if self.marlin and isinstance(scheme, CtScheme) and scheme.format == "pack-quantized":
             return marlin_reason(layer.in_features, layer.out_features, dict(scheme.weights).get("group_size"))
         return None
 
@@ -267,8 +267,9 @@ class GgufTarget(Target):
         return layer.out_features * (layer.in_features // t.block) * t.block_bytes
 
     def choice_groups(self, names: list[str], siblings: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-        """None: llama.cpp fuses no siblings, and autoao's fusion of them does not run there."""
-        return [g for _, g in self.shared_groups(names)]
+        """None: llama.cpp fuses no siblings, and autoao's fusion of them does not run there, so
+        every layer takes its own choice."""
+        return []
 
     def model_problems(self, model: nn.Module) -> list[str]:
         return gg.architecture_problems(model)

@@ -29,18 +29,18 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from autoao.stages import anchors
-from autoao.stages.bench import ModelBench, Sample, interleaved, workload_rounds
 from autoao.budget import CHECK_LOOKS, MAX_CHECKS, TimePlan
-from autoao.stages.choose import check_seconds, judge_plan
 from autoao.clock import PairedSpeedup, paired_speedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
 from autoao.decisions import BestIsUnchanged, CheckDidNotFit, Decision, Judged, NoFeasiblePlan, NotFaster, Verified
 from autoao.ledger import RunLedger
-from autoao.stages.judges import Judges
 from autoao.plan import Plan
 from autoao.records import AnchorRecord, CurvePoint, IncumbentRecord, MeasuredPlan, TrialRecord, WorkloadTiming
+from autoao.stages import anchors
+from autoao.stages.bench import ModelBench, Sample, interleaved, workload_rounds
+from autoao.stages.choose import check_seconds, judge_plan
+from autoao.stages.judges import Judges
 from autoao.stages.search import SearchOutcome, plan_from_params
 from autoao.types import BREAKS, HOLDS, Accuracy, FromBytes, Verdict
 

@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 from autoao.calibration import Calibration
+from autoao.clock import L2_FLUSH_BYTES
 from autoao.common import BASELINE, call_model
 from autoao.cost import CostModel, fused_shape
 from autoao.evaluators.timing import LatencyTable
 from autoao.kernels._base import canonical_on_device
-from autoao.clock import L2_FLUSH_BYTES
-from autoao.stages.measure import describe_shapes, run_seconds, forward_timing
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import ModelProfile
+from autoao.stages.measure import describe_shapes, run_seconds, forward_timing
 from autoao.stages.search import Group, plan_from_params
 from autoao.types import Accuracy, Pricing, Timed
 

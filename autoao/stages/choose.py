@@ -22,13 +22,13 @@ import time
 
 from torch import nn
 
-from autoao.stages.bench import ModelBench
 from autoao.budget import TimePlan
 from autoao.decisions import Judged
-from autoao.ledger import RunLedger
 from autoao.evaluators.judge import Judge
-from autoao.stages.judges import Judges
+from autoao.ledger import RunLedger
 from autoao.records import TrialRecord
+from autoao.stages.bench import ModelBench
+from autoao.stages.judges import Judges
 from autoao.types import BREAKS, UNRESOLVED, Verdict, combine
 
 

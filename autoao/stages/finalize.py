@@ -18,19 +18,19 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from autoao.stages.anytime import MAX_ROUNDS, Incumbent, Speed
-from autoao.stages.bench import ModelBench, Sample, interleaved
 from autoao.clock import PairedSpeedup
 from autoao.common import BASELINE
 from autoao.cost import CostModel
 from autoao.decisions import (Decision, Judged, KeptUnchanged, NoneHeld, NotFaster, NothingToTry, ShippedOnEstimate,
                               Verified)
+from autoao.evaluators.timing import NOT_TIMED
 from autoao.ledger import RunLedger
-from autoao.stages.measure import Baselines, Measurements
 from autoao.plan import Plan, apply
 from autoao.records import MeasuredPlan, WorkloadTiming
+from autoao.stages.anytime import MAX_ROUNDS, Incumbent, Speed
+from autoao.stages.bench import ModelBench, Sample, interleaved
+from autoao.stages.measure import Baselines, Measurements
 from autoao.types import UNRESOLVED, Accuracy, FromBytes, Pricing, Timed, Verdict, pricing_words
-from autoao.evaluators.timing import NOT_TIMED
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,14 @@ from autoao.budget import AccuracyBudget
 from autoao.evaluators.cache import REFERENCES, ResultCache, TensorCache, digest
 from autoao.evaluators.generation import GenerationLooks, prompts_from
 from autoao.evaluators.heldout import max_positions
+from autoao.evaluators.judge import Judge, Merged, Say
 from autoao.evaluators.proxy import ProxyEvaluator
 from autoao.evaluators.sensitivity import token_ids
-from autoao.evaluators.judge import Judge, Merged, Say
 from autoao.evaluators.timing import device_name
 from autoao.ledger import RunLedger
 from autoao.plan import Plan
-from autoao.types import Accuracy, Evidence
 from autoao.stages.inputs import PROMPT_TOKENS, Inputs
+from autoao.types import Accuracy, Evidence
 
 
 def plan_key(plan: Plan) -> str:

@@ -24,13 +24,13 @@ from autoao.evaluators.cache import ResultCache, Timing, TimingCache, weights_ke
 from autoao.evaluators.sensitivity import layer_errors
 from autoao.evaluators.timing import (NOT_TIMED, LatencyRow, LatencyTable, default_mode, measure_latencies,
                                       measure_model, spot_check)
-from autoao.stages.judges import Judges
 from autoao.ledger import RunLedger
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
 from autoao.search_space import Candidate
-from autoao.types import FromBytes, LayerSpec
 from autoao.stages.inputs import Inputs
+from autoao.stages.judges import Judges
+from autoao.types import FromBytes, LayerSpec
 
 E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
 Allowed = Callable[[Candidate, LayerSpec], "str | None"]  # a serving target's rule: None, or why not

@@ -24,21 +24,21 @@ from autoao import search_space
 from autoao.common import BASELINE, __version__, atomic_write, triton_version
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.timing import route_timing, workload_us
-from autoao.stages.anytime import Anytime
-from autoao.stages.finalize import Final
 from autoao.kernels import cpu_isa, describe_route
 from autoao.ledger import RunLedger
-from autoao.stages.judges import Judges
-from autoao.stages.measure import Measurements, weight_bytes
 from autoao.plan import Plan, save
 from autoao.records import (AccuracySpec, AnchorRecord, AnytimeState, CandidateRecord, CurvePoint, Deploy, DeviceInfo,
                             FusedRecord, GroupRecord, KernelTimes, LayerRecord, Latency, ModelInfo, ParetoRow,
                             RunContext, RunFileError, RunSummary, StageTime, UniformRow, WeightBytes, from_dict, to_dict,
                             write)
-from autoao.stages.search import Group, SearchOutcome, plan_from_params
 from autoao.search_space import Candidate
-from autoao.types import FromBytes, Pricing, Timed, pricing_words
+from autoao.stages.anytime import Anytime
+from autoao.stages.finalize import Final
 from autoao.stages.inputs import Inputs
+from autoao.stages.judges import Judges
+from autoao.stages.measure import Measurements, weight_bytes
+from autoao.stages.search import Group, SearchOutcome, plan_from_params
+from autoao.types import FromBytes, Pricing, Timed, pricing_words
 
 
 def run_context(model: nn.Module, work: Inputs, cands: list[Candidate], meas: Measurements, cost: CostModel,
