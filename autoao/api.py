@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from autoao import workers
-from autoao.budget import MIN_FLEXIBLE_S, MIN_TRIAL_S, TimePlan
+from autoao.budget import MIN_TRIAL_S, WRITE_SECONDS, TimePlan
 from autoao.common import BASELINE, cache_dir
 from autoao.decisions import NothingToTry, Resumed, RunInterrupted, StudyClosed, Verified
 from autoao.evaluators.cache import ResultCache, TimingCache, digest
@@ -39,8 +39,8 @@ from autoao.stages.bench import ModelBench
 from autoao.stages.finalize import finalize
 from autoao.stages.inputs import Inputs, build_inputs, grid_warning, settle_cpu_threads
 from autoao.stages.judges import Judges, build_judges
-from autoao.stages.measure import (Measurements, costs, estimated_cells, measure, measure_baselines, record_final,
-                            time_candidates)
+from autoao.stages.measure import (Measurements, costs, estimated_cells, measure, measure_baselines, measure_seconds,
+                                   record_final, time_candidates)
 from autoao.stages.outputs import pareto_rows, read_state, run_context, run_summary, write_outputs, write_state
 from autoao.stages.search import Group, SearchConfig, SearchOutcome, make_groups, plan_from_params, run_search, uniform_names
 from autoao.types import FromBytes
@@ -170,11 +170,12 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
             ledger.say(note.describe())
         ledger.say(grid_warning(work, list(opts.candidates)) or f"{len(work.prof.layers)} linear layers")
         base = measure_baselines(model, work, cache=rcache, ledger=ledger, workload=opts.workload)
-        left = ledger.remaining()  # under MIN_FLEXIBLE_S left, no plan can be judged: build what trials need
+        rounds = 0 if estimated else MIN_ROUNDS  # an estimated plan is not measured end to end
+        # where not even one plan's measurement and the end fit, no plan can be judged: build what trials need
+        left, floor = ledger.remaining(), measure_seconds(base, rounds) + WRITE_SECONDS + MIN_TRIAL_S
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
-                              ledger=ledger, light=left is not None and left < MIN_FLEXIBLE_S)
-        # an estimated plan is not measured: nothing to price its measurement at
-        time_plan = TimePlan(ledger, costs(base, judges, 0 if estimated else MIN_ROUNDS))
+                              ledger=ledger, light=left is not None and left < floor)
+        time_plan = TimePlan(ledger, costs(base, judges, rounds))
         notes = work.notes + too_short(time_plan, ledger)
     with ledger.stage("kernel timing"):
         table, health = timing_table(work, opts, engine, TimingCache(rcache.path), time_plan, ledger)

@@ -49,6 +49,7 @@ import gc
 import inspect
 import json
 import math
+import os
 import re
 import shutil
 import statistics
@@ -309,6 +310,8 @@ def main() -> None:
                     "unrepresentative candidates)")
     ap.add_argument("--search-dir", type=Path, default=None, help="where optimize writes (default under --out); "
                     "plan.json, summary.json and context.json are kept")
+    ap.add_argument("--search-cache", type=Path, default=None, help="the searches' AUTOAO_CACHE_DIR (a fresh folder: "
+                    "their kernel timings and the judges' unchanged sides start cold; the compiler's caches stay warm)")
     ap.add_argument("--uniform-sides", choices=("all", "best"), default="all", help="phase A: every uniform plan "
                     "within the largest budget, or only each budget's best (the one the timing table prices fastest)")
     ap.add_argument("--accuracies-from", type=Path, default=None, help="a ceiling.json of the same model and task: "
@@ -442,6 +445,8 @@ def main() -> None:
     # (5) searches
     workload = None if args.search_workload == "none" else (
         lambda m: generate(m, prompt[:, :32], 32, args.search_workload))
+    if args.search_cache:
+        os.environ["AUTOAO_CACHE_DIR"] = str(args.search_cache)
     for drop in [] if args.no_search else budgets:
         work_dir = (args.search_dir or args.out) / f"search-{drop:g}"
         shutil.rmtree(work_dir, ignore_errors=True)
