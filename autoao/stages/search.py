@@ -166,10 +166,14 @@ def uniform_names(groups: list[Group]) -> list[str]:
 
 
 def warm_start(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[str, float]] | None) -> list[dict[str, str]]:
-    """All-bf16 and each uniform plan (uniform_names' order), the fastest candidates but on the most
+    """All-bf16, then each uniform plan, predicted fastest first (a budget that ends after a few
+    trials has scored the plans most worth verifying), the fastest candidates but on the most
     sensitive groups (fallback_params, at FALLBACK_SHARES), and greedy plans at noise budgets 1e-4 ..
     0.3 (deduplicated)."""
-    seeds = [uniform_params(groups, n) for n in uniform_names(groups)]
+    names = uniform_names(groups)  # the unchanged one first
+    uniform = [uniform_params(groups, n) for n in names[1:]]
+    uniform.sort(key=lambda params: cost.predict(plan_from_params(groups, params, fuse=cost.fusion_pays)))
+    seeds = [uniform_params(groups, n) for n in names[:1]] + uniform
     if layer_sqnr:
         seeds += [fallback_params(groups, cost, layer_sqnr, share) for share in FALLBACK_SHARES]
         seeds += [greedy_params(groups, cost, layer_sqnr, b) for b in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)]
