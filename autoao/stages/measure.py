@@ -63,7 +63,8 @@ class Baselines:
 def measure_baselines(model: nn.Module, work: Inputs, *, cache: ResultCache, ledger: RunLedger,
                       workload: Callable[[nn.Module], Any] | None = None) -> Baselines:
     """The unchanged model end to end (the cost model's rest). Compiled on CUDA, as per-layer timing
-    ran its layers (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly).
+    ran its layers (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly),
+    then compiled again on warm caches to price a verification's measurement (`warm_seconds`).
     With the user's `workload`, two calls of it (the first may compile), to price the final
     comparison's warm-ups and rounds."""
     compile = default_mode(work.device) == "compile"
