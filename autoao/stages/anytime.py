@@ -41,7 +41,7 @@ from autoao.stages import anchors
 from autoao.stages.bench import ModelBench, Sample, interleaved, workload_rounds
 from autoao.stages.choose import check_seconds, judge_plan
 from autoao.stages.judges import Judges
-from autoao.stages.search import SearchOutcome, plan_from_params
+from autoao.stages.search import SearchOutcome, plan_from_params, predicted_us
 from autoao.types import BREAKS, HOLDS, Accuracy, FromBytes, Verdict
 
 MIN_GAIN = 0.02  # a plan is judged only if predicted this much faster than the incumbent
@@ -148,7 +148,7 @@ class Anytime:
     ##### what to verify next ###################################################################
 
     def predicted_us(self, params: dict[str, str]) -> float:
-        return self.cost.predict(plan_from_params(self.bench.groups, params, self.cost.fusion_pays))
+        return predicted_us(self.bench.groups, self.cost, params)
 
     def ranked(self, outcome: SearchOutcome) -> list[tuple[float, TrialRecord]]:
         """(value, trial) of every feasible plan of the study not tried yet and predicted faster than

@@ -98,6 +98,11 @@ def plan_from_params(groups: list[Group], params: dict[str, str],
     return Plan(layers=layers, metadata=metadata, fusions=fusions)
 
 
+def predicted_us(groups: list[Group], cost: CostModel, params: dict[str, str]) -> float:
+    """The cost model's time for the plan of `params`, fused where fusion pays (as trials are priced)."""
+    return cost.predict(plan_from_params(groups, params, fuse=cost.fusion_pays))
+
+
 ##### warm start ################################################################################
 
 def uniform_params(groups: list[Group], name: str) -> dict[str, str]:
@@ -171,9 +176,9 @@ def warm_start(groups: list[Group], cost: CostModel, layer_sqnr: dict[str, dict[
     sensitive groups (fallback_params, at FALLBACK_SHARES), and greedy plans at noise budgets 1e-4 ..
     0.3 (deduplicated)."""
     names = uniform_names(groups)  # the unchanged one first
-    uniform = [uniform_params(groups, n) for n in names[1:]]
-    uniform.sort(key=lambda params: cost.predict(plan_from_params(groups, params, fuse=cost.fusion_pays)))
-    seeds = [uniform_params(groups, n) for n in names[:1]] + uniform
+    seeds = [uniform_params(groups, n) for n in names[:1]]
+    uniform = (uniform_params(groups, n) for n in names[1:])
+    seeds += sorted(uniform, key=lambda params: predicted_us(groups, cost, params))
     if layer_sqnr:
         seeds += [fallback_params(groups, cost, layer_sqnr, share) for share in FALLBACK_SHARES]
         seeds += [greedy_params(groups, cost, layer_sqnr, b) for b in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)]
@@ -349,7 +354,7 @@ def make_objective(groups: list[Group], cost: CostModel, evaluate: Callable[[Pla
     A plan predicted slower than the model as it came is not scored: it can never ship (the
     unchanged model is faster and drops nothing), and its proxy pass can cost many times the
     unchanged model's (MiniLM on the CPU: uniform int4 g32 38 s, int8_wo 19 s, bf16 under 1 s)."""
-    unchanged = cost.predict(plan_from_params(groups, {g.name: BASELINE for g in groups}, fuse=cost.fusion_pays))
+    unchanged = predicted_us(groups, cost, {g.name: BASELINE for g in groups})
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         if config.worker:  # first: a trial whose process dies mid-way still says whose it was
