@@ -4,11 +4,12 @@ on-disk cache, by a deadline. How one cell is timed is evaluators.harness's.
     table = measure_latencies(shapes, tokens, candidates, device=..., cache=..., deadline=...)
     check = spot_check(shapes, tokens, device=..., dtype=..., cache=...)   # a cache measured while busy
 
-Order of value: the baseline everywhere first (every prediction divides by it), every candidate
-on its heaviest shape, then the candidates whose probe ran fastest on their other shapes; under a
-deadline every cell is timed coarsely before any is refined, so a short deadline leaves the
-slowest candidates' lightest cells untimed, never the fastest one's, and coarse cells rather than
-none. A failing kernel is an inf timing with its error: data, not a crash.
+Order of value: the baseline everywhere first (every prediction divides by it), then every
+candidate on its heaviest shape, the formats predicted fastest first, a candidate faster there than
+any before it on all its other shapes at once; then the rest, the candidates whose probe ran fastest
+first. Under a deadline every cell is timed coarsely before any is refined, so a short deadline
+leaves the slowest candidates' lightest cells untimed, never the fastest one's, and coarse cells
+rather than none. A failing kernel is an inf timing with its error: data, not a crash.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from autoao.evaluators.latency import (KERNEL_MARGIN, LatencyRow, LatencyTable, 
 from autoao.evaluators.model_timing import measure_model  # noqa: F401  (re-exported)
 from autoao.kernels import KernelInfo
 from autoao.search_space import Candidate
+from autoao.types import LayerSpec
 
 # A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time:
 # a poisoned cache sat 200x off; a healthy one re-timed on a loaded 2-core machine read 116 us
@@ -165,44 +167,81 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
                 calls: dict[tuple[int, int], dict[int, int]] | None, progress: bool) -> list[_Cell]:
     """Every cell of `work` from the cache, or timed now: coarsely (COARSE_SECONDS per M) when there
     is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline). In the
-    order of value: the baseline everywhere, every candidate on its heaviest shape (its probe),
-    then the rest, the candidates whose probe ran fastest first (_by_probe), so a deadline leaves
-    out the candidates least likely to be picked, not the smallest shapes of the fastest."""
+    order of value: the baseline everywhere; then each candidate's probe (its heaviest cell), the
+    formats predicted fastest on the workload first (_prior_order), and every other cell of a
+    candidate whose probe ran faster than any before it right after that probe, so a short deadline
+    leaves whole plans of the fastest candidate timed; then the rest, the candidates whose probe ran
+    fastest first (_by_probe)."""
     sampling = CELL_SECONDS if run.deadline is None else COARSE_SECONDS
     cells: dict[int, _Cell] = {}
     bar = _progress(len(work) * len(tokens), progress, f"timing on {run.base['device']}")
     first = {}  # candidate name -> index of its probe: its heaviest cell in `work` (sorted by weight)
     for i, (_, _, cand) in enumerate(work):
         first.setdefault(cand.name, i)
-    probes = [i for i, (_, _, cand) in enumerate(work) if cand.family == BASELINE or first[cand.name] == i]
-    for order in (probes, None):
-        for i in order if order is not None else _by_probe(work, cells, first, tokens, calls):
+
+    def time_cells(indices: list[int]) -> None:
+        for i in indices:
             n, k, cand = work[i]
             t0 = time.perf_counter()
             by_kernel, fresh = _time_kernels(run, cand, n, k, tokens, sampling)
             cells[i] = _Cell(by_kernel, fresh, time.perf_counter() - t0 if fresh else 0.0)
             _note_baseline(run, cand, n, k, by_kernel, calls)
             bar.update(len(tokens))
+
+    time_cells([i for i, (_, _, cand) in enumerate(work) if cand.family == BASELINE])
+    best = 1.0
+    for name in _prior_order(work, first, tokens, calls, run.dtype):
+        time_cells([first[name]])
+        gain = _probe_gain(work, cells, first[name], calls)
+        if gain > best:
+            best = gain
+            time_cells([i for i, (_, _, cand) in enumerate(work) if cand.name == name and i not in cells])
+    time_cells(_by_probe(work, cells, first, calls))
     bar.close()
     return [cells[i] for i in range(len(work))]
 
 
+# Tokens per call past which ordering treats a layer as bound by its products, not its weight reads
+# (a rough middle: the GPU's ridge is a few hundred tokens, the CPU's tens); ordering only.
+RIDGE_TOKENS = 64
+
+
+def _prior_order(work: list[tuple[int, int, Candidate]], first: dict[str, int], tokens: list[int],
+                 calls: dict[tuple[int, int], dict[int, int]] | None, dtype: torch.dtype) -> list[str]:
+    """The candidates but the baseline, the formats predicted fastest on the workload first, from
+    what each stores and computes alone: on its probe's (N, K) shape a call of M tokens costs
+    max(stored bits / the layer's bits, M / RIDGE_TOKENS / product_rate) of the layer's own, summed
+    over the workload's calls; ties in `work`'s order. A machine-free roofline: it only decides
+    which candidates a short deadline times first; every choice rests on the timings."""
+    def predicted(name: str) -> float:
+        n, k, cand = work[first[name]]
+        bits = cand.stored_bits(LayerSpec("", k, n, False, dtype)) / (8 * dtype.itemsize)
+        per_m = (calls or {}).get((n, k)) or {m: 1 for m in tokens}
+        return sum(c * max(bits, m / RIDGE_TOKENS / cand.product_rate) for m, c in per_m.items())
+
+    names = [name for name, i in first.items() if work[i][2].family != BASELINE]
+    return sorted(names, key=lambda name: (predicted(name), first[name]))
+
+
+def _probe_gain(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], probe: int,
+                calls: dict[tuple[int, int], dict[int, int]] | None) -> float:
+    """How many times faster than the baseline's cell of its shape the probe cell `probe` ran over
+    the workload's calls (its fastest kernel); 0 where it failed, was not timed or has no baseline."""
+    n, k, _ = work[probe]
+    ref = next((cells[i].by_kernel for i, (n2, k2, c) in enumerate(work)
+                if c.family == BASELINE and (n2, k2) == (n, k) and i in cells), None)
+    if ref is None or probe not in cells:
+        return 0.0
+    best = min(workload_us(times, (calls or {}).get((n, k))) for times in cells[probe].by_kernel.values())
+    return workload_us(next(iter(ref.values())), (calls or {}).get((n, k))) / best if best > 0 else 0.0
+
+
 def _by_probe(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], first: dict[str, int],
-              tokens: list[int], calls: dict[tuple[int, int], dict[int, int]] | None) -> list[int]:
+              calls: dict[tuple[int, int], dict[int, int]] | None) -> list[int]:
     """The cells of `work` not timed yet, the candidates whose probe (first[name]: their heaviest
     cell) ran fastest against the baseline's cell of its shape first (failed, unsupported or untimed
     probes last), each candidate's cells in `work`'s order (heaviest first)."""
-    base = {(n, k): cells[i].by_kernel for i, (n, k, cand) in enumerate(work) if cand.family == BASELINE}
-
-    def speedup(name: str) -> float:
-        n, k, _ = work[first[name]]
-        probe, ref = cells[first[name]].by_kernel, base.get((n, k))
-        if ref is None:
-            return 0.0
-        best = min(workload_us(times, (calls or {}).get((n, k))) for times in probe.values())
-        return workload_us(next(iter(ref.values())), (calls or {}).get((n, k))) / best if best > 0 else 0.0
-
-    gain = {name: speedup(name) for name in first if first[name] in cells}
+    gain = {name: _probe_gain(work, cells, i, calls) for name, i in first.items()}
     rest = [i for i in range(len(work)) if i not in cells]
     return sorted(rest, key=lambda i: (-gain.get(work[i][2].name, 0.0), i))
 

@@ -64,6 +64,10 @@ class Candidate(ABC):
     # on N(0, 1/K) or nn.Linear-initialised weights and Gaussian inputs (tests and
     # the CUDA tests check every family against it; 2:4 families: same pruned weight).
     sqnr_bound_db: ClassVar[float]
+    # How many times the layer dtype's multiply-accumulate rate the format's products run at on
+    # matrix units (8-bit x 8-bit: 2; 2:4-sparse operands: 2x more). Only orders which candidates
+    # are timed first on workloads of many tokens (evaluators.timing); every choice is measured.
+    product_rate: ClassVar[float] = 1.0
 
     # ---- identity --------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
@@ -133,6 +137,18 @@ class Candidate(ABC):
         if kern and kind == "cpu":  # name the instructions the kernels use on this CPU
             kern = cpu_isa.annotate(kern)
         return f"{self.summary}; {kern}" if kern else self.summary
+
+    def stored_bits(self, layer: LayerSpec) -> float:
+        """Bits stored per weight of `layer`: its module's parameters and buffers (scales included),
+        built on the meta device (nothing allocated); the layer's own where the module cannot be
+        built there. Only orders which candidates are timed first on workloads of few tokens."""
+        own = 8.0 * layer.dtype.itemsize
+        try:
+            module = self.empty(layer, "meta")
+        except Exception:  # noqa: BLE001 - an ordering hint, never an error
+            return own
+        tensors = [*module.parameters(), *module.buffers()]
+        return 8.0 * sum(t.numel() * t.element_size() for t in tensors) / (layer.in_features * layer.out_features)
 
     def emulated(self, device: torch.device | str) -> str | None:
         """None if a fast kernel runs this on `device`, else why it is only emulated there."""

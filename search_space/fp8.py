@@ -33,6 +33,7 @@ class Fp8Dyn(Candidate):
     summary: ClassVar[str] = "fp8 e4m3 weights x fp8 dynamic activations"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "torch._scaled_mm", "cpu": "emulated product in fp32"}
     sqnr_bound_db: ClassVar[float] = 25
+    product_rate: ClassVar[float] = 2.0
     variants: ClassVar[tuple[dict, ...]] = tuple({"granularity": g} for g in GRANULARITIES)
 
     granularity: str = "row"  # "row": per-channel weights and per-token activations; "tensor": one scale each

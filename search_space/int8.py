@@ -36,6 +36,7 @@ class Int8Dyn(Candidate):
                "({bf16_mm}); act=tensor: torch's prepacked "
                "dynamic linear, fbgemm ({fbgemm}) or oneDNN ({onednn_int8}), timing picks per layer"}
     sqnr_bound_db: ClassVar[float] = 35
+    product_rate: ClassVar[float] = 2.0
     variants: ClassVar[tuple[dict, ...]] = ({}, {"act": "tensor"})
 
     # activation scales: "token" (one per row) or "tensor" (one per call, CPU only); the per-token

@@ -32,6 +32,13 @@ def sparse24_reason(layer: LayerSpec, device: torch.device) -> str | None:
 
 
 class _Sparse(Candidate):
+    product_rate: ClassVar[float] = 2.0  # 2:4-sparse operands; their 8-bit families set 4
+
+    def stored_bits(self, layer: LayerSpec) -> float:
+        """Half the dense format's values and a 2-bit position per kept value (cuSPARSELt's layout;
+        the module built on the meta device holds the dense weight)."""
+        return super().stored_bits(layer) / 2 + 1.0
+
     def _emulation_reason(self, device: torch.device) -> str:
         return SPARSE_CPU_EMULATION
 
@@ -57,6 +64,7 @@ class Sparse24Int8Dyn(_Sparse):
     summary: ClassVar[str] = "2:4-pruned int8 weights x int8 per-token activations"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuSPARSELt int8", "cpu": "torch._int_mm on the pruned weight (emulated)"}
     sqnr_bound_db: ClassVar[float] = 35
+    product_rate: ClassVar[float] = 4.0
 
     algorithm: str = algorithm_field()  # rtn | smoothquant
 
@@ -75,6 +83,7 @@ class Sparse24Fp8(_Sparse):
     summary: ClassVar[str] = "2:4-pruned fp8 rowwise weights x fp8 per-token activations"
     kernel_summary: ClassVar[dict[str, str]] = {"cuda": "cuSPARSELt fp8 (sm90)", "cpu": "emulated product in fp32 on the pruned weight"}
     sqnr_bound_db: ClassVar[float] = 25
+    product_rate: ClassVar[float] = 4.0
 
     def _supports(self, layer: LayerSpec, device: torch.device) -> str | None:
         reason = sparse24_reason(layer, device) or fp8_reason(layer, device, (9, 0))

@@ -576,33 +576,60 @@ FUSED = [c for c in CELLS if c.fusable]  # int8_wo, fp32_compute
 SHAPE_CALLS = {(64, 32): {1: 64, 256: 8}, (32, 64): {1: 32, 256: 1}, (128, 32): {1: 32, 256: 2}}
 
 
-def test_the_candidate_whose_probe_runs_fastest_is_timed_on_every_shape_first(tmp_path, monkeypatch):
-    """After the baseline, every candidate is timed on its heaviest shape; then the one that ran
-    fastest there is timed on its other shapes before the others: a deadline that cuts the pass
-    leaves the slow candidates' light shapes untimed, never the fastest one's."""
+def _probe_order(tmp_path, monkeypatch, fast: str, deadline: float | None, name: str):
+    """measure_latencies over CELLS on two shapes with `fast` running 2.5x faster than the rest:
+    the cells in the order they were asked for, and the table."""
     clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
-    fast = {"int8_dyn(act=tensor)"}
 
     def fake(cand, kern, n, k, tokens, dtype, device, mode, max_seconds=timing.CELL_SECONDS, *rest):
-        coarse = max_seconds < timing.CELL_SECONDS
-        asked.append((cand.name, kern, (n, k), coarse))
+        asked.append((cand.name, kern, (n, k)))
         clock_.now += 0.1 * len(tokens)
-        us = 10.0 * (0.4 if cand.name in fast else 1.0)
-        return {m: Timing(us * m, 0, 0, 5, coarse=coarse) for m in tokens}
+        us = 10.0 * (0.4 if cand.name == fast else 1.0)
+        return {m: Timing(us * m, 0, 0, 5, coarse=max_seconds < timing.CELL_SECONDS) for m in tokens}
 
     monkeypatch.setattr(harness, "time_missing", fake)
-    # the baseline (2 shapes), 3 probes (6 kernels), then room for one more cell of 2 kernels
-    deadline = 0.2 * (2 + 6 + 2) - 0.1
-    table = measure_latencies([(64, 32), (32, 64)], [1, 256], CELLS, cache=TimingCache(tmp_path / "t.sqlite"),
+    table = measure_latencies([(64, 32), (32, 64)], [1, 256], CELLS, cache=TimingCache(tmp_path / name),
                               progress=False, calls=SHAPE_CALLS, deadline=deadline)
+    return asked, table
+
+
+@pytest.mark.parametrize("fast", ["int8_dyn(act=tensor)", "fp32_compute"])
+def test_a_probe_faster_than_any_before_it_is_timed_on_every_shape_next(tmp_path, monkeypatch, fast):
+    """After the baseline, the candidates' probes (their heaviest shape), the formats predicted
+    fastest first (here 8-bit products, then 8-bit weights, then fp32 products: SHAPE_CALLS is
+    mostly 256-token calls by weight); a probe that runs faster than every one before it has its
+    other shapes timed right after it, before the next probe: a deadline then leaves the slow
+    candidates' light shapes untimed, never the fastest one's."""
+    asked, _ = _probe_order(tmp_path, monkeypatch, fast, None, "all.sqlite")
     cells = list(dict.fromkeys((a[0], a[2]) for a in asked))
     assert cells[:2] == [("bf16", (64, 32)), ("bf16", (32, 64))]
-    assert {c for c, shape in cells[2:5]} == {"int8_wo", "int8_dyn(act=tensor)", "fp32_compute"}
-    assert all(shape == (64, 32) for _, shape in cells[2:5])  # each candidate's heaviest shape first
-    assert cells[5] == ("int8_dyn(act=tensor)", (32, 64))  # the fastest probe's other shape next
-    # table.get(name, M, K, N): the fastest candidate on both shapes, the others on their probe only
-    assert table.get("int8_dyn(act=tensor)", 1, 32, 64).ok and table.get("int8_dyn(act=tensor)", 1, 64, 32).ok
-    assert table.get("int8_wo", 1, 32, 64).ok and table.get("int8_wo", 1, 64, 32).error == timing.NOT_TIMED
+    probes = [c for c in cells[2:] if c[1] == (64, 32)]
+    assert [c for c, _ in probes] == ["int8_dyn(act=tensor)", "int8_wo", "fp32_compute"]
+    after = cells.index((fast, (64, 32))) + 1
+    assert cells[after] == (fast, (32, 64))  # the fast probe's other shape next
+    assert cells[after + 1:] == [c for c in cells[2:] if c not in cells[:after + 1]]
+    if fast == "int8_dyn(act=tensor)":  # before the probes that follow it
+        assert cells[after + 1] == ("int8_wo", (64, 32))
+    # a deadline just past that cell: the fast candidate on both shapes, the others on their probe
+    # at most, never on their light shape
+    done = max(i for i, a in enumerate(asked) if (a[0], a[2]) == (fast, (32, 64)))
+    _, table = _probe_order(tmp_path, monkeypatch, fast, 0.2 * (done + 1) - 0.1, "cut.sqlite")
+    assert table.get(fast, 1, 32, 64).ok and table.get(fast, 1, 64, 32).ok
+    slow = "int8_wo"
+    assert table.get(slow, 1, 64, 32).error == timing.NOT_TIMED
+
+
+@pytest.mark.parametrize("m, first", [(1, "int4_wo(group_size=128)"), (2048, "int8_dyn")])
+def test_the_formats_predicted_fastest_on_the_workload_are_probed_first(tmp_path, monkeypatch, m, first):
+    """Few-token calls read weights: the fewest stored bits first (int4 before the 8-bit formats);
+    many-token calls multiply: the fastest products first (int8 x int8 before weight-only formats)."""
+    clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
+    cands = [search_space.get(c) for c in ("bf16", "int8_wo", "int4_wo(group_size=128)", "int8_dyn")]
+    measure_latencies([(256, 256)], [m], cands, cache=TimingCache(tmp_path / "t.sqlite"), progress=False,
+                      calls={(256, 256): {m: 4}})
+    order = list(dict.fromkeys(a[0] for a in asked))
+    assert order[0] == "bf16" and order[1] == first
+    assert order.index("int8_wo") > order.index("int4_wo(group_size=128)" if m == 1 else "int8_dyn")
 
 
 def test_a_short_deadline_times_every_cell_coarsely_before_refining_any(tmp_path, monkeypatch):
