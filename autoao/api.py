@@ -185,7 +185,7 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
                        allow_emulated=opts.allow_emulated or estimated, allowed=engine.supports)
     groups = make_groups(meas.choices, siblings(work, engine))
     bench = ModelBench(model, work.prof, work.examples, compile=base.compile, groups=groups, cost=meas.cost,
-                       table=meas.table, pricing=engine.pricing, workload=opts.workload)
+                       table=meas.table, pricing=engine.pricing, workload=opts.workload, base_replays=base.replays)
     config = search_config(opts, hooks, judges, groups, meas.cost, time_plan)
     context = run_context(model, work, list(opts.candidates), meas, meas.cost, groups, judges,
                           budget=str(opts.budget), seed=opts.seed, storage=config.storage or "",

@@ -183,11 +183,12 @@ def uniform(base: nn.Module, cand: search_space.Candidate, device: torch.device,
 
 
 def searched(base: nn.Module, inputs: list[tuple[torch.Tensor, int]], held: list[torch.Tensor],
-             budget: str | int, out: Path, tag: str, r: Row, sample: bool = False) -> nn.Module:
+             budget: str | int, out: Path, tag: str, r: Row, sample: bool = False, progress: bool = False) -> nn.Module:
     """autoao.optimize on a copy for the workload (each input repeated by its call count; pure speed
     search: accuracy drop allowed up to 1); search_s = its wall time; its summary.json and
     context.json are copied to out/search_<tag>_{summary,context}.json. sample: also write where
-    its wall time went (stack_sampler.py) to out/stacks_<tag>.md and .folded."""
+    its wall time went (stack_sampler.py) to out/stacks_<tag>.md and .folded. progress: the run's
+    progress lines (each stamped with its elapsed seconds) on stderr."""
     x = [t for t, n in inputs for _ in range(n)]
     x = x[0] if len(x) == 1 else x
     work = Path(tempfile.gettempdir()) / "autoao_e2e" / tag
@@ -196,7 +197,7 @@ def searched(base: nn.Module, inputs: list[tuple[torch.Tensor, int]], held: list
     with StackSampler() if sample else contextlib.nullcontext() as sampler:
         t0 = time.perf_counter()
         res = autoao.optimize(model, x, budget=budget, eval_inputs=held, max_accuracy_drop=1.0, out_dir=work,
-                              progress=False)
+                              progress=progress)
         r["search_s"] = time.perf_counter() - t0
     if sampler is not None:
         sampler.write(out / f"stacks_{tag}.md", title=f"autoao.optimize, {tag}")
@@ -367,6 +368,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also write each compiled row's kernel breakdown (linear vs rest, and one "
                          "forward's kernels in launch order) to $OUT/profile.md")
+    ap.add_argument("--progress", action="store_true",
+                    help="the search's progress lines on stderr, stamped with its elapsed seconds")
     ap.add_argument("--sample-stacks", action="store_true",
                     help="write where the search's wall time went (sampled stacks) to $OUT/stacks_<model>_m<M>.md")
     args = ap.parse_args()
@@ -415,7 +418,7 @@ def main() -> int:
             tag = f"{name}_m{spec.replace('+', '_')}"
             if args.search_first:  # the search meets caches as cold as a fresh machine's; its speed-up after
                 measure_row(report, ctx, "searched (autoao.optimize)",
-                            lambda r: searched(base, inputs, held, budget, out, tag, r, args.sample_stacks))
+                            lambda r: searched(base, inputs, held, budget, out, tag, r, args.sample_stacks, args.progress))
             measure_row(report, ctx, "bf16 compiled", lambda r: base, reference=True)
             if args.search_first:
                 report.refer(ctx)
@@ -436,7 +439,7 @@ def main() -> int:
                                         uniform(base, c, device, r, k, siblings if f else None))
                 if not args.no_search and not args.search_first:
                     measure_row(report, ctx, "searched (autoao.optimize)",
-                                lambda r: searched(base, inputs, held, budget, out, tag, r, args.sample_stacks))
+                                lambda r: searched(base, inputs, held, budget, out, tag, r, args.sample_stacks, args.progress))
             if args.torchao or args.only_torchao:
                 # autoquant sets global inductor options (coordinate descent tuning, ...): undo them after
                 saved, precision = torch._inductor.config.get_config_copy(), torch.get_float32_matmul_precision()

@@ -312,10 +312,11 @@ def test_a_compiled_measurement_is_priced_by_the_first_measurement_and_the_last_
     warm = Baselines(1.0, 22.0, True, "w", cold_seconds=59.0, final_seen=120.0)
     assert final_seconds(warm, MIN_ROUNDS) == pytest.approx(120.0)
     assert final_seconds(Baselines(1.0, 22.0, True, "w", cold_seconds=59.0), MIN_ROUNDS) == pytest.approx(22.0)
-    # the unchanged model compiled again on warm caches (4 s): both sides of a measurement at that,
-    # not at the cold first measurement; still no less than the last final comparison took
-    rewarmed = Baselines(1.0, 59.0, True, "w", cold_seconds=59.0, warm_seconds=4.0)
-    assert final_seconds(rewarmed, MIN_ROUNDS) == pytest.approx(8.0)
+    # the unchanged model compiled and captured again on warm caches (4 s): its side replays that
+    # capture, the plan's costs as much, not the cold first measurement; still no less than the last
+    # final comparison took
+    rewarmed = Baselines(1.0, 59.0, True, "w", cold_seconds=59.0, warm_seconds=4.0, replays=(lambda: None,))
+    assert final_seconds(rewarmed, MIN_ROUNDS) == pytest.approx(4.0)
     assert final_seconds(replace(rewarmed, final_seen=12.0), MIN_ROUNDS) == pytest.approx(12.0)
     # another workload of the same weights has its own costs
     other = SimpleNamespace(device=work.device, examples=[torch.zeros(1, 2048, dtype=torch.long)])
@@ -357,6 +358,7 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
     seen = []
     monkeypatch.setattr(M, "measure_examples", lambda model, examples, compile=False, **kw: seen.append(compile) or 1000.0)
     monkeypatch.setattr(B, "forward_timing", lambda model, examples, compile=False, **kw: seen.append(compile) or (500.0,) * 3)
+    monkeypatch.setattr(M, "captured", lambda fn, examples: seen.append("captured") or [lambda: None] * len(examples))
     work = SimpleNamespace(device=torch.device("cpu"), examples=examples, prof=profile(model, examples))
     cost = CostModel({"0": {"bf16": 1.0}}, rest_us=0.0)
     for mode, compiled in (("eager", False), ("compile", True)):
@@ -367,10 +369,11 @@ def test_end_to_end_measurements_compile_where_timing_compiles(tmp_path, monkeyp
         assert base.compile is compiled and base.bf16_us == 1000.0
         bench = B.ModelBench(model, work.prof, examples, compile=base.compile, groups=[Group("g", ("0",), ("bf16",))],
                              cost=cost)
-        # the bench measures plans so (interleaved); compiled, the unchanged model is compiled a
-        # second time, on warm caches (what a side of a verification's measurement costs)
-        assert bench.compile is compiled and seen == [compiled] * (1 + compiled), mode
-        assert (base.warm_seconds > 0) is compiled
+        # the bench measures plans so (interleaved); compiled, the unchanged model is compiled and
+        # captured a second time, on warm caches: every verification's baseline side, and what the
+        # plan's side of one costs
+        assert bench.compile is compiled and seen == ([True, "captured"] if compiled else [False]), mode
+        assert (base.warm_seconds > 0) is compiled and len(base.replays) == (3 if compiled else 0)
 
 
 def _fake_timings(monkeypatch, per_layer: dict[str, float], default: float | None = None, by: str = "name",

@@ -25,7 +25,7 @@ from autoao.evaluators.timing import LatencyTable
 from autoao.kernels._base import canonical_on_device
 from autoao.plan import Plan, apply, set_module
 from autoao.profile import ModelProfile
-from autoao.stages.measure import describe_shapes, run_seconds, forward_timing
+from autoao.stages.measure import captured, forward_timing, run_seconds
 from autoao.stages.search import Group, plan_from_params
 from autoao.types import Accuracy, Pricing, Timed
 
@@ -38,13 +38,16 @@ class ModelBench:
 
     def __init__(self, model: nn.Module, prof: ModelProfile, examples: list[Any], *, compile: bool,
                  groups: list[Group], cost: CostModel, table: LatencyTable | None = None, pricing: Pricing = Timed(),
-                 workload: Callable[[nn.Module], Any] | None = None) -> None:
+                 workload: Callable[[nn.Module], Any] | None = None,
+                 base_replays: tuple[Callable[[], None], ...] = ()) -> None:
         """table: the timed kernels a shipped plan records (None: this bench only scores trials);
         pricing: Timed(), or FromBytes(why) where the cost model is an estimate that end-to-end times
         here cannot check (the target runs its layers elsewhere: Target.pricing); workload: what the user runs
-        (model -> anything), timed by the final comparison next to the examples' forward pass."""
+        (model -> anything), timed by the final comparison next to the examples' forward pass;
+        base_replays: the unchanged model's workload captured (Baselines.replays), replayed as the
+        baseline side of every compiled measurement instead of compiling it again."""
         self.model, self.prof, self.examples, self.compile, self.pricing = model, prof, examples, compile, pricing
-        self.workload = workload
+        self.workload, self.base_replays = workload, base_replays
         self.groups, self.cost, self.table = groups, cost, table
         self.original = {lay.fqn: model.get_submodule(lay.fqn) for lay in prof.layers}
         self.calibration: Calibration = prof.calibration
@@ -187,12 +190,16 @@ GRAPH_ROUNDS = 20  # compiled: rounds of (unchanged, plan) workload replays
 
 
 def graph_rounds(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) -> tuple[list[Sample], list[Sample]]:
-    """CUDA, as the model will run: each side torch.compile'd once and its workload captured as CUDA
-    graphs (one per distinct example shape), then max(rounds, GRAPH_ROUNDS) rounds each replaying
-    the unchanged model's workload and the plan's in turn, timed with events after an L2 flush
-    (a read of L2_FLUSH_BYTES, as per-layer timing does). Leaves `applied` in place."""
+    """CUDA, as the model will run: the plan's side torch.compile'd once and its workload captured as
+    CUDA graphs (one per distinct example shape), the unchanged model's likewise unless the bench
+    holds its capture (base_replays), then max(rounds, GRAPH_ROUNDS) rounds each replaying the
+    unchanged model's workload and the plan's in turn, timed with events after an L2 flush (a read
+    of L2_FLUSH_BYTES, as per-layer timing does). Leaves `applied` in place."""
     sides = []
     for modules in ({}, applied):
+        if not modules and bench.base_replays:
+            sides.append(list(bench.base_replays))
+            continue
         bench.install(modules)
         torch._dynamo.reset()
         sides.append(captured(torch.compile(bench.model), bench.examples))
@@ -210,25 +217,3 @@ def graph_rounds(bench: ModelBench, applied: dict[str, nn.Module], rounds: int) 
             times[side].append(start.elapsed_time(end) * 1e3)
     bench.install(applied)
     return [(t, t, t) for t in times[0]], [(t, t, t) for t in times[1]]
-
-
-def captured(fn: Callable[..., Any], examples: list[Any]) -> list[Callable[[], None]]:
-    """The workload as CUDA-graph replays, in order: each distinct example shape compiled, warmed
-    and captured once (on a side stream, as capture requires), then replayed for each example."""
-    graphs: dict[str, torch.cuda.CUDAGraph] = {}
-    with torch.no_grad():
-        for ex in examples:
-            key = describe_shapes(ex)
-            if key in graphs:
-                continue
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):  # compile, then warm
-                    call_model(fn, ex)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call_model(fn, ex)
-            graphs[key] = graph
-    return [graphs[describe_shapes(ex)].replay for ex in examples]

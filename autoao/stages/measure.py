@@ -11,14 +11,14 @@ Everything here is measured once and handed on frozen; the later stages read it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from autoao.budget import Costs
-from autoao.common import BASELINE
+from autoao.common import BASELINE, call_model
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.cache import ResultCache, Timing, TimingCache, weights_key
 from autoao.evaluators.sensitivity import layer_errors
@@ -33,7 +33,6 @@ from autoao.stages.judges import Judges
 from autoao.types import FromBytes, LayerSpec
 
 E2E_SHARE = 0.1  # of a time budget left: at most this for the unchanged model's first measurement
-WARM_REPS = 3  # replays after compiling the unchanged model again: its graph runs, no more is needed
 Allowed = Callable[[Candidate, LayerSpec], "str | None"]  # a serving target's rule: None, or why not
 
 
@@ -52,8 +51,12 @@ class Baselines:
     cold_seconds: float = 0.0
     final_seen: float = 0.0
     # compiled only: the unchanged model compiled and captured again, inductor's caches warm (what
-    # each side of a verification's measurement costs; 0: not measured)
+    # a verification's measurement costs for the plan's side; 0: not measured)
     warm_seconds: float = 0.0
+    # that capture: the unchanged model's workload as CUDA-graph replays (captured), the baseline
+    # side of every verification's measurement (its graphs read the original weights and the
+    # examples, which the run keeps; empty: not compiled)
+    replays: tuple[Callable[[], None], ...] = field(default=(), compare=False, repr=False)
     workload_s: float = 0.0  # one warm call of the user's workload on the unchanged model (0: none given)
     # its first call: a loop that compiles itself pays that once per model (transformers' generate()
     # with a static cache on CUDA: 15 s, against 0.23 s warm; docs/measuring.md#end-to-end-on-a-gpu)
@@ -64,9 +67,9 @@ def measure_baselines(model: nn.Module, work: Inputs, *, cache: ResultCache, led
                       workload: Callable[[nn.Module], Any] | None = None) -> Baselines:
     """The unchanged model end to end (the cost model's rest). Compiled on CUDA, as per-layer timing
     ran its layers (kernels whose speed comes from inductor's fusion measure ~2x slower eagerly),
-    then compiled again on warm caches to price a verification's measurement (`warm_seconds`).
-    With the user's `workload`, two calls of it (the first may compile), to price the final
-    comparison's warm-ups and rounds."""
+    then compiled again on warm caches and captured (`replays`: every verification's baseline side;
+    its seconds, `warm_seconds`, price a verification's plan side). With the user's `workload`, two
+    calls of it (the first may compile), to price the final comparison's warm-ups and rounds."""
     compile = default_mode(work.device) == "compile"
     ledger.say("the unchanged model end to end")
     t0 = time.perf_counter()
@@ -81,9 +84,12 @@ def measure_baselines(model: nn.Module, work: Inputs, *, cache: ResultCache, led
         bf16_us = measure_examples(model, work.examples, warmup=0, reps=1 if tight else None,
                                    max_seconds=0.0 if tight else 3.0)
     e2e = time.perf_counter() - t0
-    # compiled again, inductor's caches warm: what each side of a verification's measurement costs
-    warm = (run_seconds(model, lambda m: measure_examples(m, work.examples, compile=True, reps=WARM_REPS))
-            if compile else 0.0)
+    warm, replays = 0.0, []
+    if compile:
+        t0 = time.perf_counter()
+        torch._dynamo.reset()
+        replays = captured(torch.compile(model), work.examples)
+        warm = time.perf_counter() - t0
     weights = weights_key(model)
     seen = compiled_costs(cache, weights, work, e2e) if compile else {}
     cold_run = warm_run = 0.0
@@ -91,7 +97,31 @@ def measure_baselines(model: nn.Module, work: Inputs, *, cache: ResultCache, led
         ledger.say("your workload, twice, on the model as it came")
         cold_run, warm_run = run_seconds(model, workload), run_seconds(model, workload)
     return Baselines(bf16_us, e2e, compile, weights, seen.get("cold_seconds", 0.0), seen.get("final_seconds", 0.0),
-                     warm, workload_s=warm_run, workload_cold_s=cold_run)
+                     warm, tuple(replays), workload_s=warm_run, workload_cold_s=cold_run)
+
+
+def captured(fn: Callable[..., Any], examples: list[Any]) -> list[Callable[[], None]]:
+    """The workload as CUDA-graph replays, in order: each distinct example shape compiled, warmed
+    and captured once (on a side stream, as capture requires), then replayed for each example.
+    Returns after the device has finished (a caller timing it times the capture)."""
+    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    with torch.no_grad():
+        for ex in examples:
+            key = describe_shapes(ex)
+            if key in graphs:
+                continue
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):  # compile, then warm
+                    call_model(fn, ex)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call_model(fn, ex)
+            graphs[key] = graph
+    torch.cuda.synchronize()
+    return [graphs[describe_shapes(ex)].replay for ex in examples]
 
 
 def run_seconds(model: nn.Module, run: Callable[[nn.Module], Any]) -> float:
@@ -165,16 +195,17 @@ def record_final(cache: ResultCache, base: Baselines, work: Inputs, seconds: flo
 
 def measure_seconds(base: Baselines, rounds: int) -> float:
     """What a verification's end-to-end measurement of `rounds` interleaved rounds costs. Compiled:
-    each side compiled and captured once (bench.graph_rounds), then replayed: both compile with
-    inductor's caches warm (the kernels outside the linear layers compiled for the unchanged model;
-    autoao's kernels are not inductor's), so each side costs what compiling the unchanged model again
-    cost (`warm_seconds`), and no less than the last final comparison of this model here took; not
-    measured, the first, cold measurement's seconds. On the CPU the plan's warm-up and the rounds,
-    each run at most as long as the unchanged model's. With the user's workload, its warm-ups (the
-    plan's as long as the first call was: it may compile) and as many rounds of it."""
+    the unchanged model's side replays the graphs the baselines captured (`replays`), the plan's
+    is compiled and captured (bench.graph_rounds) with inductor's caches warm (the kernels outside
+    the linear layers compiled for the unchanged model; autoao's kernels are not inductor's), so it
+    costs what capturing the unchanged model again cost (`warm_seconds`), and no less than the last
+    final comparison of this model here took; not captured, both sides at the first, cold
+    measurement's seconds. On the CPU the plan's warm-up and the rounds, each run at most as long as
+    the unchanged model's. With the user's workload, its warm-ups (the plan's as long as the first
+    call was: it may compile) and as many rounds of it."""
     workload = max(base.workload_cold_s, base.workload_s) + (1 + 2 * rounds) * base.workload_s
     if base.compile:
-        sides = 2 * base.warm_seconds if base.warm_seconds > 0 else base.e2e_seconds
+        sides = base.warm_seconds if base.replays else base.e2e_seconds
         return max(sides, base.final_seen) + workload
     return (1 + 2 * rounds) * base.bf16_us / 1e6 + workload
 
