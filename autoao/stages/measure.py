@@ -88,8 +88,12 @@ def measure_baselines(model: nn.Module, work: Inputs, *, cache: ResultCache, led
     if compile:
         t0 = time.perf_counter()
         torch._dynamo.reset()
-        replays = captured(torch.compile(model), work.examples)
-        warm = time.perf_counter() - t0
+        try:
+            replays = captured(torch.compile(model), work.examples)
+            warm = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - then each measurement compiles both sides, priced cold
+            ledger.say(f"the unchanged model could not be captured again ({type(e).__name__}: {e}); "
+                       "each measurement compiles it")
     weights = weights_key(model)
     seen = compiled_costs(cache, weights, work, e2e) if compile else {}
     cold_run = warm_run = 0.0
