@@ -710,3 +710,30 @@ def test_the_judges_score_the_plan_as_it_ships_with_its_timed_kernels(tmp_path, 
                           progress=False)
     assert result.plan.kernels == {"0": "dequant"} and result.summary.accuracy.tier == 2
     assert seen[0] == "bf16" and set(seen[1:]) == {"dequant"}  # the baseline, then each check as shipped
+
+
+def test_a_model_that_cannot_be_captured_again_is_priced_at_its_first_compile(tmp_path, monkeypatch):
+    """Compiled, when capturing the unchanged model again fails, the run goes on: no kept capture,
+    each measurement compiles both sides and is priced at the first, cold measurement's seconds."""
+    from torch import nn
+
+    from autoao.evaluators.cache import ResultCache
+    from autoao.ledger import RunLedger
+    from autoao.profile import profile
+    from autoao.stages import measure as M
+
+    def broken(fn, examples):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(M, "measure_examples", lambda model, examples, compile=False, **kw: 1000.0)
+    monkeypatch.setattr(M, "captured", broken)
+    monkeypatch.setattr(M, "default_mode", lambda device: "compile")
+    model, examples = nn.Sequential(nn.Linear(8, 8)), [torch.zeros(1, 5, 8)]
+    work = SimpleNamespace(device=torch.device("cpu"), examples=examples, prof=profile(model, examples))
+    said = []
+    ledger = RunLedger(Budget(trials=1), progress=False)
+    monkeypatch.setattr(ledger, "say", said.append)
+    base = M.measure_baselines(model, work, cache=ResultCache(tmp_path / "r.sqlite"), ledger=ledger)
+    assert base.compile and base.replays == () and base.warm_seconds == 0.0
+    assert M.measure_seconds(base, 3) == pytest.approx(base.e2e_seconds)
+    assert any("could not be captured again" in line and "RuntimeError" in line for line in said)
