@@ -171,7 +171,9 @@ class GenerationJudge:
         unchanged). prompts: [P, L] integer token ids, P >= 1 prompts of one length L >= 1.
         new_tokens: greedy steps per prompt, >= 1. references: where the reference's side is kept
         on disk (module docstring); None computes it. ValueError naming the bad argument.
-        `seconds`: what computing the reference's side took (when it was computed)."""
+        `seconds`: what computing the reference's side took (when it was computed); `pass_seconds`:
+        one teacher-forced pass of the unmodified model along its continuation, timed after it (what
+        a plan's look runs, at the unchanged model's speed)."""
         if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.dtype.is_floating_point \
                 or prompts.dtype == torch.bool or prompts.numel() == 0:
             got = (f"a {prompts.dtype} tensor of shape {tuple(prompts.shape)}" if isinstance(prompts, torch.Tensor)
@@ -183,14 +185,19 @@ class GenerationJudge:
         self.new_tokens = new_tokens
         key = _reference_key(reference, self.prompts, new_tokens) if references is not None else ""
         hit = references.get(key) if references is not None else None
-        if hit is not None:
-            self.tokens, self.noise, self.seconds = hit["tokens"], hit["noise"], float(hit["seconds"])
+        if hit is not None and "pass_seconds" in hit:
+            self.tokens, self.noise = hit["tokens"], hit["noise"]
+            self.seconds, self.pass_seconds = float(hit["seconds"]), float(hit["pass_seconds"])
         else:
             t0 = time.perf_counter()
             self.tokens, self.noise = self._reference_side(reference)
             self.seconds = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            self.agreement(reference)
+            self.pass_seconds = time.perf_counter() - t0
             if references is not None:
-                references.put(key, {"tokens": self.tokens, "noise": self.noise, "seconds": scalar(self.seconds)})
+                references.put(key, {"tokens": self.tokens, "noise": self.noise, "seconds": scalar(self.seconds),
+                                     "pass_seconds": scalar(self.pass_seconds)})
         self.noise_floor = self.noise.float().mean().item()
 
     def _reference_side(self, reference: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,14 +282,15 @@ class GenerationLooks(Judge):
 
     def price(self, reference: nn.Module, key: str, say: Say) -> None:
         """The first look prepared (its reference and noise), and from its seconds per prompt: a
-        check's plan side at every look, and the unmodified model's side of the looks not on disk
-        before. A look's reference side (the greedy continuation, then the float32 twin teacher-
-        forced along it) costs about two plan sides (one teacher-forced pass)."""
+        check's plan side at every look (a teacher-forced pass, GenerationJudge.pass_seconds, timed
+        warm), and the unmodified model's side of the looks not on disk before (the greedy
+        continuation, then the float32 twin teacher-forced along it, the upcast and the first
+        calls' warm-up included: GenerationJudge.seconds)."""
         fresh = [not self.on_disk(reference, look) for look in range(self.looks)]  # before look 0 is built
         self.prepare(reference, 0)
-        per_prompt = self.judges[0].seconds / len(self.chunks[0])
-        self.check_s = per_prompt * sum(len(c) for c in self.chunks) / 2
-        self.once_s = per_prompt * sum(len(c) for c, new in zip(self.chunks, fresh) if new) / 2
+        first, prompts = self.judges[0], len(self.chunks[0])
+        self.check_s = first.pass_seconds / prompts * sum(len(c) for c in self.chunks)
+        self.once_s = first.seconds / prompts * sum(len(c) for c, new in zip(self.chunks, fresh) if new)
 
     def describe(self) -> str:
         prompts = sum(len(c) for c in self.chunks)

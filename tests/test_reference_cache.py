@@ -217,3 +217,28 @@ def test_a_second_build_judges_runs_only_what_is_not_on_disk(tmp_path):
     first = len(generation.chunks[0]) / sum(len(c) for c in generation.chunks)
     assert warm.once_s == pytest.approx(cold.once_s * (1 - first))
     assert (tmp_path / "references").is_dir()
+
+
+class Slow(Counting):
+    """`inner`, each forward call taking at least 20 ms more (a call's price dominates)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+        time.sleep(0.02)
+        return super().forward(x)
+
+
+def test_a_check_is_priced_at_a_plans_teacher_forced_pass_not_at_the_reference_side():
+    """A plan's look is one teacher-forced pass along the reference's continuation; the reference's
+    own side is a greedy pass and its float32 twin's, the upcast included. The price says so: a
+    check's plan side (every look) at the timed pass, per prompt, the one-off side at the reference's
+    seconds (a greedy pass and the float32 twin's: at least two of those)."""
+    model = Slow(_lm())
+    chunks, new_tokens = [_ids(5, 4, 16), _ids(6, 4, 16), _ids(7, 8, 16)], 12
+    looks = GenerationLooks(chunks, new_tokens)
+    looks.price(model, "tiny", lambda line: None)
+    first = looks.judges[0]
+    assert first.pass_seconds >= 0.02 and first.seconds >= new_tokens * 0.02
+    assert looks.check_s == pytest.approx(first.pass_seconds / 4 * 16)
+    assert looks.once_s == pytest.approx(first.seconds / 4 * 16)
+    assert looks.once_s > 1.5 * looks.check_s
