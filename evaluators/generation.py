@@ -172,8 +172,8 @@ class GenerationJudge:
         new_tokens: greedy steps per prompt, >= 1. references: where the reference's side is kept
         on disk (module docstring); None computes it. ValueError naming the bad argument.
         `seconds`: what computing the reference's side took (when it was computed); `pass_seconds`:
-        one teacher-forced pass of the unmodified model along its continuation, timed after it (what
-        a plan's look runs, at the unchanged model's speed)."""
+        its greedy continuation's share (a plan's look runs as many decode steps, teacher-forced
+        along it: its price at the unchanged model's speed)."""
         if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.dtype.is_floating_point \
                 or prompts.dtype == torch.bool or prompts.numel() == 0:
             got = (f"a {prompts.dtype} tensor of shape {tuple(prompts.shape)}" if isinstance(prompts, torch.Tensor)
@@ -190,25 +190,25 @@ class GenerationJudge:
             self.seconds, self.pass_seconds = float(hit["seconds"]), float(hit["pass_seconds"])
         else:
             t0 = time.perf_counter()
-            self.tokens, self.noise = self._reference_side(reference)
+            self.tokens, self.noise, self.pass_seconds = self._reference_side(reference)
             self.seconds = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            self.agreement(reference)
-            self.pass_seconds = time.perf_counter() - t0
             if references is not None:
                 references.put(key, {"tokens": self.tokens, "noise": self.noise, "seconds": scalar(self.seconds),
                                      "pass_seconds": scalar(self.pass_seconds)})
         self.noise_floor = self.noise.float().mean().item()
 
-    def _reference_side(self, reference: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    def _reference_side(self, reference: nn.Module) -> tuple[torch.Tensor, torch.Tensor, float]:
         """(the reference's greedy continuation [P, N], its float32 twin's agreement along it
-        [P, N] bool; all True for a model without a lower precision), on the CPU."""
+        [P, N] bool, all True for a model without a lower precision, both on the CPU; the
+        continuation's seconds)."""
+        t0 = time.perf_counter()
         tokens = greedy(reference, self.prompts, self.new_tokens).cpu()  # [P, N]
+        greedy_s = time.perf_counter() - t0
         with upcast(reference) as changed:
             if not changed:
-                return tokens, torch.ones_like(tokens, dtype=torch.bool)
+                return tokens, torch.ones_like(tokens, dtype=torch.bool), greedy_s
             argmax, finite = forced_argmax(reference, self.prompts, tokens)
-        return tokens, (argmax == tokens) & finite  # [P, N] float32 agrees with bf16
+        return tokens, (argmax == tokens) & finite, greedy_s  # [P, N] float32 agrees with bf16
 
     def agreement(self, model: nn.Module) -> torch.Tensor:
         """[P, N] bool: at each step of the reference's continuation, teacher-forced, whether
@@ -282,10 +282,10 @@ class GenerationLooks(Judge):
 
     def price(self, reference: nn.Module, key: str, say: Say) -> None:
         """The first look prepared (its reference and noise), and from its seconds per prompt: a
-        check's plan side at every look (a teacher-forced pass, GenerationJudge.pass_seconds, timed
-        warm), and the unmodified model's side of the looks not on disk before (the greedy
-        continuation, then the float32 twin teacher-forced along it, the upcast and the first
-        calls' warm-up included: GenerationJudge.seconds)."""
+        check's plan side at every look (as many decode steps as the reference's greedy
+        continuation: GenerationJudge.pass_seconds), and the unmodified model's side of the looks
+        not on disk before (the greedy continuation, then the float32 twin teacher-forced along it,
+        the upcast included: GenerationJudge.seconds)."""
         fresh = [not self.on_disk(reference, look) for look in range(self.looks)]  # before look 0 is built
         self.prepare(reference, 0)
         first, prompts = self.judges[0], len(self.chunks[0])
