@@ -6,7 +6,7 @@ on-disk cache, by a deadline. How one cell is timed is evaluators.harness's.
 
 Order of value: the baseline everywhere first (every prediction divides by it), then every
 candidate on its heaviest shape, the formats predicted fastest first, a candidate faster there than
-any before it on all its other shapes at once; then the rest, the candidates whose probe ran fastest
+the baseline on all its other shapes at once; then the rest, the candidates whose probe ran fastest
 first. Under a deadline every cell is timed coarsely before any is refined, so a short deadline
 leaves the slowest candidates' lightest cells untimed, never the fastest one's, and coarse cells
 rather than none. A failing kernel is an inf timing with its error: data, not a crash.
@@ -169,8 +169,9 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
     is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline). In the
     order of value: the baseline everywhere; then each candidate's probe (its heaviest cell), the
     formats predicted fastest on the workload first (_prior_order), and every other cell of a
-    candidate whose probe ran faster than any before it right after that probe, so a short deadline
-    leaves whole plans of the fastest candidate timed; then the rest, the candidates whose probe ran
+    candidate whose probe ran faster than the baseline's right after that probe, so a short deadline
+    leaves whole plans of the first fast candidates timed (the fastest on its probe may be one whose
+    accuracy rules it out, which timing cannot know); then the rest, the candidates whose probe ran
     fastest first (_by_probe)."""
     sampling = CELL_SECONDS if run.deadline is None else COARSE_SECONDS
     cells: dict[int, _Cell] = {}
@@ -189,12 +190,9 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
             bar.update(len(tokens))
 
     time_cells([i for i, (_, _, cand) in enumerate(work) if cand.family == BASELINE])
-    best = 1.0
     for name in _prior_order(work, first, tokens, calls, run.dtype):
         time_cells([first[name]])
-        gain = _probe_gain(work, cells, first[name], calls)
-        if gain > best:
-            best = gain
+        if _probe_gain(work, cells, first[name], calls) > 1.0:
             time_cells([i for i, (_, _, cand) in enumerate(work) if cand.name == name and i not in cells])
     time_cells(_by_probe(work, cells, first, calls))
     bar.close()

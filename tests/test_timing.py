@@ -576,15 +576,16 @@ FUSED = [c for c in CELLS if c.fusable]  # int8_wo, fp32_compute
 SHAPE_CALLS = {(64, 32): {1: 64, 256: 8}, (32, 64): {1: 32, 256: 1}, (128, 32): {1: 32, 256: 2}}
 
 
-def _probe_order(tmp_path, monkeypatch, fast: str, deadline: float | None, name: str):
-    """measure_latencies over CELLS on two shapes with `fast` running 2.5x faster than the rest:
-    the cells in the order they were asked for, and the table."""
+def _probe_order(tmp_path, monkeypatch, fast: dict[str, float], deadline: float | None, name: str):
+    """measure_latencies over CELLS on two shapes, each candidate in `fast` running that factor of
+    the baseline's time, the rest as slow as it: the cells in the order they were asked for, and
+    the table."""
     clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
 
     def fake(cand, kern, n, k, tokens, dtype, device, mode, max_seconds=timing.CELL_SECONDS, *rest):
         asked.append((cand.name, kern, (n, k)))
         clock_.now += 0.1 * len(tokens)
-        us = 10.0 * (0.4 if cand.name == fast else 1.0)
+        us = 10.0 * fast.get(cand.name, 1.0)
         return {m: Timing(us * m, 0, 0, 5, coarse=max_seconds < timing.CELL_SECONDS) for m in tokens}
 
     monkeypatch.setattr(harness, "time_missing", fake)
@@ -593,29 +594,36 @@ def _probe_order(tmp_path, monkeypatch, fast: str, deadline: float | None, name:
     return asked, table
 
 
-@pytest.mark.parametrize("fast", ["int8_dyn(act=tensor)", "fp32_compute"])
-def test_a_probe_faster_than_any_before_it_is_timed_on_every_shape_next(tmp_path, monkeypatch, fast):
+@pytest.mark.parametrize("fast", [{"int8_dyn(act=tensor)": 0.4}, {"fp32_compute": 0.4},
+                                  {"int8_dyn(act=tensor)": 0.4, "int8_wo": 0.8}])
+def test_a_probe_faster_than_the_baseline_is_timed_on_every_shape_next(tmp_path, monkeypatch, fast):
     """After the baseline, the candidates' probes (their heaviest shape), the formats predicted
     fastest first (here 8-bit products, then 8-bit weights, then fp32 products: SHAPE_CALLS is
-    mostly 256-token calls by weight); a probe that runs faster than every one before it has its
-    other shapes timed right after it, before the next probe: a deadline then leaves the slow
-    candidates' light shapes untimed, never the fastest one's."""
+    mostly 256-token calls by weight); a probe that runs faster than the baseline has its other
+    shapes timed right after it, before the next probe, also when an earlier one ran faster still
+    (that one may not hold: timing cannot know); a probe no faster than the baseline waits. A
+    deadline then leaves the slow candidates' light shapes untimed, never a fast one's."""
     asked, _ = _probe_order(tmp_path, monkeypatch, fast, None, "all.sqlite")
     cells = list(dict.fromkeys((a[0], a[2]) for a in asked))
     assert cells[:2] == [("bf16", (64, 32)), ("bf16", (32, 64))]
     probes = [c for c in cells[2:] if c[1] == (64, 32)]
     assert [c for c, _ in probes] == ["int8_dyn(act=tensor)", "int8_wo", "fp32_compute"]
-    after = cells.index((fast, (64, 32))) + 1
-    assert cells[after] == (fast, (32, 64))  # the fast probe's other shape next
-    assert cells[after + 1:] == [c for c in cells[2:] if c not in cells[:after + 1]]
-    if fast == "int8_dyn(act=tensor)":  # before the probes that follow it
-        assert cells[after + 1] == ("int8_wo", (64, 32))
-    # a deadline just past that cell: the fast candidate on both shapes, the others on their probe
-    # at most, never on their light shape
-    done = max(i for i, a in enumerate(asked) if (a[0], a[2]) == (fast, (32, 64)))
+    order = [c for c, _ in probes]
+    for name in order:
+        after = cells.index((name, (64, 32))) + 1
+        if name in fast:  # its light shape next
+            assert cells[after] == (name, (32, 64))
+        else:  # the next probe next, or (the last) the fast ones' cells are all done
+            nxt = order[order.index(name) + 1:]
+            assert cells[after] == ((nxt[0], (64, 32)) if nxt else [c for c in cells if c not in cells[:after]][0])
+            assert cells.index((name, (32, 64))) > max(cells.index((f, (32, 64))) for f in fast)
+    # a deadline just past the last fast candidate's light shape: every fast one on both shapes, a
+    # slow one on its probe at most
+    done = max(i for i, a in enumerate(asked) if (a[0], a[2]) in {(f, (32, 64)) for f in fast})
     _, table = _probe_order(tmp_path, monkeypatch, fast, 0.2 * (done + 1) - 0.1, "cut.sqlite")
-    assert table.get(fast, 1, 32, 64).ok and table.get(fast, 1, 64, 32).ok
-    slow = "int8_wo"
+    for f in fast:
+        assert table.get(f, 1, 32, 64).ok and table.get(f, 1, 64, 32).ok
+    slow = next(c for c in ("int8_wo", "fp32_compute") if c not in fast)
     assert table.get(slow, 1, 64, 32).error == timing.NOT_TIMED
 
 
