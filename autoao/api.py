@@ -349,9 +349,7 @@ def too_short(time_plan: TimePlan, ledger: RunLedger) -> tuple[NothingToTry, ...
     if short is None:
         return ()
     note = NothingToTry(0, "profile and baselines", short[0], math.ceil(short[2] / 30) * 30, short[1])
-    ledger.say(f"the time budget leaves the search little room: '{note.stage}' took {note.stage_s:.0f} s of it and "
-               f"verifying a first plan needs about {note.reserve_s:.0f} s; the run goes on with what fits (a budget "
-               f"of about {note.suggest_s:.0f} s lets the search try plans)")
+    ledger.say(note.warning())
     return (note,)
 
 

@@ -329,6 +329,12 @@ class NothingToTry(Decision):
                 f"verifying a first plan (its accuracy checked and its speed measured) needs about "
                 f"{self.reserve_s:.0f} s{untimed}; a budget of about {self.suggest_s:.0f} s lets the search try plans")
 
+    def warning(self) -> str:
+        """The same said ahead, when the time plan is made: the run goes on with what fits."""
+        return (f"the time budget leaves the search little room: '{self.stage}' took {self.stage_s:.0f} s of it and "
+                f"verifying a first plan needs about {self.reserve_s:.0f} s; the run goes on with what fits (a "
+                f"budget of about {self.suggest_s:.0f} s lets the search try plans)")
+
 
 @decision
 @dataclass(frozen=True)

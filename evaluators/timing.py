@@ -189,12 +189,13 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
             _note_baseline(run, cand, n, k, by_kernel, calls)
             bar.update(len(tokens))
 
-    time_cells([i for i, (_, _, cand) in enumerate(work) if cand.family == BASELINE])
+    base = {(n, k): i for i, (n, k, cand) in enumerate(work) if cand.family == BASELINE}  # shape -> its cell
+    time_cells(list(base.values()))
     for name in _prior_order(work, first, tokens, calls, run.dtype):
         time_cells([first[name]])
-        if _probe_gain(work, cells, first[name], calls) > 1.0:
+        if _probe_gain(work, cells, base, first[name], calls) > 1.0:
             time_cells([i for i, (_, _, cand) in enumerate(work) if cand.name == name and i not in cells])
-    time_cells(_by_probe(work, cells, first, calls))
+    time_cells(_by_probe(work, cells, base, first, calls))
     bar.close()
     return [cells[i] for i in range(len(work))]
 
@@ -221,25 +222,25 @@ def _prior_order(work: list[tuple[int, int, Candidate]], first: dict[str, int], 
     return sorted(names, key=lambda name: (predicted(name), first[name]))
 
 
-def _probe_gain(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], probe: int,
-                calls: dict[tuple[int, int], dict[int, int]] | None) -> float:
-    """How many times faster than the baseline's cell of its shape the probe cell `probe` ran over
-    the workload's calls (its fastest kernel); 0 where it failed, was not timed or has no baseline."""
+def _probe_gain(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], base: dict[tuple[int, int], int],
+                probe: int, calls: dict[tuple[int, int], dict[int, int]] | None) -> float:
+    """How many times faster than the baseline's cell of its shape (base: (N, K) -> that cell's
+    index) the probe cell `probe` ran over the workload's calls (its fastest kernel); 0 where it
+    failed, was not timed or has no baseline."""
     n, k, _ = work[probe]
-    ref = next((cells[i].by_kernel for i, (n2, k2, c) in enumerate(work)
-                if c.family == BASELINE and (n2, k2) == (n, k) and i in cells), None)
-    if ref is None or probe not in cells:
+    if base.get((n, k)) not in cells or probe not in cells:
         return 0.0
+    ref = cells[base[(n, k)]].by_kernel
     best = min(workload_us(times, (calls or {}).get((n, k))) for times in cells[probe].by_kernel.values())
     return workload_us(next(iter(ref.values())), (calls or {}).get((n, k))) / best if best > 0 else 0.0
 
 
-def _by_probe(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], first: dict[str, int],
-              calls: dict[tuple[int, int], dict[int, int]] | None) -> list[int]:
+def _by_probe(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], base: dict[tuple[int, int], int],
+              first: dict[str, int], calls: dict[tuple[int, int], dict[int, int]] | None) -> list[int]:
     """The cells of `work` not timed yet, the candidates whose probe (first[name]: their heaviest
     cell) ran fastest against the baseline's cell of its shape first (failed, unsupported or untimed
     probes last), each candidate's cells in `work`'s order (heaviest first)."""
-    gain = {name: _probe_gain(work, cells, i, calls) for name, i in first.items()}
+    gain = {name: _probe_gain(work, cells, base, i, calls) for name, i in first.items()}
     rest = [i for i in range(len(work)) if i not in cells]
     return sorted(rest, key=lambda i: (-gain.get(work[i][2].name, 0.0), i))
 
