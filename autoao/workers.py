@@ -214,18 +214,7 @@ def close(outcome: SearchOutcome, config: SearchConfig, cost: CostModel, evaluat
         time.sleep(0.2)
     waited = time.monotonic() - t0
     objective = make_objective(outcome.groups, cost, evaluate, config, time.perf_counter())
-    retried = 0
-    for t in study.get_trials(deepcopy=False, states=(states.WAITING,)):
-        if "failed_trial" not in t.system_attrs:
-            continue  # a warm-start seed the budget did not reach: as in a single process, left queued
-        if not study._storage.set_trial_state_values(t._trial_id, state=states.RUNNING):
-            continue  # a worker took it after all
-        trial = optuna.Trial(study, t._trial_id)
-        try:
-            study.tell(trial, objective(trial))
-        except Exception:  # noqa: BLE001 - as Optuna's catch: the trial fails, the choice goes on
-            study.tell(trial, state=states.FAIL)
-        retried += 1
+    retried = _run_retries(study, config.storage, objective)
     outcome.trials = [TrialRecord.read(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     refresh(outcome)
     per: dict[str, int] = {}
@@ -235,6 +224,34 @@ def close(outcome: SearchOutcome, config: SearchConfig, cost: CostModel, evaluat
     running_left = len(study.get_trials(deepcopy=False, states=(states.RUNNING,)))
     return StudyClosed(len(per), round(waited, 2), running_left, retried,
                        ", ".join(f"{w} {n}" for w, n in sorted(per.items())))
+
+
+def _run_retries(study: optuna.Study, storage_url: str | None,
+                 objective: Callable[[optuna.Trial], tuple[float, float]]) -> int:
+    """Run here the queued retries of lost processes' trials (waiting trials that carry Optuna's
+    `failed_trial`); a warm-start seed the budget did not reach stays queued, as in a single
+    process. Returns how many ran."""
+    states = optuna.trial.TrialState
+    queued = [t.number for t in study.get_trials(deepcopy=False, states=(states.WAITING,))
+              if "failed_trial" in t.system_attrs]
+    if not queued or storage_url is None:
+        return 0
+    # claimed by id through the storage's interface: study.ask() would pop the oldest waiting
+    # trial, which is a seed
+    storage = optuna.storages.get_storage(storage_url)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    retried = 0
+    for number in queued:
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        if not storage.set_trial_state_values(trial_id, state=states.RUNNING):
+            continue  # a worker took it after all
+        trial = optuna.Trial(study, trial_id)
+        try:
+            study.tell(trial, objective(trial))
+        except Exception:  # noqa: BLE001 - as Optuna's catch: the trial fails, the choice goes on
+            study.tell(trial, state=states.FAIL)
+        retried += 1
+    return retried
 
 
 def _fail_stale(study: optuna.Study) -> None:

@@ -28,7 +28,7 @@ from autoao.cost import CostModel
 from autoao.decisions import StudyClosed
 from autoao.records import TrialRecord, load_summary, pareto_front
 from autoao.stages.search import Group, SearchConfig, run_search, trials_toward_budget
-from autoao.workers import SHARED, Fingerprint, SharedInputs, scorer, weights_key
+from autoao.workers import SHARED, Fingerprint, SharedInputs, _run_retries, scorer, weights_key
 from autoao.stages.inputs import build_inputs
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from pg_cluster import PgCluster, why_missing
@@ -204,6 +204,30 @@ def test_a_retried_trial_counts_once_toward_the_study_budget():
     assert trials_toward_budget(study.trials) == 2  # the failed trial and its queued retry: one
     study.tell(study.ask(), (0.0, 0.0))  # takes the next seed
     assert trials_toward_budget(study.trials) == 3
+
+
+def test_the_coordinator_runs_a_lost_trials_retry_and_leaves_unreached_seeds_queued(tmp_path):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(study_name="s", storage=url, directions=["minimize", "minimize"])
+    lost = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])})
+    study.enqueue_trial({"x": "a"})  # a seed queued before the retry: study.ask() would take it first
+    study.tell(lost, state=optuna.trial.TrialState.FAIL)  # as the heartbeat fails a dead process's trial
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study.trials[lost.number])
+    seen = []
+
+    def objective(trial):
+        seen.append(trial.suggest_categorical("x", ["a", "b"]))
+        return 1.0, 0.0
+
+    assert _run_retries(study, url, objective) == 1
+    by_state = {t.number: t.state.name for t in study.trials}
+    retry = next(t for t in study.trials if t.system_attrs.get("failed_trial") == lost.number)
+    assert by_state[retry.number] == "COMPLETE" and seen == [lost.params["x"]]
+    assert sorted(by_state.values()) == ["COMPLETE", "FAIL", "WAITING"]  # the seed, still queued
+    assert _run_retries(study, url, objective) == 0  # nothing left to retry
 
 
 def test_shared_inputs_survive_json():
