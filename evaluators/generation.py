@@ -153,10 +153,14 @@ def prompts_from(inputs: list, *, n_prompts: int, length: int) -> torch.Tensor:
 
 ##### the judge #################################################################################
 
+ENTRY_FORMAT = 2  # of a cached reference side: {tokens, noise, seconds, pass_seconds}
+
+
 def _reference_key(reference: nn.Module, prompts: torch.Tensor, new_tokens: int) -> str:
-    """A judge's key in the reference cache: its prompts [P, L], new tokens and decode path."""
+    """A judge's key in the reference cache: its prompts [P, L], new tokens, decode path and the
+    entry's format (an entry of another format is never read)."""
     path = "kv-cache" if uses_kv_cache(reference) else "recomputed"
-    return f"generation:{digest(prompts.long().cpu())}:new_tokens={new_tokens}:decode={path}"
+    return f"generation:{digest(prompts.long().cpu())}:new_tokens={new_tokens}:decode={path}:format={ENTRY_FORMAT}"
 
 
 class GenerationJudge:
@@ -185,7 +189,7 @@ class GenerationJudge:
         self.new_tokens = new_tokens
         key = _reference_key(reference, self.prompts, new_tokens) if references is not None else ""
         hit = references.get(key) if references is not None else None
-        if hit is not None and "pass_seconds" in hit:
+        if hit is not None:
             self.tokens, self.noise = hit["tokens"], hit["noise"]
             self.seconds, self.pass_seconds = float(hit["seconds"]), float(hit["pass_seconds"])
         else:
