@@ -178,7 +178,7 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
         time_plan = TimePlan(ledger, costs(base, judges, rounds))
         notes = work.notes + too_short(time_plan, ledger)
     with ledger.stage("kernel timing"):
-        table, health = timing_table(work, opts, engine, TimingCache(rcache.path), time_plan, ledger)
+        table, health = timing_table(model, work, opts, engine, rcache, time_plan, ledger)
     with ledger.stage("layer errors"):
         meas = measure(model, work, list(opts.candidates), table, base, health, cache=rcache, ledger=ledger,
                        deadline=time_plan.deadline("layer errors"),
@@ -320,14 +320,16 @@ def _words(inc: Incumbent, bench: ModelBench) -> str:
     return plan_from_params(bench.groups, inc.params).words() if inc.params else "the model as it came"
 
 
-def timing_table(work: Inputs, opts: Options, engine: Target, cache: TimingCache, time_plan: TimePlan,
-                 ledger: RunLedger) -> tuple[LatencyTable, TimingHealth]:
-    """Every candidate's cells, timed here; for a target priced from weight bytes (Target.pricing:
-    FromBytes) only the unchanged layers are timed, and every other cell is estimated from them."""
+def timing_table(model: nn.Module, work: Inputs, opts: Options, engine: Target, results: ResultCache,
+                 time_plan: TimePlan, ledger: RunLedger) -> tuple[LatencyTable, TimingHealth]:
+    """Every candidate's cells, timed here (in `results`' timing cache); for a target priced from
+    weight bytes (Target.pricing: FromBytes) only the unchanged layers are timed, and every other
+    cell is estimated from them."""
     cands, pricing = list(opts.candidates), engine.pricing
     timed = [c for c in cands if c.name == BASELINE] if isinstance(pricing, FromBytes) else cands
-    table, health = time_candidates(work, timed, cache=cache, ledger=ledger, deadline=time_plan.deadline("kernel timing"),
-                                    allow_emulated=opts.allow_emulated)
+    table, health = time_candidates(work, timed, cache=TimingCache(results.path), ledger=ledger,
+                                    deadline=time_plan.deadline("kernel timing"), allow_emulated=opts.allow_emulated,
+                                    model=model, results=results)
     if not isinstance(pricing, FromBytes):
         return table, health
     ledger.say(f"{engine.engine}'s layer costs: {pricing.reason}")

@@ -15,6 +15,7 @@ rather than none. A failing kernel is an inf timing with its error: data, not a 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -64,29 +65,29 @@ def measure_latencies(
     calls: dict[tuple[int, int], dict[int, int]] | None = None,
     deadline: float | None = None,
     extra: tuple[list[tuple[int, int]], list[Candidate]] | None = None,
+    errors: dict[str, float] | None = None,
 ) -> LatencyTable:
     """Time every candidate on every (N, K) shape at every M in `tokens`, reusing cached timings.
 
     shapes: (out_features N, in_features K) pairs (weight shapes), e.g. [(14336, 4096)].
     mode: "eager", "graph" (CUDA only: eager modules replayed in a CUDA graph) or "compile"
     (torch.compile(fullgraph=True), on CUDA replayed in a CUDA graph; resets torch._dynamo between
-    layers, since it compiles one module per shape and candidate; on CUDA a cell whose forward is
-    one opaque op, KernelInfo.single_op, is replayed uncompiled: single_op_tokens).
-    Default: default_mode(device).
-    Candidates with several kernels on the device (Candidate.kernels) have each timed;
+    layers; on CUDA a one-op cell, KernelInfo.single_op, is replayed uncompiled: single_op_tokens);
+    default: default_mode(device). Candidates with several kernels on the device have each timed;
     the rows hold the kernel or route that pick_route chooses for the shape (Timing.kernel: the
     route's text, its kernel's time at each M), kernel_timings every kernel's.
-    cache: a TimingCache (default: the one in cache_dir()); pass TimingCache(path) to isolate.
-    calls: (N, K) -> {M: calls per forward}, the workload's weights for ordering the cells and
-    choosing a kernel (default: each M once).
+    cache: a TimingCache (default: the one in cache_dir()). calls: (N, K) -> {M: calls per
+    forward}, the workload's weights for ordering cells and choosing kernels (default: each M once).
     extra: (shapes, candidates) timed in the same work list, each shape on those candidates only
     (the sibling groups' fused shapes, on the candidates that fuse).
+    errors: candidate name -> its layer error (SQNR dB) on the workload's heaviest layer, a prior
+    on its accuracy for the order of the cells (_prior_order); None: speed alone orders them.
     deadline: a time.perf_counter() by which to finish. Without one, every cell is timed at
     CELL_SECONDS. With one, two passes over the cells in _work_order's order: every cell coarsely
     (Timing.coarse: COARSE_SECONDS of samples per M) or from the cache, then, while the deadline
-    (bounded by REFINE_SHARE) allows a cell's estimated cost (_refine_seconds),
-    its coarse timings again at CELL_SECONDS (replacing them in the table and the cache). Cells the first pass reaches past the deadline
-    are not timed (a failed Timing, NOT_TIMED), but for the baseline, which is always timed.
+    (bounded by REFINE_SHARE) allows a cell's estimated cost (_refine_seconds), its coarse timings
+    again at CELL_SECONDS (replacing them in the table and the cache). Cells the first pass reaches
+    past the deadline are not timed (a failed Timing, NOT_TIMED), but for the baseline.
     Unsupported candidates get a failed Timing with the reason; nothing raises per kernel.
     """
     device = torch.device(device)
@@ -97,7 +98,7 @@ def measure_latencies(
     more = [(n, k, c) for n, k in extra[0] for c in extra[1]] if extra is not None else []
     work = _work_order([(n, k, c) for n, k in shapes for c in cands] + more, tokens, calls)
     t0 = time.perf_counter()
-    cells = _first_pass(run, work, tokens, calls, progress)
+    cells = _first_pass(run, work, tokens, calls, progress, errors or {})
     run.deadline = _refine_deadline(deadline, t0)
     _refine_pass(run, work, cells, tokens, calls, progress)
     return _table(run, work, cells, tokens, calls, time.perf_counter() - t0)
@@ -164,7 +165,8 @@ class _Cell:
 
 
 def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[int],
-                calls: dict[tuple[int, int], dict[int, int]] | None, progress: bool) -> list[_Cell]:
+                calls: dict[tuple[int, int], dict[int, int]] | None, progress: bool,
+                errors: dict[str, float]) -> list[_Cell]:
     """Every cell of `work` from the cache, or timed now: coarsely (COARSE_SECONDS per M) when there
     is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline). In the
     order of value: the baseline everywhere; then each candidate's probe (its heaviest cell), the
@@ -191,7 +193,7 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
 
     base = {(n, k): i for i, (n, k, cand) in enumerate(work) if cand.family == BASELINE}  # shape -> its cell
     time_cells(list(base.values()))
-    for name in _prior_order(work, first, tokens, calls, run.dtype):
+    for name in _prior_order(work, first, tokens, calls, run.dtype, errors):
         time_cells([first[name]])
         if _probe_gain(work, cells, base, first[name], calls) > 1.0:
             time_cells([i for i, (_, _, cand) in enumerate(work) if cand.name == name and i not in cells])
@@ -203,11 +205,17 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
 # Tokens per call past which ordering treats a layer as bound by its products, not its weight reads
 # (a rough middle: the GPU's ridge is a few hundred tokens, the CPU's tens); ordering only.
 RIDGE_TOKENS = 64
+# A layer error below this SQNR (dB; its error above ~3% of the output's power) puts a candidate's
+# probe after every other's: pruning 2:4 without retraining, not the 8-bit or grouped 4-bit formats
+# (docs/measuring.md#the-order-of-timing-work). Ordering only.
+PRIOR_FLOOR_DB = 15.0
 
 
 def _prior_order(work: list[tuple[int, int, Candidate]], first: dict[str, int], tokens: list[int],
-                 calls: dict[tuple[int, int], dict[int, int]] | None, dtype: torch.dtype) -> list[str]:
-    """The candidates but the baseline, the formats predicted fastest on the workload first, from
+                 calls: dict[tuple[int, int], dict[int, int]] | None, dtype: torch.dtype,
+                 errors: dict[str, float]) -> list[str]:
+    """The candidates but the baseline: those whose layer error (`errors`, SQNR dB) is below
+    PRIOR_FLOOR_DB last; within each part the formats predicted fastest on the workload first, from
     what each stores and computes alone: on its probe's (N, K) shape a call of M tokens costs
     max(stored bits / the layer's bits, M / RIDGE_TOKENS / product_rate) of the layer's own, summed
     over the workload's calls; ties in `work`'s order. A machine-free roofline: it only decides
@@ -219,7 +227,7 @@ def _prior_order(work: list[tuple[int, int, Candidate]], first: dict[str, int], 
         return sum(c * max(bits, m / RIDGE_TOKENS / cand.product_rate) for m, c in per_m.items())
 
     names = [name for name, i in first.items() if work[i][2].family != BASELINE]
-    return sorted(names, key=lambda name: (predicted(name), first[name]))
+    return sorted(names, key=lambda name: (errors.get(name, math.inf) < PRIOR_FLOOR_DB, predicted(name), first[name]))
 
 
 def _probe_gain(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], base: dict[tuple[int, int], int],

@@ -16,9 +16,12 @@ from autoao import clock
 from autoao import search_space
 from autoao.cli import main
 from autoao.evaluators import harness, timing
-from autoao.evaluators.cache import TimingCache, TimingKey
+from autoao.evaluators.cache import ResultCache, TimingCache, TimingKey
+from autoao.evaluators.sensitivity import layer_errors
 from autoao.evaluators.timing import Timing, measure_latencies
 from autoao.kernels import KernelInfo, cuda_int4
+from autoao.stages.inputs import build_inputs
+from autoao.stages.measure import probe_errors
 
 SMALL = [search_space.get("bf16"), search_space.get("int8_dyn"), search_space.get("int4_wo(group_size=64)"),
          search_space.get("sparse24")]
@@ -638,6 +641,33 @@ def test_the_formats_predicted_fastest_on_the_workload_are_probed_first(tmp_path
     order = list(dict.fromkeys(a[0] for a in asked))
     assert order[0] == "bf16" and order[1] == first
     assert order.index("int8_wo") > order.index("int4_wo(group_size=128)" if m == 1 else "int8_dyn")
+
+
+@pytest.mark.parametrize("sqnr, first", [(9.0, "int8_dyn"), (40.0, "sparse24_int8_dyn")])
+def test_a_format_whose_layer_error_is_far_off_is_probed_after_the_others(tmp_path, monkeypatch, sqnr, first):
+    """At 2048 tokens 2:4 int8 computes fastest by the roofline, and is probed first where its layer
+    error is small (weights already 2:4); where it is far off (pruning a dense layer: ~9 dB), after
+    every other format, so a short deadline times the formats that can hold first."""
+    clock_, asked = _fake_cells(monkeypatch, {True: 0.1, False: 0.6})
+    cands = [search_space.get(c) for c in ("bf16", "int8_wo", "int8_dyn", "sparse24_int8_dyn")]
+    errors = {"int8_wo": 41.0, "int8_dyn": 39.0, "sparse24_int8_dyn": sqnr}
+    measure_latencies([(256, 256)], [2048], cands, cache=TimingCache(tmp_path / "t.sqlite"), progress=False,
+                      calls={(256, 256): {2048: 4}}, errors=errors)
+    order = list(dict.fromkeys(a[0] for a in asked))
+    assert order[:2] == ["bf16", first]
+    assert (order.index("sparse24_int8_dyn") > order.index("int8_wo")) == (sqnr < timing.PRIOR_FLOOR_DB)
+
+
+def test_the_order_prior_is_each_candidates_error_on_the_heaviest_layer_kept_for_the_error_stage(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)).to(torch.bfloat16)
+    work = build_inputs(model, [torch.randn(8, 32, dtype=torch.bfloat16)], confirm=False)
+    cands = [search_space.get(c) for c in ("bf16", "int8_wo", "int4_wo(group_size=32)")]
+    cache = ResultCache(tmp_path / "r.sqlite")
+    errors = probe_errors(model, work, cands, cache, None)  # layer 0: 64 x 32 weighs more than 16 x 64
+    assert errors["int8_wo"] > errors["int4_wo(group_size=32)"] > 0 and errors["bf16"] == math.inf
+    cached = layer_errors(model, work.prof, cands, cache=cache, progress=False, deadline=0.0)  # cache only
+    assert cached["0"] == errors and cached["2"] == {}
 
 
 def test_a_short_deadline_times_every_cell_coarsely_before_refining_any(tmp_path, monkeypatch):

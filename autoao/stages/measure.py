@@ -2,7 +2,7 @@
 built between the two, are autoao.stages.judges').
 
     base = measure_baselines(model, work, cache=..., ledger=...)       -> Baselines
-    table, health = time_candidates(work, cands, cache=..., deadline=...)
+    table, health = time_candidates(work, cands, cache=..., deadline=..., model=model, results=...)
     meas = measure(model, work, cands, table, base, health, ...)       -> Measurements
 
 Everything here is measured once and handed on frozen; the later stages read it.
@@ -234,22 +234,45 @@ class Measurements:
     health: TimingHealth
 
 
+def probe_errors(model: nn.Module, work: Inputs, cands: list[Candidate], cache: ResultCache | None,
+                 deadline: float | None) -> dict[str, float]:
+    """Candidate name -> its layer error (tier 0, SQNR dB) on the workload's heaviest layer (calls x
+    M x N x K): a prior on its accuracy for the order of the timing work, read before any cell is
+    timed. Kept in `cache` under the layer-errors stage's keys, which reads it back."""
+    calls = work.shape_calls()
+
+    def weight(lay: Any) -> float:
+        n, k = lay.out_features, lay.in_features
+        return sum(c * m for m, c in (calls.get((n, k)) or {m: 1 for m in work.tokens}).items()) * n * k
+
+    sampled = [lay for lay in work.prof.layers if lay.stats.sample is not None and lay.stats.sample.shape[0] > 0]
+    if not sampled:
+        return {}
+    heaviest = max(sampled, key=weight)
+    errors = layer_errors(model, replace(work.prof, layers=[heaviest]), cands, cache=cache, progress=False,
+                          deadline=deadline)
+    return errors.get(heaviest.fqn, {})
+
+
 def time_candidates(work: Inputs, cands: list[Candidate], *, cache: TimingCache, ledger: RunLedger,
-                    deadline: float | None, allow_emulated: bool = False) -> tuple[LatencyTable, TimingHealth]:
+                    deadline: float | None, allow_emulated: bool = False, model: nn.Module | None = None,
+                    results: ResultCache | None = None) -> tuple[LatencyTable, TimingHealth]:
     """Every pickable candidate on every layer shape at every token count, and the candidates that
     fuse on the sibling groups' shapes, in one work list by `deadline` (measure_latencies): every
     cell coarsely first, the heaviest in the workload first, then refined in that order while time
     is left; cells not reached stay NOT_TIMED (layer_choices excludes them, saying so). Emulated
     candidates are not timed unless allowed (their reference paths are the slowest to time;
     `autoao kernels` times them). First, a few cached cells are re-timed: a cache measured on a
-    busy machine is found and measured again."""
+    busy machine is found and measured again. With `model`, each candidate's layer error on the
+    workload's heaviest layer (probe_errors, kept in `results`) orders the cells too."""
     pickable = [c for c in cands if allow_emulated or not c.emulated(work.device)]
     check = spot_check(work.shapes, work.tokens, device=work.device, dtype=work.dtype, cache=cache)
     if check.stale:
         ledger.say(check.message())
     table = measure_latencies(work.shapes, work.tokens, pickable, device=work.device, dtype=work.dtype, cache=cache,
                               progress=ledger.progress, calls=work.shape_calls(), deadline=deadline,
-                              extra=(work.fused_shapes, [c for c in pickable if c.fusable]))
+                              extra=(work.fused_shapes, [c for c in pickable if c.fusable]),
+                              errors=probe_errors(model, work, pickable, results, deadline) if model is not None else None)
     timings = [r.timing for r in table.rows]
     health = TimingHealth(check.message() if check.stale else "", len(timings), sum(not t.reliable for t in timings),
                           sum(t.discarded for t in timings), sum(t.error == NOT_TIMED for t in timings))
