@@ -172,10 +172,11 @@ def _prepare(model: nn.Module, example_inputs: Any, opts: Options, hooks: RunHoo
         base = measure_baselines(model, work, cache=rcache, ledger=ledger, workload=opts.workload)
         rounds = 0 if estimated else MIN_ROUNDS  # an estimated plan is not measured end to end
         # where not even one plan's measurement and the end fit, no plan can be judged: build what trials need
-        left, floor = ledger.remaining(), measure_seconds(base, rounds) + WRITE_SECONDS + MIN_TRIAL_S
+        measure_s = measure_seconds(base, rounds)
+        left, floor = ledger.remaining(), measure_s + WRITE_SECONDS + MIN_TRIAL_S
         judges = build_judges(model, work, tier2, opts.max_accuracy_drop, cache=rcache, weights_key=base.weights_key,
                               ledger=ledger, light=left is not None and left < floor)
-        time_plan = TimePlan(ledger, costs(base, judges, rounds))
+        time_plan = TimePlan(ledger, costs(base, judges, measure_s))
         notes = work.notes + too_short(time_plan, ledger)
     with ledger.stage("kernel timing"):
         table, health = timing_table(model, work, opts, engine, rcache, time_plan, ledger)

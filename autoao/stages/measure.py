@@ -214,10 +214,10 @@ def measure_seconds(base: Baselines, rounds: int) -> float:
     return (1 + 2 * rounds) * base.bf16_us / 1e6 + workload
 
 
-def costs(base: Baselines, judges: Judges, rounds: int) -> Costs:
-    """What the time plan prices the run's repeated steps at (a verification measures `rounds` rounds)."""
-    return Costs(judges.proxy_s, judges.check_s, measure_seconds(base, rounds), base.bf16_us / 1e6, judges.once_s,
-                 first_s=judges.first_s)
+def costs(base: Baselines, judges: Judges, measure_s: float) -> Costs:
+    """What the time plan prices the run's repeated steps at (`measure_s`: a verification's
+    measurement, measure_seconds)."""
+    return Costs(judges.proxy_s, judges.check_s, measure_s, base.bf16_us / 1e6, judges.once_s, first_s=judges.first_s)
 
 
 ##### every candidate ###########################################################################
