@@ -170,11 +170,11 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
     """Every cell of `work` from the cache, or timed now: coarsely (COARSE_SECONDS per M) when there
     is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline). In the
     order of value: the baseline everywhere; then each candidate's probe (its heaviest cell), the
-    formats predicted fastest on the workload first (_prior_order), and every other cell of a
-    candidate whose probe ran faster than the baseline's right after that probe, so a short deadline
-    leaves whole plans of the first fast candidates timed (the fastest on its probe may be one whose
-    accuracy rules it out, which timing cannot know); then the rest, the candidates whose probe ran
-    fastest first (_by_probe)."""
+    formats predicted fastest on the workload first, those whose layer error (`errors`) is far off
+    last (_prior_order), and every other cell of a candidate whose probe ran faster than the
+    baseline's right after that probe, so a short deadline leaves whole plans of the first fast
+    candidates timed (one may still not hold: the prior only orders); then the rest, the candidates
+    whose probe ran fastest first (_by_probe)."""
     sampling = CELL_SECONDS if run.deadline is None else COARSE_SECONDS
     cells: dict[int, _Cell] = {}
     bar = _progress(len(work) * len(tokens), progress, f"timing on {run.base['device']}")
