@@ -128,10 +128,13 @@ def _work_order(cells: list[tuple[int, int, Candidate]], tokens: list[int],
     divides by it), then by the shape's weight in the workload (calls x M x N x K), largest first
     (the demo's 1536x576 gate/up before its 192x576 k/v), so a deadline leaves the least important
     cells out; cells of one shape in the order given."""
-    def weight(n: int, k: int) -> float:
-        return sum(c * m for m, c in ((calls or {}).get((n, k)) or {m: 1 for m in tokens}).items()) * n * k
+    return sorted(cells, key=lambda w: (w[2].family != BASELINE, -workload_weight(w[0], w[1], tokens, calls)))
 
-    return sorted(cells, key=lambda w: (w[2].family != BASELINE, -weight(w[0], w[1])))
+
+def workload_weight(n: int, k: int, tokens: list[int], calls: dict[tuple[int, int], dict[int, int]] | None) -> float:
+    """The (N, K) shape's weight in the workload: calls x M x N x K, summed (calls: as
+    measure_latencies takes them; each M in `tokens` once where the shape has none)."""
+    return sum(c * m for m, c in ((calls or {}).get((n, k)) or {m: 1 for m in tokens}).items()) * n * k
 
 
 @dataclass

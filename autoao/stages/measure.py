@@ -23,7 +23,7 @@ from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.cache import ResultCache, Timing, TimingCache, weights_key
 from autoao.evaluators.sensitivity import layer_errors
 from autoao.evaluators.timing import (NOT_TIMED, LatencyRow, LatencyTable, default_mode, measure_latencies,
-                                      measure_model, spot_check)
+                                      measure_model, spot_check, workload_weight)
 from autoao.ledger import RunLedger
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
@@ -240,15 +240,10 @@ def probe_errors(model: nn.Module, work: Inputs, cands: list[Candidate], cache: 
     M x N x K): a prior on its accuracy for the order of the timing work, read before any cell is
     timed. Kept in `cache` under the layer-errors stage's keys, which reads it back."""
     calls = work.shape_calls()
-
-    def weight(lay: Any) -> float:
-        n, k = lay.out_features, lay.in_features
-        return sum(c * m for m, c in (calls.get((n, k)) or {m: 1 for m in work.tokens}).items()) * n * k
-
     sampled = [lay for lay in work.prof.layers if lay.stats.sample is not None and lay.stats.sample.shape[0] > 0]
     if not sampled:
         return {}
-    heaviest = max(sampled, key=weight)
+    heaviest = max(sampled, key=lambda lay: workload_weight(lay.out_features, lay.in_features, work.tokens, calls))
     errors = layer_errors(model, replace(work.prof, layers=[heaviest]), cands, cache=cache, progress=False,
                           deadline=deadline)
     return errors.get(heaviest.fqn, {})
