@@ -15,7 +15,6 @@ rather than none. A failing kernel is an inf timing with its error: data, not a 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ import torch
 from autoao import search_space
 from autoao.clock import L2_FLUSH_BYTES, fastest, time_cpu, time_cuda, tuning_us  # noqa: F401  (re-exported)
 from autoao.common import BASELINE
-from autoao.evaluators import harness
+from autoao.evaluators import harness, order
 from autoao.evaluators.cache import Timing, TimingCache, TimingKey
 from autoao.evaluators.harness import (CELL_SECONDS, COARSE_SECONDS, HARNESS_VERSION, SLOW_CUT,  # noqa: F401  (re-exported)
                                        build_layer, default_mode, device_name, key_base, single_op_tokens,
@@ -34,7 +33,6 @@ from autoao.evaluators.latency import (KERNEL_MARGIN, LatencyRow, LatencyTable, 
 from autoao.evaluators.model_timing import measure_model  # noqa: F401  (re-exported)
 from autoao.kernels import KernelInfo
 from autoao.search_space import Candidate
-from autoao.types import LayerSpec
 
 # A cached cell re-timed at start (spot_check) agrees when within this factor of its cached time:
 # a poisoned cache sat 200x off; a healthy one re-timed on a loaded 2-core machine read 116 us
@@ -81,9 +79,9 @@ def measure_latencies(
     extra: (shapes, candidates) timed in the same work list, each shape on those candidates only
     (the sibling groups' fused shapes, on the candidates that fuse).
     errors: candidate name -> its layer error (SQNR dB) on the workload's heaviest layer, a prior
-    on its accuracy for the order of the cells (_prior_order); None: speed alone orders them.
+    on its accuracy for the order of the cells (order.probe_order); None: speed alone orders them.
     deadline: a time.perf_counter() by which to finish. Without one, every cell is timed at
-    CELL_SECONDS. With one, two passes over the cells in _work_order's order: every cell coarsely
+    CELL_SECONDS. With one, two passes over the cells in order.work_order's order: every cell coarsely
     (Timing.coarse: COARSE_SECONDS of samples per M) or from the cache, then, while the deadline
     (bounded by REFINE_SHARE) allows a cell's estimated cost (_refine_seconds), its coarse timings
     again at CELL_SECONDS (replacing them in the table and the cache). Cells the first pass reaches
@@ -96,7 +94,7 @@ def measure_latencies(
                deadline)
     cands = candidates if candidates is not None else search_space.all_candidates()
     more = [(n, k, c) for n, k in extra[0] for c in extra[1]] if extra is not None else []
-    work = _work_order([(n, k, c) for n, k in shapes for c in cands] + more, tokens, calls)
+    work = order.work_order([(n, k, c) for n, k in shapes for c in cands] + more, tokens, calls)
     t0 = time.perf_counter()
     cells = _first_pass(run, work, tokens, calls, progress, errors or {})
     run.deadline = _refine_deadline(deadline, t0)
@@ -120,21 +118,6 @@ def _checked_mode(mode: str, device: torch.device) -> str:
     if mode == "graph" and device.type != "cuda":
         raise ValueError("mode 'graph' (CUDA graphs) needs a CUDA device; use 'eager' or 'compile' on CPU")
     return mode
-
-
-def _work_order(cells: list[tuple[int, int, Candidate]], tokens: list[int],
-                calls: dict[tuple[int, int], dict[int, int]] | None) -> list[tuple[int, int, Candidate]]:
-    """The (N, K, candidate) cells in timing order: the baseline everywhere first (every prediction
-    divides by it), then by the shape's weight in the workload (calls x M x N x K), largest first
-    (the demo's 1536x576 gate/up before its 192x576 k/v), so a deadline leaves the least important
-    cells out; cells of one shape in the order given."""
-    return sorted(cells, key=lambda w: (w[2].family != BASELINE, -workload_weight(w[0], w[1], tokens, calls)))
-
-
-def workload_weight(n: int, k: int, tokens: list[int], calls: dict[tuple[int, int], dict[int, int]] | None) -> float:
-    """The (N, K) shape's weight in the workload: calls x M x N x K, summed (calls: as
-    measure_latencies takes them; each M in `tokens` once where the shape has none)."""
-    return sum(c * m for m, c in ((calls or {}).get((n, k)) or {m: 1 for m in tokens}).items()) * n * k
 
 
 @dataclass
@@ -174,10 +157,10 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
     is a deadline, else at CELL_SECONDS; NOT_TIMED past the deadline (but for the baseline). In the
     order of value: the baseline everywhere; then each candidate's probe (its heaviest cell), the
     formats predicted fastest on the workload first, those whose layer error (`errors`) is far off
-    last (_prior_order), and every other cell of a candidate whose probe ran faster than the
+    last (order.probe_order), and every other cell of a candidate whose probe ran faster than the
     baseline's right after that probe, so a short deadline leaves whole plans of the first fast
     candidates timed (one may still not hold: the prior only orders); then the rest, the candidates
-    whose probe ran fastest first (_by_probe)."""
+    whose probe ran fastest first (order.by_probe)."""
     sampling = CELL_SECONDS if run.deadline is None else COARSE_SECONDS
     cells: dict[int, _Cell] = {}
     bar = _progress(len(work) * len(tokens), progress, f"timing on {run.base['device']}")
@@ -194,66 +177,18 @@ def _first_pass(run: _Run, work: list[tuple[int, int, Candidate]], tokens: list[
             _note_baseline(run, cand, n, k, by_kernel, calls)
             bar.update(len(tokens))
 
+    def timed() -> dict[int, order.ByKernel]:
+        return {i: cell.by_kernel for i, cell in cells.items()}
+
     base = {(n, k): i for i, (n, k, cand) in enumerate(work) if cand.family == BASELINE}  # shape -> its cell
     time_cells(list(base.values()))
-    for name in _prior_order(work, first, tokens, calls, run.dtype, errors):
+    for name in order.probe_order(work, first, tokens, calls, run.dtype, errors):
         time_cells([first[name]])
-        if _probe_gain(work, cells, base, first[name], calls) > 1.0:
+        if order.probe_gain(work, timed(), base, first[name], calls) > 1.0:
             time_cells([i for i, (_, _, cand) in enumerate(work) if cand.name == name and i not in cells])
-    time_cells(_by_probe(work, cells, base, first, calls))
+    time_cells(order.by_probe(work, timed(), base, first, calls))
     bar.close()
     return [cells[i] for i in range(len(work))]
-
-
-# Tokens per call past which ordering treats a layer as bound by its products, not its weight reads
-# (a rough middle: the GPU's ridge is a few hundred tokens, the CPU's tens); ordering only.
-RIDGE_TOKENS = 64
-# A layer error below this SQNR (dB; its error above ~3% of the output's power) puts a candidate's
-# probe after every other's: pruning 2:4 without retraining, not the 8-bit or grouped 4-bit formats
-# (docs/measuring.md#the-order-of-timing-work). Ordering only.
-PRIOR_FLOOR_DB = 15.0
-
-
-def _prior_order(work: list[tuple[int, int, Candidate]], first: dict[str, int], tokens: list[int],
-                 calls: dict[tuple[int, int], dict[int, int]] | None, dtype: torch.dtype,
-                 errors: dict[str, float]) -> list[str]:
-    """The candidates but the baseline: those whose layer error (`errors`, SQNR dB) is below
-    PRIOR_FLOOR_DB last; within each part the formats predicted fastest on the workload first, from
-    what each stores and computes alone: on its probe's (N, K) shape a call of M tokens costs
-    max(stored bits / the layer's bits, M / RIDGE_TOKENS / product_rate) of the layer's own, summed
-    over the workload's calls; ties in `work`'s order. A machine-free roofline: it only decides
-    which candidates a short deadline times first; every choice rests on the timings."""
-    def predicted(name: str) -> float:
-        n, k, cand = work[first[name]]
-        bits = cand.stored_bits(LayerSpec("", k, n, False, dtype)) / (8 * dtype.itemsize)
-        per_m = (calls or {}).get((n, k)) or {m: 1 for m in tokens}
-        return sum(c * max(bits, m / RIDGE_TOKENS / cand.product_rate) for m, c in per_m.items())
-
-    names = [name for name, i in first.items() if work[i][2].family != BASELINE]
-    return sorted(names, key=lambda name: (errors.get(name, math.inf) < PRIOR_FLOOR_DB, predicted(name), first[name]))
-
-
-def _probe_gain(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], base: dict[tuple[int, int], int],
-                probe: int, calls: dict[tuple[int, int], dict[int, int]] | None) -> float:
-    """How many times faster than the baseline's cell of its shape (base: (N, K) -> that cell's
-    index) the probe cell `probe` ran over the workload's calls (its fastest kernel); 0 where it
-    failed, was not timed or has no baseline."""
-    n, k, _ = work[probe]
-    if base.get((n, k)) not in cells or probe not in cells:
-        return 0.0
-    ref = cells[base[(n, k)]].by_kernel
-    best = min(workload_us(times, (calls or {}).get((n, k))) for times in cells[probe].by_kernel.values())
-    return workload_us(next(iter(ref.values())), (calls or {}).get((n, k))) / best if best > 0 else 0.0
-
-
-def _by_probe(work: list[tuple[int, int, Candidate]], cells: dict[int, _Cell], base: dict[tuple[int, int], int],
-              first: dict[str, int], calls: dict[tuple[int, int], dict[int, int]] | None) -> list[int]:
-    """The cells of `work` not timed yet, the candidates whose probe (first[name]: their heaviest
-    cell) ran fastest against the baseline's cell of its shape first (failed, unsupported or untimed
-    probes last), each candidate's cells in `work`'s order (heaviest first)."""
-    gain = {name: _probe_gain(work, cells, base, i, calls) for name, i in first.items()}
-    rest = [i for i in range(len(work)) if i not in cells]
-    return sorted(rest, key=lambda i: (-gain.get(work[i][2].name, 0.0), i))
 
 
 def _refine_pass(run: _Run, work: list[tuple[int, int, Candidate]], cells: list[_Cell], tokens: list[int],

@@ -15,7 +15,7 @@ import torch
 from autoao import clock
 from autoao import search_space
 from autoao.cli import main
-from autoao.evaluators import harness, timing
+from autoao.evaluators import harness, order, timing
 from autoao.evaluators.cache import ResultCache, TimingCache, TimingKey
 from autoao.evaluators.sensitivity import layer_errors
 from autoao.evaluators.timing import Timing, measure_latencies
@@ -653,9 +653,9 @@ def test_a_format_whose_layer_error_is_far_off_is_probed_after_the_others(tmp_pa
     errors = {"int8_wo": 41.0, "int8_dyn": 39.0, "sparse24_int8_dyn": sqnr}
     measure_latencies([(256, 256)], [2048], cands, cache=TimingCache(tmp_path / "t.sqlite"), progress=False,
                       calls={(256, 256): {2048: 4}}, errors=errors)
-    order = list(dict.fromkeys(a[0] for a in asked))
-    assert order[:2] == ["bf16", first]
-    assert (order.index("sparse24_int8_dyn") > order.index("int8_wo")) == (sqnr < timing.PRIOR_FLOOR_DB)
+    probed = list(dict.fromkeys(a[0] for a in asked))
+    assert probed[:2] == ["bf16", first]
+    assert (probed.index("sparse24_int8_dyn") > probed.index("int8_wo")) == (sqnr < order.PRIOR_FLOOR_DB)
 
 
 def test_the_order_prior_is_each_candidates_error_on_the_heaviest_layer_kept_for_the_error_stage(tmp_path):

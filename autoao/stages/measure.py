@@ -21,9 +21,10 @@ from autoao.budget import Costs
 from autoao.common import BASELINE, call_model
 from autoao.cost import CostModel, layer_calls
 from autoao.evaluators.cache import ResultCache, Timing, TimingCache, weights_key
+from autoao.evaluators.order import workload_weight
 from autoao.evaluators.sensitivity import layer_errors
 from autoao.evaluators.timing import (NOT_TIMED, LatencyRow, LatencyTable, default_mode, measure_latencies,
-                                      measure_model, spot_check, workload_weight)
+                                      measure_model, spot_check)
 from autoao.ledger import RunLedger
 from autoao.profile import ModelProfile
 from autoao.records import TimingHealth
