@@ -45,7 +45,7 @@ from autoao.kernels.routes import (
     route_problem,
     route_text,
 )
-from autoao.kernels.forwards import install, own, own_path
+from autoao.kernels.forwards import fused_unit_key, install, own, own_path
 from autoao.kernels.layouts import Dense, Layout, PerChannel, layout_of
 from autoao.kernels.weight_only import PACKED, packed_call_key
 
@@ -168,6 +168,8 @@ class QuantizedLinear(nn.Module):
         super().__setstate__(state)
         if self.__dict__.get("_traced") is not None:  # PACKED_CALLS' keys are per process: re-key
             self._traced = packed_call_key(self._packed_call)
+        if self.fused is not None:  # and FUSED_UNITS' (this copy's group, not the original's)
+            self.__dict__["_fused_key"] = fused_unit_key(self._fused_unit, self.fused[0])
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -20,6 +20,7 @@ module and call, and a method lookup adds a check per class of the module's MRO
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -83,6 +84,26 @@ def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
     attributes, set without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
     m.__dict__["_path"] = path
     m.__dict__["_run"] = path if m.differentiable or checks_grad else REFUSING_GRAD[path]
+
+
+# Fused groups (kernels/fused.py): group key -> the group's module. A member reaches its group
+# through this one table, by the int key it holds, not through an attribute of its own: two paths
+# to one object cost a compiled caller an aliasing check (`q_proj._fused_unit is k_proj._fused_unit`)
+# per sibling and call, +5 to +12 us for 8 q/k/v groups on an H100
+# (docs/kernels.md#guards-on-a-compiled-caller). It holds modules, never activations (what a member
+# owes its siblings lives on the group's module); an entry leaves with its group (`owner`). Keys are
+# per process: a copied or unpickled member registers its own group again (QuantizedLinear.__setstate__).
+FUSED_UNITS: dict[int, QuantizedLinear] = {}
+
+
+def fused_unit_key(unit: QuantizedLinear, owner: object) -> int:
+    """The key of a fused group's module in FUSED_UNITS (added on first use, removed when `owner`,
+    the object every member of the group keeps alive, is collected)."""
+    key = id(unit)
+    if FUSED_UNITS.get(key) is not unit:
+        FUSED_UNITS[key] = unit
+        weakref.finalize(owner, FUSED_UNITS.pop, key, None)
+    return key
 
 
 def own_path(m: QuantizedLinear) -> Path:

@@ -27,7 +27,10 @@ siblings goes unseen.
 State: what the member called first owes its siblings lives on the group's module (`owed`: the
 input, its write count, the columns not yet taken), and only there: each sibling takes its own,
 the last one taken clears it, and a group called again overwrites what an interrupted call left,
-so no activation outlives the next call and copies of a model (each with its own module) never mix.
+so no activation outlives the next call. Members reach the group's module by its key in
+forwards.FUSED_UNITS (a table of modules, never of activations), not by an attribute each: two
+paths to one object cost a compiled caller an aliasing check per sibling and call. A copy of a
+model registers its own groups (QuantizedLinear.__setstate__), so copies never mix.
 Works under torch.compile(fullgraph=True): dynamo traces the writes to `owed` as side effects, and
 a whole forward leaves it empty, so nothing is held between forwards.
 """
@@ -37,9 +40,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+# the function, not torch.compiler.is_compiling(): a compiled caller reaching the torch module from
+# this module's globals too would pay an aliasing check on it a call
+from torch.compiler import is_compiling
 
 from autoao.kernels._base import QuantizedLinear
-from autoao.kernels.forwards import install
+from autoao.kernels.forwards import FUSED_UNITS, fused_unit_key, install
 
 
 class FusedRows:
@@ -76,8 +82,8 @@ class FusedRows:
             m.drop_runtime()
             m.fused = (self, i)
             # not a submodule (nn.Module.__setattr__ would register it): state_dict, modules() and
-            # .to() see the members only
-            m.__dict__.update(_fused_unit=fused, _fused_index=i)
+            # .to() see the members only; forward reaches it by its key (forwards.FUSED_UNITS)
+            m.__dict__.update(_fused_unit=fused, _fused_index=i, _fused_key=fused_unit_key(fused, self))
             install(m, member, checks_grad=True)  # the group's module refuses for it
             start = stop
 
@@ -101,7 +107,7 @@ def member(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     group's output, which the first member called on x computes for all. A member takes its output
     only if owed for the input it was given, unwritten since; otherwise it runs the group and owes
     its siblings theirs, replacing whatever was owed before."""
-    unit, index = m._fused_unit, m._fused_index
+    unit, index = FUSED_UNITS[m._fused_key], m._fused_index
     box = unit.owed  # [None] or [(the input, its write count, index -> output)]: one slot a group
     owed = box[0]
     if owed is not None and owed[0] is x and (owed[1] is None or owed[1] == x._version):
@@ -123,7 +129,7 @@ def writes(x: torch.Tensor) -> int | None:
     """x's in-place write count (its version), or None where none can be read: inference tensors
     keep none, and dynamo traces it as a data-dependent integer no branch may read. There, a
     caller writing the input in place between two siblings breaks the contract (module docstring)."""
-    if torch.compiler.is_compiling() or x.is_inference():
+    if is_compiling() or x.is_inference():
         return None
     return x._version
 

@@ -283,11 +283,12 @@ def test_each_module_runs_the_path_installed_for_it():
     assert smooth._path is forwards.own_scaled and smooth._run is forwards.own_scaled_refusing_grad
 
 
-def test_a_fused_group_costs_a_compiled_caller_one_aliasing_check_a_sibling():
-    """Only the member called first reads the group's tensors; each sibling after it reads the
-    group's module for what it is owed (kernels/fused.py), which costs a compiled caller one
-    aliasing check (an identity comparison) a sibling, and nothing else of the group. Off the host
-    ("meta" stands in for a GPU) the group gives the caller one packed weight for three."""
+def test_a_fused_group_costs_a_compiled_caller_no_aliasing_check():
+    """Members reach their group's module by its key in one table (forwards.FUSED_UNITS), not each
+    by an attribute of its own: two paths to one object would cost a compiled caller an aliasing
+    check (an identity comparison in Python) per sibling and call. Only the member called first
+    reads the group's tensors; off the host ("meta" stands in for a GPU) the group gives the caller
+    one packed weight for three."""
     def guards(model: nn.Module) -> list[tuple[str, str]]:
         torch._dynamo.reset()
         explained = torch._dynamo.explain(model)(torch.randn(1, 1, 64, dtype=torch.bfloat16, device="meta"))
@@ -297,11 +298,27 @@ def test_a_fused_group_costs_a_compiled_caller_one_aliasing_check_a_sibling():
     fused, _ = quantized("fp8_wo")
     FusedRows([fused.get_submodule(f) for f in QKV])
     alone, grouped = guards(unfused.to("meta")), guards(fused.to("meta"))
-    aliasing = sorted(name for name, kind in grouped if kind == "DUPLICATE_INPUT" and "_proj" in name)
-    assert aliasing == [f"L['self']._modules['{f}']._fused_unit" for f in QKV[1:]]
-    assert not [name for name, _ in grouped if any(f"['{f}']._fused_unit." in name for f in QKV[1:])]
-    tensors = [[name for name, kind in g if kind == "TENSOR_MATCH" and "_proj" in name] for g in (alone, grouped)]
+    aliasing = [{name for name, kind in g if kind == "DUPLICATE_INPUT"} for g in (alone, grouped)]
+    assert aliasing[1] == aliasing[0]  # the group adds none (both: torch reached from two modules' globals)
+    assert not [name for name, _ in grouped if "_fused_unit" in name]
+    tensors = [[name for name, kind in g if kind == "TENSOR_MATCH" and ("_proj" in name or "FUSED_UNITS" in name)]
+               for g in (alone, grouped)]
     assert len(tensors[0]) == 4 and len(tensors[1]) == 2  # q, k, v, o: the group's one and o's
+
+
+def test_a_fused_group_leaves_the_table_with_its_model():
+    model, x = quantized("int8_wo")
+    FusedRows([model.get_submodule(f) for f in QKV])
+    key = model.q_proj._fused_key
+    assert forwards.FUSED_UNITS[key] is model.q_proj._fused_unit
+    twin = copy.deepcopy(model)  # a copy's members register their own group
+    assert twin.k_proj._fused_key == twin.q_proj._fused_key != key
+    assert forwards.FUSED_UNITS[twin.q_proj._fused_key] is twin.q_proj._fused_unit
+    del model
+    gc.collect()
+    assert key not in forwards.FUSED_UNITS and twin.q_proj._fused_key in forwards.FUSED_UNITS
+    with torch.no_grad():
+        twin(x)
 
 
 def test_fuse_problem_names_what_differs():
