@@ -89,10 +89,10 @@ def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
 # Fused groups (kernels/fused.py): group key -> the group's module. A member reaches its group
 # through this one table, by the int key it holds, not through an attribute of its own: two paths
 # to one object cost a compiled caller an aliasing check (`q_proj._fused_unit is k_proj._fused_unit`)
-# per sibling and call, +5 to +12 us for 8 q/k/v groups on an H100
-# (docs/kernels.md#guards-on-a-compiled-caller). It holds modules, never activations (what a member
-# owes its siblings lives on the group's module); an entry leaves with its group (`owner`). Keys are
-# per process: a copied or unpickled member registers its own group again (QuantizedLinear.__setstate__).
+# per sibling and call (docs/kernels.md#guards-on-a-compiled-caller). It holds modules, never
+# activations (what a member owes its siblings lives on the group's module); an entry leaves with
+# its group (`owner`). Keys are per process: a copied or unpickled member registers its own group
+# again (QuantizedLinear.__setstate__).
 FUSED_UNITS: dict[int, QuantizedLinear] = {}
 
 
