@@ -82,7 +82,9 @@ class FusedRows:
             m.drop_runtime()
             m.fused = (self, i)
             # not a submodule (nn.Module.__setattr__ would register it): state_dict, modules() and
-            # .to() see the members only; forward reaches it by its key (forwards.FUSED_UNITS)
+            # .to() see the members only; forward reaches it by its key (forwards.FUSED_UNITS).
+            # `_fused_unit` is self.module again, kept on the member for a copy's __setstate__,
+            # which runs before the copied FusedRows (a cycle with its members) has its state
             m.__dict__.update(_fused_unit=fused, _fused_index=i, _fused_key=fused_unit_key(fused, self))
             install(m, member, checks_grad=True)  # the group's module refuses for it
             start = stop
