@@ -89,8 +89,12 @@ class QuantizedLinear(nn.Module):
     They implement:
       - `canonical_spec()`: name -> (shape, dtype) of every canonical tensor;
       - `_pack(device)`: build runtime buffers on `device` from `self._canon`;
-      - `_forward(x)`: x [..., K] -> [..., N] in x.dtype, bias added (`forward` calls it, or the
-        fused group's module when the layer is fused with its siblings, kernels/fused.py);
+      - `_forward(x)`: x [..., K] -> [..., N] in x.dtype, bias added. They do not write `forward`:
+        each module's class is the variant of its format whose forward is the path installed when
+        it is packed or fused (kernels/forwards.py): `_forward` (on x / act_scale for input-scaled
+        algorithms), the packed parameter's reader when traced off the host, or a fused member's
+        columns of its group's output (kernels/fused.py); an input that requires grad through
+        inference_only where the module is not `differentiable`;
       - `reference(x)`: the same function with plain float32 torch ops (for tests);
       - `params()`: the constructor keyword arguments beyond the common ones.
     Class attribute `emulated_on` lists device types with no fast kernel (forward then runs a
@@ -109,7 +113,7 @@ class QuantizedLinear(nn.Module):
     or a route (`parse_route`: "int8pack<=16,dequant", a kernel per range of rows, all reading one
     runtime layout); `set_kernel()` switches it (re-packing the runtime layout), `_pack` lays out
     what `self.uses(kernel)` needs and `_forward` runs `self.kernel_at(rows)` (read as
-    `route_kernel(self._route, rows)`: see forward on guards). The timing harness times each kernel
+    `route_kernel(self._route, rows)`: docs/kernels.md#guards-on-a-compiled-caller). The timing harness times each kernel
     at each token count and the plan records the winner per layer (it is not part of the candidate:
     same numbers, other speed). A kernel of another device type is not an error:
     on a device it does not run on, the module runs that device's default kernel (a plan made on a
@@ -164,18 +168,25 @@ class QuantizedLinear(nn.Module):
         self._traced: int | None = None
         install(self, own)  # forward's path (kernels/forwards.py): _repack and FusedRows set it
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # pickled (and deep-copied) as its format class, which pickle finds by name, not as the
+        # variant made at run time (kernels/forwards.py); __setstate__ installs the path again
+        _, _, *rest = super().__reduce_ex__(protocol)  # (copyreg.__newobj__, (variant,), state, ...)
+        return (object.__new__, (self.format_class(),), *rest)
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         if self.__dict__.get("_traced") is not None:  # PACKED_CALLS' keys are per process: re-key
             self._traced = packed_call_key(self._packed_call)
         if self.fused is not None:  # and FUSED_UNITS' (this copy's group, not the original's)
             self.__dict__["_fused_key"] = fused_unit_key(self._fused_unit, self.fused[0])
+        install(self, self._path, checks_grad=self.fused is not None)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # forward in each subclass's own namespace: a compiled caller's lookup of it then checks the
-        # module's class only, not every class between it and the one defining forward
-        cls.forward = cls.forward  # type: ignore[method-assign]
+    @classmethod
+    def format_class(cls) -> type[QuantizedLinear]:
+        """The format class this class is: itself, or the one a forward variant was made from
+        (kernels/forwards.py)."""
+        return cls.__dict__.get("_format", cls)
 
     def _set_algorithm(self, algorithm: str) -> None:
         """Subclasses taking an `algorithm` parameter call this in __init__ (before
@@ -243,14 +254,6 @@ class QuantizedLinear(nn.Module):
     @abstractmethod
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype, bias added: this layer's own kernels."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] -> [..., N] in x.dtype, by the one path installed when the module was packed
-        or fused (kernels/forwards.py): its own kernels (on x / act_scale for input-scaled
-        algorithms), the packed parameter's reader when traced off the host, or a fused member's
-        columns of its group's output (kernels/fused.py); an input that requires grad through
-        inference_only where the module is not `differentiable`."""
-        return self._run(self, x)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, stats: LayerStats | None = None, **params: Any):

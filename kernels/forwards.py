@@ -1,21 +1,25 @@
 """How a QuantizedLinear's forward runs: one path a module, chosen when it is packed or fused.
 
-    m._path = own | own_scaled | packed | fused.member   (install sets it, and m._run: the path, or
+    m._path = own | own_scaled | packed | fused.member   (install sets it, and m's class: the
+                                                         variant of its format running the path, or
                                                          its twin refusing an input that requires grad)
 
-`QuantizedLinear.forward(x)` is `self._run(self, x)`. `install(m, path)` sets both when the mode is
-known: `_repack` (a module quantized, loaded, moved or given another kernel: its own kernels, the
-input scale divided first for input-scaled algorithms, or off the host the packed parameter's
-traced reader) and `FusedRows` (a member takes its columns of the group's output: kernels/fused.py).
-A module whose kernels have no backward (`differentiable` False) runs its path's `*_refusing_grad`
-twin, which sends an input that requires grad through `inference_only` (the path, recorded so that
-a backward raises) and every other input down the path; a differentiable module's `_run` is its
-path itself. No mode is decided per call.
+`install(m, path)` makes m an instance of its format's variant class for that path (`variant`: a
+subclass of the format whose `forward` is the path, made once per format and path, with the
+format's name), when the mode is known: `_repack` (a module quantized, loaded, moved or given
+another kernel: its own kernels, the input scale divided first for input-scaled algorithms, or off
+the host the packed parameter's traced reader) and `FusedRows` (a member takes its columns of the
+group's output: kernels/fused.py). A module whose kernels have no backward (`differentiable` False)
+runs its path's `*_refusing_grad` twin, which sends an input that requires grad through
+`inference_only` (the path, recorded so that a backward raises) and every other input down the
+path; a differentiable module runs its path itself. No mode is decided per call.
 
-Paths are module-level functions (picklable by name; a compiled caller checks the code of the one
-a module runs), not methods: a compiled caller evaluates guards on every Python value forward reads, per
-module and call, and a method lookup adds a check per class of the module's MRO
-(docs/kernels.md#guards-on-a-compiled-caller).
+Why a class, not a function attribute: a compiled caller checks each module's class on every call
+anyway, and the class now names the path; a function held by each module cost a check of its code
+per module and call (docs/kernels.md#guards-on-a-compiled-caller). Paths are module-level
+functions, not methods of the format: each method a forward looks up costs a compiled caller a
+check. A variant is made at run time, so a module pickles as its format and `__setstate__`
+installs its path again (QuantizedLinear.__reduce_ex__).
 """
 
 from __future__ import annotations
@@ -53,9 +57,9 @@ def packed(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     return m._forward(x)
 
 
-# The `_run` of a module that is not `differentiable`: its path, or inference_only for an input that
-# requires grad. One twin a path, not one function reading `_path`: each function a forward reads
-# costs a compiled caller a check of its code, per module and call.
+# The forward of a module that is not `differentiable`: its path, or inference_only for an input
+# that requires grad. One twin a path, not one function reading `_path`: a variant class per twin
+# keeps the path out of what a compiled caller reads per call.
 def own_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     if needs_grad(x):
         return inference_only(m, x)
@@ -79,11 +83,27 @@ REFUSING_GRAD: dict[Path, Path] = {own: own_refusing_grad, own_scaled: own_scale
 
 
 def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
-    """Make `path` the module's forward (see the module docstring); `checks_grad`: the path itself
-    refuses an input that requires grad where it must (a fused member's group module does). Plain
-    attributes, set without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
+    """Make `path` the module's forward (see the module docstring): `_path` set, and m's class the
+    variant of its format running it; `checks_grad`: the path itself refuses an input that requires
+    grad where it must (a fused member's group module does). `_path` is a plain attribute, set
+    without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
     m.__dict__["_path"] = path
-    m.__dict__["_run"] = path if m.differentiable or checks_grad else REFUSING_GRAD[path]
+    m.__class__ = variant(m.format_class(), path if m.differentiable or checks_grad else REFUSING_GRAD[path])
+
+
+# (format, forward) -> the variant class: classes, made once each, never instances or activations
+VARIANTS: dict[tuple[type, Path], type] = {}
+
+
+def variant(fmt: type[QuantizedLinear], forward: Path) -> type[QuantizedLinear]:
+    """The subclass of format class `fmt` whose forward is `forward`, with fmt's name, module and
+    docstring (repr, messages and reports name the format); `format_class()` gives fmt back."""
+    cls = VARIANTS.get((fmt, forward))
+    if cls is None:
+        cls = VARIANTS[(fmt, forward)] = type(fmt.__name__, (fmt,), {
+            "forward": forward, "_format": fmt, "__module__": fmt.__module__,
+            "__qualname__": fmt.__qualname__, "__doc__": fmt.__doc__})
+    return cls
 
 
 # Fused groups (kernels/fused.py): group key -> the group's module. A member reaches its group

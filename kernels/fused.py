@@ -56,7 +56,7 @@ class FusedRows:
         if problem:
             raise ValueError(f"cannot fuse these layers: {problem}")
         first = members[0]
-        cls = type(first)
+        cls = first.format_class()
         # tuples: a compiled caller guards each as one value (a list, element by element)
         splits = tuple(m.out_features for m in members)
         n = sum(splits)
@@ -120,7 +120,7 @@ def member(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
             return mine
     splits = unit.fused_splits
     # [..., sum(splits)]: the module's own forward, not its __call__ (no hooks: it is no submodule)
-    y = unit._run(unit, x)
+    y = unit.forward(x)
     parts = dict(enumerate(y.split(splits, dim=-1) if not y.requires_grad else narrows(y, splits)))
     mine = parts.pop(index)
     box[0] = (x, writes(x), parts)
@@ -157,7 +157,7 @@ def fuse_problem(members: list[Any]) -> str | None:
         return "a layer is already fused"
     if not type(first).fusable(**first.params()):
         return f"{type(first).__name__}{first.params() or ''} is not row-wise (its numbers span rows)"
-    for what, key in (("class", lambda m: type(m)), ("parameters", lambda m: m.params()),
+    for what, key in (("class", lambda m: m.format_class()), ("parameters", lambda m: m.params()),
                       ("kernel", lambda m: m.kernel), ("in_features", lambda m: m.in_features),
                       ("dtype", lambda m: m.dtype), ("device", lambda m: m.device)):
         values = [key(m) for m in members]

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from autoao.kernels import QuantizedLinear
 from autoao.search_space._base import Candidate
 
 _FAMILIES: dict[str, type[Candidate]] = {}
@@ -92,9 +93,11 @@ def all_candidates() -> list[Candidate]:
 
 def candidate_of(module: nn.Module) -> Candidate | None:
     """The candidate a module was built from (None for a plain nn.Linear or a foreign module)."""
+    if not isinstance(module, QuantizedLinear):
+        return None
     for cls in _FAMILIES.values():
-        if cls.module_cls is not None and type(module) is cls.module_cls:
-            params = module.params()  # type: ignore[operator]
+        if cls.module_cls is module.format_class():
+            params = module.params()
             names = {f.name for f in dataclasses.fields(cls)}
             return cls(**{k: v for k, v in params.items() if k in names})
     return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import io
 import weakref
 
 import pytest
@@ -252,7 +253,7 @@ def test_copies_of_a_fused_model_never_mix_outputs():
     FusedRows([model.get_submodule(f) for f in QKV])
     twin = copy.deepcopy(model)
     assert twin.k_proj._fused_unit is twin.q_proj._fused_unit is not model.q_proj._fused_unit
-    assert twin.k_proj._run is model.k_proj._run  # the same path, each its own group's state
+    assert type(twin.k_proj) is type(model.k_proj)  # the same path's variant, each its own group's state
     alone, _ = quantized("int8_wo")
     y = x.flip(0)
     with torch.no_grad():  # their calls interleave: each member reads only its own group's
@@ -268,19 +269,46 @@ def test_copies_of_a_fused_model_never_mix_outputs():
         torch.testing.assert_close(k, k_twin, rtol=0, atol=0)
 
 
+def runs(m: torch.nn.Module):
+    """The forward m's class runs (the path installed for it)."""
+    return type(m).forward
+
+
 def test_each_module_runs_the_path_installed_for_it():
     model, _ = quantized("int8_dyn")  # not differentiable: the grad check, then the path
-    assert model.q_proj._path is forwards.own and model.q_proj._run is forwards.own_refusing_grad
+    assert model.q_proj._path is forwards.own and runs(model.q_proj) is forwards.own_refusing_grad
     FusedRows([model.get_submodule(f) for f in QKV])  # the group's module refuses for its members
-    assert model.k_proj._run is member and model.k_proj._fused_unit._run is forwards.own_refusing_grad
+    assert runs(model.k_proj) is member and runs(model.k_proj._fused_unit) is forwards.own_refusing_grad
     wo, _ = quantized("int8_wo")  # differentiable: the path itself
-    assert wo.q_proj._run is wo.q_proj._path is forwards.own
+    assert runs(wo.q_proj) is wo.q_proj._path is forwards.own
     FusedRows([wo.get_submodule(f) for f in QKV])
-    assert wo.q_proj._run is member and wo.o_proj._run is forwards.own
-    assert wo.q_proj._fused_unit._run is forwards.own
+    assert runs(wo.q_proj) is member and runs(wo.o_proj) is forwards.own
+    assert runs(wo.q_proj._fused_unit) is forwards.own
     smooth = search_space.get("int8_dyn", algorithm="smoothquant").module_cls(
         64, 64, False, torch.bfloat16, algorithm="smoothquant")  # x / act_scale first
-    assert smooth._path is forwards.own_scaled and smooth._run is forwards.own_scaled_refusing_grad
+    assert smooth._path is forwards.own_scaled and runs(smooth) is forwards.own_scaled_refusing_grad
+
+
+def test_a_path_variant_is_its_format_by_name_and_pickles_as_it():
+    """A module's class is the variant of its format for its path: named as the format, found by
+    candidate_of, and pickled (torch.save of a whole model) as the format, its path installed again
+    on load; a fused model so loaded runs its own groups."""
+    model, x = quantized("int8_wo")
+    FusedRows([model.get_submodule(f) for f in QKV])
+    fmt = search_space.get("int8_wo").module_cls
+    assert type(model.q_proj) is not fmt and isinstance(model.q_proj, fmt)
+    assert model.q_proj.format_class() is fmt and type(model.q_proj).__qualname__ == fmt.__qualname__
+    assert repr(model.q_proj).startswith(fmt.__name__ + "(")
+    assert search_space.candidate_of(model.q_proj) == search_space.get("int8_wo")
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert runs(loaded.q_proj) is member and runs(loaded.o_proj) is forwards.own
+    assert loaded.q_proj._fused_unit is not model.q_proj._fused_unit
+    with torch.no_grad():
+        for f in (*QKV, "o_proj"):
+            torch.testing.assert_close(loaded.get_submodule(f)(x), model.get_submodule(f)(x), rtol=0, atol=0)
 
 
 def test_a_fused_group_costs_a_compiled_caller_no_aliasing_check():

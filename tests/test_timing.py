@@ -76,7 +76,7 @@ def test_unsupported_emulated_and_failing_candidates_are_data(tmp_path, monkeypa
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(search_space.get("int8_dyn").module_cls, "forward", boom)
+    monkeypatch.setattr(search_space.get("int8_dyn").module_cls, "_forward", boom)
     failed = measure_latencies([(48, 64)], [3], [search_space.get("int8_dyn")], cache=cache, progress=False)
     t = failed.get("int8_dyn", 3, 64, 48)
     assert math.isinf(t.median_us) and "kernel exploded" in t.error
