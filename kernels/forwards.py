@@ -14,9 +14,9 @@ runs its path's `*_refusing_grad` twin, which sends an input that requires grad 
 `inference_only` (the path, recorded so that a backward raises) and every other input down the
 path; a differentiable module runs its path itself. No mode is decided per call.
 
-Why a class, not a function attribute: a compiled caller checks each module's class on every call
-anyway, and the class now names the path; a function held by each module cost a check of its code
-per module and call (docs/kernels.md#guards-on-a-compiled-caller). Paths are module-level
+Why a class, not a function held by each module: a compiled caller checks each module's class on
+every call anyway, so the path costs it nothing more, where a function held by each module costs a
+check of its code per module and call (docs/kernels.md#guards-on-a-compiled-caller). Paths are module-level
 functions, not methods of the format: each method a forward looks up costs a compiled caller a
 check. A variant is made at run time, so a module pickles as its format and `__setstate__`
 installs its path again (QuantizedLinear.__reduce_ex__).
