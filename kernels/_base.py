@@ -113,11 +113,11 @@ class QuantizedLinear(nn.Module):
     or a route (`parse_route`: "int8pack<=16,dequant", a kernel per range of rows, all reading one
     runtime layout); `set_kernel()` switches it (re-packing the runtime layout), `_pack` lays out
     what `self.uses(kernel)` needs and `_forward` runs `self.kernel_at(rows)` (read as
-    `route_kernel(self._route, rows)`: docs/kernels.md#guards-on-a-compiled-caller). The timing harness times each kernel
-    at each token count and the plan records the winner per layer (it is not part of the candidate:
-    same numbers, other speed). A kernel of another device type is not an error:
-    on a device it does not run on, the module runs that device's default kernel (a plan made on a
-    GPU applies on a CPU).
+    `route_kernel(self._route, rows)`: docs/kernels.md#guards-on-a-compiled-caller). The timing
+    harness times each kernel at each token count and the plan records the winner per layer (it is
+    not part of the candidate: same numbers, other speed). A kernel of another device type is not
+    an error: on a device it does not run on, the module runs that device's default kernel (a plan
+    made on a GPU applies on a CPU).
     """
 
     emulated_on: frozenset[str] = frozenset()

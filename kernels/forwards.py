@@ -16,9 +16,9 @@ path; a differentiable module runs its path itself. No mode is decided per call.
 
 Why a class, not a function held by each module: a compiled caller checks each module's class on
 every call anyway, so the path costs it nothing more, where a function held by each module costs a
-check of its code per module and call (docs/kernels.md#guards-on-a-compiled-caller). Paths are module-level
-functions, not methods of the format: each method a forward looks up costs a compiled caller a
-check. A variant is made at run time, so a module pickles as its format and `__setstate__`
+check of its code per module and call (docs/kernels.md#guards-on-a-compiled-caller). Paths are
+module-level functions, not methods of the format: each method a forward looks up costs a compiled
+caller a check. A variant is made at run time, so a module pickles as its format and `__setstate__`
 installs its path again (QuantizedLinear.__reduce_ex__).
 """
 
