@@ -179,7 +179,7 @@ class QuantizedLinear(nn.Module):
         if self.__dict__.get("_traced") is not None:  # PACKED_CALLS' keys are per process: re-key
             self._traced = packed_call_key(self._packed_call)
         if self.fused is not None:  # and FUSED_UNITS' (this copy's group, not the original's)
-            self.__dict__["_fused_key"] = fused_unit_key(self._fused_unit, self.fused[0])
+            self.__dict__["_fused_slot"] = fused_unit_key(self._fused_unit, self.fused[0]) + self.fused[1]
         install(self, self._path, checks_grad=self.fused is not None)
 
     @classmethod

@@ -107,19 +107,23 @@ def variant(fmt: type[QuantizedLinear], forward: Path) -> type[QuantizedLinear]:
 
 
 # Fused groups (kernels/fused.py): group key -> the group's module. A member reaches its group
-# through this one table, by the int key it holds, not through an attribute of its own: two paths
-# to one object cost a compiled caller an aliasing check (`q_proj._fused_unit is k_proj._fused_unit`)
-# per sibling and call (docs/kernels.md#guards-on-a-compiled-caller). It holds modules, never
-# activations (what a member owes its siblings lives on the group's module); an entry leaves with
-# its group (`owner`). Keys are per process: a copied or unpickled member registers its own group
-# again (QuantizedLinear.__setstate__).
+# through this one table, by the int it holds, not through an attribute of its own: two paths to
+# one object cost a compiled caller an aliasing check (`q_proj._fused_unit is k_proj._fused_unit`)
+# per sibling and call (docs/kernels.md#guards-on-a-compiled-caller). That int is the member's
+# slot, its group's key (a multiple of GROUP_SLOTS) plus its index in the group: one value a
+# compiled caller checks a member, not two. The table holds modules, never activations (what a
+# member owes its siblings lives on the group's module); an entry leaves with its group (`owner`).
+# Keys are per process: a copied or unpickled member registers its own group again
+# (QuantizedLinear.__setstate__).
 FUSED_UNITS: dict[int, QuantizedLinear] = {}
+GROUP_SLOTS = 16  # the most members a group has
 
 
 def fused_unit_key(unit: QuantizedLinear, owner: object) -> int:
     """The key of a fused group's module in FUSED_UNITS (added on first use, removed when `owner`,
-    the object every member of the group keeps alive, is collected)."""
-    key = id(unit)
+    the object every member of the group keeps alive, is collected); a member's slot is this key
+    plus its index."""
+    key = id(unit) * GROUP_SLOTS
     if FUSED_UNITS.get(key) is not unit:
         FUSED_UNITS[key] = unit
         weakref.finalize(owner, FUSED_UNITS.pop, key, None)

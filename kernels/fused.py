@@ -32,7 +32,10 @@ forwards.FUSED_UNITS (a table of modules, never of activations), not by an attri
 paths to one object cost a compiled caller an aliasing check per sibling and call. A copy of a
 model registers its own groups (QuantizedLinear.__setstate__), so copies never mix.
 Works under torch.compile(fullgraph=True): dynamo traces the writes to `owed` as side effects, and
-a whole forward leaves it empty, so nothing is held between forwards.
+a whole forward leaves it empty, so nothing is held between forwards. `owed` is one attribute,
+None or a tuple, written by object.__setattr__ (nn.Module's bookkeeping has nothing to do for it):
+a compiled caller checks one None a group, where a list holding it cost a type, length and item
+check.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import torch
 from torch.compiler import is_compiling
 
 from autoao.kernels._base import QuantizedLinear
-from autoao.kernels.forwards import FUSED_UNITS, fused_unit_key, install
+from autoao.kernels.forwards import FUSED_UNITS, GROUP_SLOTS, fused_unit_key, install
 
 
 class FusedRows:
@@ -74,7 +77,7 @@ class FusedRows:
         self.members = list(members)
         # the members' output sizes (a tuple: a compiled caller guards it as one value) and what the
         # member called first owes the others (module docstring); plain attributes of the module
-        fused.__dict__.update(fused_splits=splits, owed=[None])
+        fused.__dict__.update(fused_splits=splits, owed=None)
         start = 0
         for i, m in enumerate(members):
             stop = start + m.out_features
@@ -85,7 +88,7 @@ class FusedRows:
             # .to() see the members only; forward reaches it by its key (forwards.FUSED_UNITS).
             # `_fused_unit` is self.module again, kept on the member for a copy's __setstate__,
             # which runs before the copied FusedRows (a cycle with its members) has its state
-            m.__dict__.update(_fused_unit=fused, _fused_index=i, _fused_key=fused_unit_key(fused, self))
+            m.__dict__.update(_fused_unit=fused, _fused_slot=fused_unit_key(fused, self) + i)
             install(m, member, checks_grad=True)  # the group's module refuses for it
             start = stop
 
@@ -109,21 +112,22 @@ def member(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     group's output, which the first member called on x computes for all. A member takes its output
     only if owed for the input it was given, unwritten since; otherwise it runs the group and owes
     its siblings theirs, replacing whatever was owed before."""
-    unit, index = FUSED_UNITS[m._fused_key], m._fused_index
-    box = unit.owed  # [None] or [(the input, its write count, index -> output)]: one slot a group
-    owed = box[0]
+    slot = m._fused_slot  # the group's key + m's index (forwards.FUSED_UNITS)
+    index = slot % GROUP_SLOTS
+    unit = FUSED_UNITS[slot - index]
+    owed = unit.owed  # None or (the input, its write count, index -> output): one a group
     if owed is not None and owed[0] is x and (owed[1] is None or owed[1] == x._version):
         mine = owed[2].pop(index, None)
         if mine is not None:
             if not owed[2]:  # the last sibling took its own: nothing held
-                box[0] = None
+                object.__setattr__(unit, "owed", None)
             return mine
     splits = unit.fused_splits
     # [..., sum(splits)]: the module's own forward, not its __call__ (no hooks: it is no submodule)
     y = unit.forward(x)
     parts = dict(enumerate(y.split(splits, dim=-1) if not y.requires_grad else narrows(y, splits)))
     mine = parts.pop(index)
-    box[0] = (x, writes(x), parts)
+    object.__setattr__(unit, "owed", (x, writes(x), parts))
     return mine
 
 
@@ -149,6 +153,8 @@ def fuse_problem(members: list[Any]) -> str | None:
     """None if `members` can run as one FusedRows, else why not (names no layer: callers do)."""
     if len(members) < 2:
         return "a group needs at least two layers"
+    if len(members) > GROUP_SLOTS:
+        return f"a group has at most {GROUP_SLOTS} layers, not {len(members)}"
     if not all(isinstance(m, QuantizedLinear) for m in members):
         kinds = sorted({type(m).__name__ for m in members if not isinstance(m, QuantizedLinear)})
         return f"only autoao's quantized layers fuse, not {', '.join(kinds)}"

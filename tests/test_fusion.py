@@ -111,7 +111,7 @@ def test_fused_siblings_compute_the_same_numbers(cand, bias):
         group = FusedRows([model.get_submodule(f) for f in QKV])
         after = model(x)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
-    assert group.module.owed == [None]  # nothing held after the forward
+    assert group.module.owed is None  # nothing held after the forward
     # the state dict is the members' own, unchanged: save/load and plan_of see per-layer tensors
     now = model.state_dict()
     assert now.keys() == state.keys() and all(torch.equal(now[k], state[k]) for k in state)
@@ -142,7 +142,7 @@ def test_fused_siblings_keep_the_gradient_contract(cand):
     else:
         with pytest.raises(RuntimeError, match="has no backward"):
             y.float().sum().backward()
-    assert group.module.owed == [None]  # nothing owed after the forward
+    assert group.module.owed is None  # nothing owed after the forward
     # each member's output may be changed in place while autograd records (`q *= scale`), fused or not
     h, grads = x.clone().requires_grad_(), []
     for each in (quantized(cand)[0], model):  # unfused, then the fused model
@@ -177,7 +177,7 @@ def test_fused_model_compiles_to_one_matmul_per_group():
     torch.testing.assert_close(compiled, eager)
     torch.testing.assert_close(compiled2, eager)
     group = model.q_proj.fused[0]
-    assert group.module.owed == [None]  # the compiled forward left nothing owed on the group
+    assert group.module.owed is None  # the compiled forward left nothing owed on the group
     int_mms = [n for n in graphs[0].graph.nodes if n.target is torch._int_mm]
     assert len(int_mms) == 2  # q/k/v as one, o_proj
     assert len(graphs) == 1
@@ -193,7 +193,7 @@ def test_members_called_on_another_input_recompute():
         v2 = model.v_proj(h)
     # each `x + 1` is a new tensor, so v ran the group again too: q's and k's outputs for h are owed,
     # in the group's one slot (what was owed for x and for k's input is gone)
-    owed = group.module.owed[0]
+    owed = group.module.owed
     assert owed[0] is h and sorted(owed[2]) == [0, 1]
     with torch.no_grad():
         alone, _ = quantized("int8_wo")
@@ -226,12 +226,12 @@ def test_a_forward_leaves_no_activation_on_the_group():
         y = model(h)
         q = model.q_proj(h)  # k and v are owed their outputs for h...
         seen = weakref.ref(h), weakref.ref(q)
-        assert group.module.owed[0][0] is h
+        assert group.module.owed[0] is h
         del y, q, h
         assert seen[0]() is not None  # ...so the group holds h (and k's, v's columns) until its next call
         model(x)  # the next call replaces it
     gc.collect()
-    assert group.module.owed == [None] and seen[0]() is None and seen[1]() is None
+    assert group.module.owed is None and seen[0]() is None and seen[1]() is None
 
 
 def test_members_called_on_an_input_written_in_place_since_recompute():
@@ -337,14 +337,17 @@ def test_a_fused_group_costs_a_compiled_caller_no_aliasing_check():
 def test_a_fused_group_leaves_the_table_with_its_model():
     model, x = quantized("int8_wo")
     FusedRows([model.get_submodule(f) for f in QKV])
-    key = model.q_proj._fused_key
+    slots = [model.get_submodule(f)._fused_slot for f in QKV]  # the group's key + each one's index
+    key = slots[0]
+    assert slots == [key, key + 1, key + 2] and key % forwards.GROUP_SLOTS == 0
     assert forwards.FUSED_UNITS[key] is model.q_proj._fused_unit
     twin = copy.deepcopy(model)  # a copy's members register their own group
-    assert twin.k_proj._fused_key == twin.q_proj._fused_key != key
-    assert forwards.FUSED_UNITS[twin.q_proj._fused_key] is twin.q_proj._fused_unit
+    twin_key = twin.q_proj._fused_slot
+    assert twin.k_proj._fused_slot == twin_key + 1 and twin_key != key
+    assert forwards.FUSED_UNITS[twin_key] is twin.q_proj._fused_unit
     del model
     gc.collect()
-    assert key not in forwards.FUSED_UNITS and twin.q_proj._fused_key in forwards.FUSED_UNITS
+    assert key not in forwards.FUSED_UNITS and twin_key in forwards.FUSED_UNITS
     with torch.no_grad():
         twin(x)
 
@@ -355,6 +358,7 @@ def test_fuse_problem_names_what_differs():
     tensor = [search_space.get("fp8_dyn", granularity="tensor").build(nn.Linear(16, 16), fqn="z") for _ in range(2)]
     assert fuse_problem(int8) is None
     assert "at least two" in fuse_problem(int8[:1])
+    assert "at most 16 layers, not 17" in fuse_problem(int8[:1] * 17)  # a member's slot holds its index
     assert "differ in class" in fuse_problem([int8[0], int4])
     assert "not row-wise" in fuse_problem(tensor)
     assert "only autoao's quantized layers" in fuse_problem([int8[0], nn.Linear(16, 16)])
