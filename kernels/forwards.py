@@ -88,7 +88,8 @@ def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
     grad where it must (a fused member's group module does). `_path` is a plain attribute, set
     without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
     m.__dict__["_path"] = path
-    m.__class__ = variant(m.format_class(), path if m.differentiable or checks_grad else REFUSING_GRAD[path])
+    forward = path if m.differentiable or checks_grad else REFUSING_GRAD[path]
+    m.__class__ = variant(m.format_class(), forward)
 
 
 # (format, forward) -> the variant class: classes, made once each, never instances or activations

@@ -34,8 +34,7 @@ model registers its own groups (QuantizedLinear.__setstate__), so copies never m
 Works under torch.compile(fullgraph=True): dynamo traces the writes to `owed` as side effects, and
 a whole forward leaves it empty, so nothing is held between forwards. `owed` is one attribute,
 None or a tuple, written by object.__setattr__ (nn.Module's bookkeeping has nothing to do for it):
-a compiled caller checks one None a group, where a list holding it cost a type, length and item
-check.
+a compiled caller checks one None a group (a list holding it would add a type and a length check).
 """
 
 from __future__ import annotations
