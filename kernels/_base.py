@@ -45,7 +45,7 @@ from autoao.kernels.routes import (
     route_problem,
     route_text,
 )
-from autoao.kernels.forwards import fused_unit_key, install, own, own_path
+from autoao.kernels.forwards import fused_slot, install, own, own_path
 from autoao.kernels.layouts import Dense, Layout, PerChannel, layout_of
 from autoao.kernels.weight_only import PACKED, packed_call_key
 
@@ -179,8 +179,8 @@ class QuantizedLinear(nn.Module):
         if self.__dict__.get("_traced") is not None:  # PACKED_CALLS' keys are per process: re-key
             self._traced = packed_call_key(self._packed_call)
         if self.fused is not None:  # and FUSED_UNITS' (this copy's group, not the original's)
-            self.__dict__["_fused_slot"] = fused_unit_key(self._fused_unit, self.fused[0]) + self.fused[1]
-        install(self, self._path, checks_grad=self.fused is not None)
+            self.__dict__["_fused_slot"] = fused_slot(self._fused_unit, *self.fused)
+        install(self, self._path)
 
     @classmethod
     def format_class(cls) -> type[QuantizedLinear]:

@@ -78,17 +78,17 @@ def packed_refusing_grad(m: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     return packed(m, x)
 
 
+# A path with no twin here refuses for itself where it must: fused.member's group module does.
 REFUSING_GRAD: dict[Path, Path] = {own: own_refusing_grad, own_scaled: own_scaled_refusing_grad,
                                    packed: packed_refusing_grad}
 
 
-def install(m: QuantizedLinear, path: Path, checks_grad: bool = False) -> None:
+def install(m: QuantizedLinear, path: Path) -> None:
     """Make `path` the module's forward (see the module docstring): `_path` set, and m's class the
-    variant of its format running it; `checks_grad`: the path itself refuses an input that requires
-    grad where it must (a fused member's group module does). `_path` is a plain attribute, set
+    variant of its format running it (or its REFUSING_GRAD twin). `_path` is a plain attribute, set
     without nn.Module.__setattr__ (no parameter, buffer or submodule is involved)."""
     m.__dict__["_path"] = path
-    forward = path if m.differentiable or checks_grad else REFUSING_GRAD[path]
+    forward = path if m.differentiable else REFUSING_GRAD.get(path, path)
     m.__class__ = variant(m.format_class(), forward)
 
 
@@ -120,15 +120,15 @@ FUSED_UNITS: dict[int, QuantizedLinear] = {}
 GROUP_SLOTS = 16  # the most members a group has
 
 
-def fused_unit_key(unit: QuantizedLinear, owner: object) -> int:
-    """The key of a fused group's module in FUSED_UNITS (added on first use, removed when `owner`,
-    the object every member of the group keeps alive, is collected); a member's slot is this key
-    plus its index."""
+def fused_slot(unit: QuantizedLinear, owner: object, index: int) -> int:
+    """The slot of the member at `index` of the group whose module is `unit`: the group's key in
+    FUSED_UNITS plus `index` (the entry added on first use, removed when `owner`, the object every
+    member of the group keeps alive, is collected)."""
     key = id(unit) * GROUP_SLOTS
     if FUSED_UNITS.get(key) is not unit:
         FUSED_UNITS[key] = unit
         weakref.finalize(owner, FUSED_UNITS.pop, key, None)
-    return key
+    return key + index
 
 
 def own_path(m: QuantizedLinear) -> Path:

@@ -47,7 +47,7 @@ import torch
 from torch.compiler import is_compiling
 
 from autoao.kernels._base import QuantizedLinear
-from autoao.kernels.forwards import FUSED_UNITS, GROUP_SLOTS, fused_unit_key, install
+from autoao.kernels.forwards import FUSED_UNITS, GROUP_SLOTS, fused_slot, install
 
 
 class FusedRows:
@@ -87,8 +87,8 @@ class FusedRows:
             # .to() see the members only; forward reaches it by its key (forwards.FUSED_UNITS).
             # `_fused_unit` is self.module again, kept on the member for a copy's __setstate__,
             # which runs before the copied FusedRows (a cycle with its members) has its state
-            m.__dict__.update(_fused_unit=fused, _fused_slot=fused_unit_key(fused, self) + i)
-            install(m, member, checks_grad=True)  # the group's module refuses for it
+            m.__dict__.update(_fused_unit=fused, _fused_slot=fused_slot(fused, self, i))
+            install(m, member)  # no twin: the group's module refuses for it
             start = stop
 
     @property
